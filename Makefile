@@ -1,0 +1,38 @@
+# One-command set-up: every target that runs code makes .venv first when needed.
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+
+.PHONY: setup demo test test-fast bench lint format clean-demo
+
+setup: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	# ptan 0.8.1 pins torch 2.5 / numpy<2; its code runs on current versions, so no deps.
+	$(PY) -m pip install -q --no-deps ptan==0.8.1
+	touch $(VENV_STAMP)
+
+demo: $(VENV_STAMP)
+	bash scripts/demo.sh
+
+test: $(VENV_STAMP)
+	$(PY) -m pytest
+
+test-fast: $(VENV_STAMP)
+	$(PY) -m pytest -m "not slow and not browser"
+
+bench: $(VENV_STAMP)
+	@for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
+
+lint: $(VENV_STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(VENV_STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean-demo:
+	rm -rf db/demo saves/demo saves/demo-* runs/*demo* videos/demo
