@@ -1,0 +1,367 @@
+"""Play a saved policy for full games: scores, gameplay videos, and the reward model's view.
+
+A game here is a whole game (all lives), as Atari scores are reported: ``AtariVec`` ends an
+episode on a life loss only for learning (``terminated``); we play on until ``game_over``. ALE
+cuts a game at 108,000 emulator frames (30 minutes; ``truncated``), so every game ends.
+
+Several games are played side by side in one vector env with one batched forward per step (a
+weak policy's SeaQuest game runs thousands of steps). Exactly ``episodes`` games are started and
+all are played to the end, so short games are not favoured in the statistics.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib.envs import DEFAULT_ENV, AtariVec, rom_name
+from lib.errors import UserError
+from lib.model import POLICY_FORMAT, load_policy, read_checkpoint
+from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
+
+REWARD_FORMAT = "rlhf-atari-reward"  # lib/reward_model.py's checkpoint format (not imported: optional)
+MAX_PARALLEL = 8  # games played side by side; more only adds memory and open ffmpeg processes
+
+
+@dataclass
+class EpisodeResult:
+    """One played game.
+
+    index:       1-based episode number (also in the video file name)
+    score:       sum of the true game rewards
+    steps:       agent steps played (4 emulator frames each)
+    end:         "game over", "frame limit" (ALE's 108,000 frames) or "max steps" (--max-steps)
+    video, gif:  recorded files, or None
+    reward_corr: Pearson correlation of the reward model's per-step prediction with the true
+                 reward; None without a reward model or when either is constant (no points scored)
+    """
+
+    index: int
+    score: float
+    steps: int
+    end: str
+    video: Path | None = None
+    gif: Path | None = None
+    reward_corr: float | None = None
+
+
+@dataclass
+class _Running:
+    """A game in progress in one env slot."""
+
+    index: int
+    score: float = 0.0
+    steps: int = 0
+    preds: list[float] = field(default_factory=list)
+    trues: list[float] = field(default_factory=list)
+    writer: Mp4Writer | None = None
+    strip: RewardStrip | None = None
+
+
+def resolve_device(dev: str) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' -> torch.device; UserError when CUDA is asked for but missing."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
+        raise UserError(f"--dev must be cpu, cuda or cuda:N, got {dev!r}")
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--dev {dev}: no CUDA device is available here; use --dev cpu")
+    return torch.device(dev)
+
+
+def policy_env_id(model: str | os.PathLike, env: str | None) -> str:
+    """The env to play: the checkpoint's own env id when it has one (then ``env`` must be the same
+    game), else ``env``, else the default. Missing/corrupt files raise UserError here."""
+    ck = read_checkpoint(model, "model")
+    if ck.get("format") == REWARD_FORMAT:
+        raise UserError(f"{model} is a reward model, not a policy: pass it with --reward, the policy with -m")
+    ck_env = ck.get("env_id") if ck.get("format") == POLICY_FORMAT else None
+    if ck_env is None:
+        return env or DEFAULT_ENV
+    if env is not None and rom_name(env) != rom_name(ck_env):
+        raise UserError(f"model {model} was trained on {ck_env}, not {env}: drop --env or pass another model")
+    return ck_env
+
+
+def prepare_video_dir(path: str | os.PathLike) -> Path:
+    """Create the video directory and prove it is writable (root ignores permission bits, so a
+    real file is written and removed). UserError with one line when it is not."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"video dir {path} is a file, not a directory: pass another -r")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write videos to {path}: {e.strerror or e}") from None
+    return path
+
+
+def video_stem(model: str | os.PathLike, index: int) -> str:
+    """File name (no extension) saying model and episode: saves/demo-ft/best_0042.pt, 3 ->
+    'demo-ft_best_0042_ep03'."""
+    model = Path(model)
+    run = model.resolve().parent.name
+    name = f"{run}_{model.stem}" if run else model.stem
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("._") or "model"
+    return f"{name}_ep{index:02d}"
+
+
+def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str) -> Any:
+    """The reward model for the reward view (see lib/reward_model.py); UserError for a model of
+    another game, a corrupt file, or a missing reward-model module."""
+    try:
+        from lib.reward_model import load_reward_model
+    except ImportError as e:
+        raise UserError(f"--reward needs lib/reward_model.py, which cannot be imported ({e})") from None
+    if read_checkpoint(path, "reward model").get("format") == POLICY_FORMAT:
+        raise UserError(
+            f"{path} is a policy, not a reward model: pass it with -m, the reward model with --reward"
+        )
+    return load_reward_model(path, game=game, n_actions=n_actions, device=device)
+
+
+def norm_stats(rm: Any) -> tuple[float, float] | None:
+    """(mean, std) the reward model was trained with, or None when it has no usable ones."""
+    if not getattr(rm, "has_norm_stats", True):
+        return None
+    mean, std = getattr(rm, "norm_mean", None), getattr(rm, "norm_std", None)
+    if mean is None or std is None or not np.isfinite(mean) or not np.isfinite(std) or std <= 0:
+        return None
+    return float(mean), float(std)
+
+
+def normaliser(rm: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """Raw predictions -> normalised ones with the statistics the reward model was trained with
+    (the scale the fine-tuning run sees as reward). A model without usable statistics is shown raw."""
+    stats = norm_stats(rm)
+    if stats is None:
+        return lambda raw: raw.astype(np.float32)
+    mean, std = stats
+    return lambda raw: ((raw - mean) / std).astype(np.float32)
+
+
+def correlation(a: list[float], b: list[float]) -> float | None:
+    """Pearson correlation, or None when either series is constant (undefined)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def select_actions(logits: torch.Tensor, greedy: bool, rng: np.random.Generator) -> np.ndarray:
+    """(B, n_actions) logits -> (B,) int64 actions: argmax, or a sample from the softmax drawn
+    with ``rng`` (reproducible with --seed on any device)."""
+    if greedy:
+        return logits.argmax(dim=1).cpu().numpy()
+    probs = torch.softmax(logits.float(), dim=1).cpu().numpy()
+    u = rng.random((len(probs), 1))
+    return np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), probs.shape[1] - 1).astype(np.int64)
+
+
+def play(
+    model: str | os.PathLike,
+    env: str | None = None,
+    episodes: int = 1,
+    video_dir: str | os.PathLike | None = None,
+    reward: str | os.PathLike | None = None,
+    device: str = "cpu",
+    seed: int | None = None,
+    greedy: bool = False,
+    gif: bool = False,
+    max_steps: int | None = None,
+    log: Callable[[str], None] = print,
+) -> list[EpisodeResult]:
+    """Play ``episodes`` full games with the policy in ``model``; returns them in episode order.
+
+    With ``video_dir`` each game is recorded to ``<video_dir>/<run>_<checkpoint>_epNN.mp4`` (and
+    ``.gif`` with ``gif``); with ``reward`` each video shows the reward view and each result
+    carries the correlation of predicted and true rewards. ``max_steps`` cuts a game after that
+    many agent steps (quick looks, tests). Every input is checked before the first step.
+    """
+    if episodes < 1:
+        raise UserError(f"-n must be at least 1, got {episodes}")
+    if max_steps is not None and max_steps < 1:
+        raise UserError(f"--max-steps must be at least 1, got {max_steps}")
+    if gif and video_dir is None:
+        raise UserError("--gif needs -r VIDEO_DIR")
+    dev = resolve_device(device)
+    env_id = policy_env_id(model, env)
+    n_envs = min(episodes, MAX_PARALLEL)
+    venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=min(2, n_envs))
+    try:
+        net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions)
+        net.to(dev).eval()
+        rm = load_reward(reward, venv.game, venv.n_actions, str(dev)) if reward is not None else None
+        norm = normaliser(rm) if rm is not None else None
+        vdir = prepare_video_dir(video_dir) if video_dir is not None else None
+
+        how = "greedy" if greedy else "sampled"
+        log(
+            f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})"
+        )
+        if rm is not None:
+            stats = norm_stats(rm)
+            how_norm = (
+                f"mean {stats[0]:.3g}, std {stats[1]:.3g}"
+                if stats
+                else "nothing: the model has no stats, raw values"
+            )
+            log(f"reward view: {reward} (normalised with {how_norm})")
+        rng = np.random.default_rng(seed)
+        # One intra-op thread: forwards of <= 8 observations gain nothing from more, and the ALE
+        # threads and ffmpeg need the cores. With 2 OpenMP threads on a busy 2-core machine a
+        # forward took 45-70 ms instead of 1.5 ms (spin-waiting threads; measured).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _play_loop(
+                venv, net, dev, episodes, vdir, model, rm, norm, greedy, gif, max_steps, rng, log
+            )
+        finally:
+            torch.set_num_threads(threads)
+    finally:
+        venv.close()
+
+
+def _play_loop(
+    venv: AtariVec,
+    net: torch.nn.Module,
+    dev: torch.device,
+    episodes: int,
+    vdir: Path | None,
+    model: str | os.PathLike,
+    rm: Any,
+    norm: Callable[[np.ndarray], np.ndarray] | None,
+    greedy: bool,
+    gif: bool,
+    max_steps: int | None,
+    rng: np.random.Generator,
+    log: Callable[[str], None],
+) -> list[EpisodeResult]:
+    """The stepping loop behind ``play``: start games in free env slots, step all envs with one
+    batched forward, record what each running game shows, finish games at game over."""
+    results: list[EpisodeResult] = []
+    slots: list[_Running | None] = [None] * venv.n_envs
+    started = 0
+    resets = 0
+    base_seed = venv.seed
+    t0 = time.monotonic()
+
+    def start(i: int) -> None:
+        nonlocal started
+        started += 1
+        run = _Running(index=started)
+        if vdir is not None:
+            strip = RewardStrip() if rm is not None else None
+            height, width = 210 * SCALE + (strip.height if strip else 0), 160 * SCALE
+            run.writer = Mp4Writer(vdir / f"{video_stem(model, run.index)}.mp4", width, height, fps=GAME_FPS)
+            run.strip = strip
+        slots[i] = run
+
+    def finish(i: int, end: str) -> None:
+        run = slots[i]
+        assert run is not None
+        slots[i] = None
+        res = EpisodeResult(run.index, run.score, run.steps, end)
+        if run.writer is not None:
+            res.video = run.writer.close()
+            if gif:
+                res.gif = mp4_to_gif(res.video, res.video.with_suffix(".gif"))
+        if rm is not None:
+            res.reward_corr = correlation(run.preds, run.trues)
+        results.append(res)
+        log(format_episode(res, rm is not None))
+
+    obs = venv.reset()
+    try:
+        for i in range(venv.n_envs):
+            start(i)
+        while any(s is not None for s in slots):
+            active = np.array([s is not None for s in slots])
+            frames = venv.frames[active].copy()  # the frames the actions are chosen on
+            with torch.no_grad():
+                logits, _ = net(torch.as_tensor(obs, device=dev))
+            actions = select_actions(logits, greedy, rng)
+            preds = None
+            if rm is not None and norm is not None:
+                raw = np.asarray(rm.predict(frames, actions[active]), dtype=np.float32).reshape(-1)
+                preds = norm(raw)
+            step = venv.step(actions)
+            obs = step.obs
+            for k, i in enumerate(np.flatnonzero(active)):
+                run = slots[i]
+                assert run is not None
+                r = float(step.true_rewards[i])
+                run.score += r
+                run.steps += 1
+                if preds is not None:
+                    run.preds.append(float(preds[k]))
+                    run.trues.append(r)
+                if run.writer is not None:
+                    if run.strip is not None and preds is not None:
+                        run.strip.add(float(preds[k]), r)
+                    run.writer.add(compose(frames[k], run.strip.render() if run.strip else None))
+                if step.game_over[i]:
+                    # The env has already started a new game in this slot (same-step autoreset).
+                    finish(i, "frame limit" if step.truncated[i] else "game over")
+                    if started < episodes:
+                        start(i)
+                elif max_steps is not None and run.steps >= max_steps:
+                    # Cut mid-game: this slot's env cannot start a fresh game on its own.
+                    finish(i, "max steps")
+            if all(s is None for s in slots) and started < episodes:
+                # Every slot was cut by --max-steps: start fresh games in all (new seeds, so the
+                # games differ from the last wave).
+                resets += 1
+                if base_seed is not None:
+                    venv.seed = base_seed + 1000 * resets
+                obs = venv.reset()
+                for i in range(min(venv.n_envs, episodes - started)):
+                    start(i)
+    except BaseException:
+        for s in slots:
+            if s is not None and s.writer is not None:
+                s.writer.abort()
+        raise
+    log(f"played {sum(r.steps for r in results)} steps in {time.monotonic() - t0:.1f} s")
+    return sorted(results, key=lambda r: r.index)
+
+
+def format_episode(res: EpisodeResult, with_reward: bool = False) -> str:
+    """One console line per game; ``with_reward`` adds the predicted/true reward correlation."""
+    parts = [f"episode {res.index}: score {res.score:g}, {res.steps} steps ({res.end})"]
+    if res.video is not None:
+        parts.append(f"video {res.video}")
+    if res.gif is not None:
+        parts.append(f"gif {res.gif}")
+    if with_reward:
+        corr = "n/a (a constant series)" if res.reward_corr is None else f"{res.reward_corr:+.3f}"
+        parts.append(f"reward corr {corr}")
+    return ", ".join(parts)
+
+
+def summary(results: list[EpisodeResult], with_reward: bool = False) -> str:
+    """Mean, std (population) and max of the scores, mean length, and the mean reward correlation."""
+    scores = np.array([r.score for r in results], dtype=np.float64)
+    steps = np.array([r.steps for r in results], dtype=np.float64)
+    line = (
+        f"{len(results)} episode(s): score mean {scores.mean():.1f}, std {scores.std():.1f}, "
+        f"max {scores.max():g}; length mean {steps.mean():.0f} steps"
+    )
+    if with_reward:
+        corrs = [r.reward_corr for r in results if r.reward_corr is not None]
+        if corrs:
+            line += f"; reward corr mean {np.mean(corrs):+.3f} over {len(corrs)}"
+        else:
+            line += "; reward corr n/a (no points scored)"
+    return line

@@ -1,0 +1,238 @@
+"""Gameplay videos: H.264 MP4 at game speed, an optional GIF, and the reward view under the frame.
+
+The MP4 is written by the ffmpeg binary that ships inside the imageio-ffmpeg wheel (no system
+ffmpeg, no moviepy), streamed frame by frame so a game of any length costs constant memory:
+
+- H.264 (libx264) in ``yuv420p``: the pixel format every browser and QuickTime decode
+  (https://trac.ffmpeg.org/wiki/Encode/H.264#Encodingfordumbplayers); ``+faststart`` moves
+  the index to the front so a browser starts playing before the whole file has arrived.
+- 15 frames per second = game speed: the Atari runs at 60 Hz and one agent step is 4 frames.
+- The 210x160 game frame is scaled 2x with nearest-neighbour: Atari pixels stay sharp and the
+  2x2 chroma subsampling of yuv420p no longer smears colours across single-pixel objects.
+
+With a reward model the frame gets a strip underneath (``RewardStrip``): the model's normalised
+prediction (orange line) over the true game reward (green bars) for the last ``window`` steps,
+the newest step at the right edge. Scrolling keeps a step 2 px wide whatever the episode length.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import cv2
+import imageio_ffmpeg
+import numpy as np
+
+from lib.errors import UserError
+
+GAME_FPS = 15  # 60 Hz Atari / frame skip 4
+SCALE = 2  # game pixels -> video pixels
+STRIP_HEIGHT = 92  # 420 + 92 = 512: frame with strip is a multiple of 16 (H.264 macroblocks)
+
+# Colours of the reward view (RGB).
+_BG = (24, 24, 32)
+_GRID = (70, 70, 84)
+_TEXT = (220, 220, 220)
+_PRED = (255, 150, 40)
+_TRUE = (80, 220, 100)
+_NEG = (230, 70, 70)
+_FONT = cv2.FONT_HERSHEY_PLAIN
+
+
+def upscale(frame: np.ndarray, scale: int = SCALE) -> np.ndarray:
+    """(H, W, 3) uint8 -> (H*scale, W*scale, 3) uint8, nearest neighbour (sharp Atari pixels)."""
+    return np.repeat(np.repeat(frame, scale, axis=0), scale, axis=1)
+
+
+def compose(frame: np.ndarray, strip: np.ndarray | None = None) -> np.ndarray:
+    """The video frame: the game frame (210, 160, 3) scaled up, with the reward strip below.
+
+    Returns (210*SCALE [+ strip height], 160*SCALE, 3) uint8.
+    """
+    big = upscale(frame)
+    if strip is None:
+        return big
+    if strip.shape[1] != big.shape[1]:
+        raise ValueError(f"strip is {strip.shape[1]} px wide, the frame {big.shape[1]} px")
+    return np.concatenate([big, strip], axis=0)
+
+
+class RewardStrip:
+    """The reward view drawn under each video frame.
+
+    Keeps the whole episode's history (two floats a step) and draws the last ``window`` steps:
+    - top line: step, score so far, the current normalised prediction,
+    - upper lane: the reward model's normalised prediction (orange), y from -clip to +clip with
+      a zero line; values beyond are drawn at the edge,
+    - lower lane: the true game reward of each step (green bars up, red bars down for negative
+      rewards), scaled to the largest reward seen so far in the episode.
+    The newest step is at the right edge; before ``window`` steps the plot fills from the left.
+    """
+
+    def __init__(
+        self, width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2, clip: float = 3.0
+    ):
+        if height < 60:
+            raise ValueError(f"reward strip needs at least 60 px height, got {height}")
+        self.width = width
+        self.height = height
+        self.step_px = step_px
+        self.clip = clip
+        self.window = width // step_px
+        self.pred: list[float] = []
+        self.true: list[float] = []
+        self.score = 0.0
+        self._max_abs_true = 0.0
+
+    def add(self, pred_norm: float, true_reward: float) -> None:
+        """Append one agent step: normalised predicted reward and the true game reward."""
+        self.pred.append(float(pred_norm))
+        self.true.append(float(true_reward))
+        self.score += float(true_reward)
+        self._max_abs_true = max(self._max_abs_true, abs(float(true_reward)))
+
+    def render(self) -> np.ndarray:
+        """(height, width, 3) uint8 RGB image of the last ``window`` steps."""
+        img = np.empty((self.height, self.width, 3), dtype=np.uint8)
+        img[:] = _BG
+        n = len(self.pred)
+        header = 13
+        pred_top, pred_bot = header + 2, int(self.height * 0.66)  # upper lane
+        true_top, true_bot = pred_bot + 4, self.height - 3  # lower lane
+        mid = (pred_top + pred_bot) // 2
+
+        # Grid: zero line and +-clip edges of the prediction lane, base line of the true lane.
+        cv2.line(img, (0, mid), (self.width - 1, mid), _GRID, 1)
+        for y in (pred_top, pred_bot):
+            cv2.line(img, (0, y), (self.width - 1, y), (44, 44, 56), 1)
+        cv2.line(img, (0, true_bot), (self.width - 1, true_bot), _GRID, 1)
+        cv2.putText(img, f"+{self.clip:g}", (2, pred_top + 9), _FONT, 0.7, _GRID, 1, cv2.LINE_AA)
+        cv2.putText(img, f"-{self.clip:g}", (2, pred_bot - 2), _FONT, 0.7, _GRID, 1, cv2.LINE_AA)
+
+        cur = self.pred[-1] if n else 0.0
+        cv2.putText(img, "pred", (3, 10), _FONT, 0.8, _PRED, 1, cv2.LINE_AA)
+        cv2.putText(img, f"{cur:+.2f}", (36, 10), _FONT, 0.8, _PRED, 1, cv2.LINE_AA)
+        cv2.putText(img, "true", (96, 10), _FONT, 0.8, _TRUE, 1, cv2.LINE_AA)
+        text = f"step {n}  score {self.score:g}"
+        (tw, _), _ = cv2.getTextSize(text, _FONT, 0.8, 1)
+        cv2.putText(img, text, (self.width - tw - 3, 10), _FONT, 0.8, _TEXT, 1, cv2.LINE_AA)
+        if n == 0:
+            return img
+
+        lo = max(0, n - self.window)
+        pred = np.clip(np.asarray(self.pred[lo:], dtype=np.float32), -self.clip, self.clip)
+        true = np.asarray(self.true[lo:], dtype=np.float32)
+        xs = np.arange(len(pred)) * self.step_px + self.step_px // 2
+
+        # True rewards: one bar per rewarded step.
+        if self._max_abs_true > 0:
+            lane = true_bot - true_top
+            for x, r in zip(xs[true != 0], true[true != 0], strict=True):
+                h = max(2, int(round(abs(r) / self._max_abs_true * lane)))
+                colour = _TRUE if r > 0 else _NEG
+                cv2.rectangle(img, (int(x) - 1, true_bot - h), (int(x), true_bot), colour, -1)
+
+        # Prediction: a polyline over the lane.
+        half = (pred_bot - pred_top) / 2
+        ys = np.round(mid - pred / self.clip * half).astype(np.int32)
+        pts = np.stack([xs, ys], axis=1).astype(np.int32).reshape(-1, 1, 2)
+        cv2.polylines(img, [pts], False, _PRED, 1, cv2.LINE_AA)
+        return img
+
+
+class Mp4Writer:
+    """Streams RGB frames (H, W, 3) uint8 into an H.264 yuv420p MP4 at game speed.
+
+    The video is written under a hidden temporary name in the same directory and renamed on
+    ``close()``: an interrupted run never leaves a truncated file under the final name. Height and
+    width must be even (yuv420p); ``compose`` gives 420x320 or 512x320.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = 20
+    ):
+        if width % 2 or height % 2:
+            raise ValueError(f"yuv420p needs even frame sizes, got {width}x{height}")
+        self.path = Path(path)
+        self.size = (width, height)
+        self.frames = 0
+        self._tmp = self.path.with_name(f".{self.path.name}.part")
+        self._gen = imageio_ffmpeg.write_frames(
+            str(self._tmp),
+            self.size,
+            fps=fps,
+            codec="libx264",
+            pix_fmt_out="yuv420p",
+            quality=None,
+            macro_block_size=2,
+            output_params=["-crf", str(crf), "-preset", "veryfast", "-movflags", "+faststart", "-f", "mp4"],
+        )
+        self._gen.send(None)
+
+    def add(self, frame: np.ndarray) -> None:
+        """Append one frame (height, width, 3) uint8 RGB."""
+        if frame.shape != (self.size[1], self.size[0], 3) or frame.dtype != np.uint8:
+            raise ValueError(
+                f"frame must be {(self.size[1], self.size[0], 3)} uint8, got {frame.shape} {frame.dtype}"
+            )
+        try:
+            self._gen.send(np.ascontiguousarray(frame))
+        except OSError as e:
+            self.abort()
+            raise UserError(f"could not write video {self.path}: {str(e).splitlines()[0][:160]}") from None
+        self.frames += 1
+
+    def close(self) -> Path:
+        """Finish the file (ffmpeg flushes and writes the index) and move it to its final name."""
+        self._gen.close()
+        if self.frames == 0 or not self._tmp.exists() or self._tmp.stat().st_size == 0:
+            self._tmp.unlink(missing_ok=True)
+            raise UserError(f"ffmpeg wrote no video to {self.path} (disk full?)")
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Stop ffmpeg and remove the partial file."""
+        try:
+            self._gen.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def mp4_to_gif(mp4: str | os.PathLike, gif: str | os.PathLike) -> Path:
+    """Make an animated GIF of an MP4 with ffmpeg's two-pass palette (palettegen + paletteuse).
+
+    Two passes over the file instead of buffering frames: memory stays constant for any game
+    length. GIF delays are in 10 ms units, so 15 fps plays at 1/0.07 = 14.3 fps (5% slow).
+    """
+    mp4, gif = Path(mp4), Path(gif)
+    exe = imageio_ffmpeg.get_ffmpeg_exe()
+    tmp = gif.with_name(f".{gif.name}.part")
+    with tempfile.TemporaryDirectory(dir=gif.parent, prefix=".palette-") as d:
+        palette = Path(d) / "palette.png"
+        base = [exe, "-y", "-v", "error", "-i", str(mp4)]
+        steps = [
+            base + ["-vf", "palettegen=stats_mode=full", str(palette)],
+            [exe, "-y", "-v", "error", "-i", str(mp4), "-i", str(palette)]
+            + ["-lavfi", "paletteuse=dither=none", "-f", "gif", str(tmp)],
+        ]
+        for cmd in steps:
+            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if res.returncode != 0:
+                tmp.unlink(missing_ok=True)
+                msg = (res.stderr.strip().splitlines() or ["unknown error"])[-1]
+                raise UserError(f"could not make GIF {gif}: ffmpeg: {msg[:160]}")
+    os.replace(tmp, gif)
+    return gif
