@@ -1,0 +1,396 @@
+"""The reward model: the book's conv net on full-colour frames plus a one-hot action.
+
+Architecture (Lapan, ch. 19, ``lib/rlhf.py``; DESIGN "Reward model and loss"): 4 conv layers of
+16 filters (kernels 7/5/3/3, strides 3/2/1/1), each followed by BatchNorm, Dropout(0.5) and
+LeakyReLU; flatten; concatenate the one-hot action; a 64-unit hidden layer; one output -- the
+predicted reward of taking that action on that frame. The parameter names are the book's
+(``conv.0``, ``conv.1``, ..., ``out.0``, ``out.2``), so a bare state dict saved by the book's
+``03_reward_train.py`` loads too.
+
+Loss (``preference_loss``): the Bradley-Terry model of Christiano et al. 2017 (arXiv 1706.03741,
+section 2.2.3): P(σ1 ≻ σ2) = sigmoid(R1 − R2) with R the sum of the per-step predictions over a
+segment, and the cross-entropy against the label μ ∈ {1, 0, 0.5}. The book instead applies BCE to
+R1 and R2 separately, which pushes both returns of a tie to 0 instead of towards each other.
+
+Inference (``RewardPredictor``): eval-mode BatchNorm is an affine map, so it is folded into the
+convolution weights together with the 1/255 input scale (``LeanRewardNet``); dropout is the
+identity in eval; frames go in as channels-last uint8 straight from the env; everything runs
+under ``torch.inference_mode()``.
+
+Checkpoint: a plain dict, loadable with ``torch.load(..., weights_only=True)``::
+
+    {"format": "rlhf-atari-reward", "version": 1, "state_dicts": [member 0, member 1, ...],
+     "frame_shape": [210, 160, 3], "downscale": 1, "input_shape": [3, 210, 160],
+     "n_actions": 18, "env_id": ..., "game": ..., "action_meanings": [...],
+     "norm_mean": float, "norm_std": float, "metrics": {...}, ...}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lib.errors import UserError
+from lib.model import POLICY_FORMAT, atomic_torch_save, read_checkpoint
+
+REWARD_FORMAT = "rlhf-atari-reward"
+REWARD_VERSION = 1
+FULL_FRAME = (210, 160, 3)
+CONV_FILTERS = 16
+CONV_LAYERS = ((7, 3), (5, 2), (3, 1), (3, 1))  # (kernel, stride) of the book's 4 conv layers
+HIDDEN = 64
+DROPOUT = 0.5
+NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
+
+
+def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int, int, int]:
+    """Network input (C, H, W) for frames (H, W, 3) shrunk ``downscale`` times (2x2 average = 2)."""
+    h, w, c = frame_shape
+    return (c, h // downscale, w // downscale)
+
+
+class RewardModel(nn.Module):
+    """The book's reward model, trainable (train mode: BatchNorm batch statistics and dropout).
+
+    forward: frames (B, H, W, 3) uint8 (or float in 0..255), actions (B,) int64
+             -> per-step rewards (B,) float32
+    """
+
+    def __init__(self, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, downscale: int = 1):
+        super().__init__()
+        if downscale < 1:
+            raise ValueError(f"downscale must be >= 1, got {downscale}")
+        self.n_actions = int(n_actions)
+        self.frame_shape = tuple(int(x) for x in frame_shape)
+        self.downscale = int(downscale)
+        self.input_shape = input_shape_of(self.frame_shape, self.downscale)
+        layers: list[nn.Module] = []
+        ch = self.input_shape[0]
+        for kernel, stride in CONV_LAYERS:
+            layers += [
+                nn.Conv2d(ch, CONV_FILTERS, kernel_size=kernel, stride=stride),
+                nn.BatchNorm2d(CONV_FILTERS),
+                nn.Dropout(p=DROPOUT),
+                nn.LeakyReLU(),
+            ]
+            ch = CONV_FILTERS
+        layers.append(nn.Flatten())
+        self.conv = nn.Sequential(*layers)
+        self.conv_out_shape = conv_out_shape(self.input_shape)
+        size = math.prod(self.conv_out_shape)
+        self.out = nn.Sequential(nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
+
+    def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float in [0, 1], channels-last memory."""
+        return to_input(frames, self.downscale) / 255.0
+
+    def forward(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        x = self.conv(self.preprocess(frames))
+        act = F.one_hot(actions.long(), self.n_actions).to(x.dtype)
+        return self.out(torch.cat((x, act), dim=1)).squeeze(-1)
+
+
+def conv_out_shape(input_shape: Sequence[int]) -> tuple[int, int, int]:
+    """(C, H, W) after the 4 conv layers; ValueError when the frame is too small for them."""
+    _, h, w = input_shape
+    for kernel, stride in CONV_LAYERS:
+        h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
+    if h < 1 or w < 1:
+        raise ValueError(f"input {tuple(input_shape)} is too small for the reward model's conv layers")
+    return (CONV_FILTERS, h, w)
+
+
+def to_input(frames: torch.Tensor, downscale: int = 1) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float32 in 0..255, channels-last memory (no copy of
+    the layout: NHWC memory *is* channels-last NCHW). ``downscale`` d > 1 averages d x d blocks."""
+    x = frames.permute(0, 3, 1, 2).float()
+    if downscale > 1:
+        x = F.avg_pool2d(x, downscale)
+    return x
+
+
+# --- the loss --------------------------------------------------------------------------------
+
+
+def preference_loss(
+    r1: torch.Tensor, r2: torch.Tensor, mu: torch.Tensor, noise: float = 0.0
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Bradley-Terry cross-entropy of predicted segment returns against preference labels.
+
+    r1, r2: (P,) predicted returns R of the first and second segment of each pair
+    mu:     (P,) P(first better) from the label: 1.0, 0.0 or 0.5 (tie)
+    noise:  ε of the paper's "ε of the answers are uniformly random": p' = (1 − ε) p + ε/2
+            (ε = 0.1 gives p' = 0.9 p + 0.05); bounds the loss and the gradient of a label the
+            model is sure is wrong.
+    Returns (mean loss, metrics): loss, accuracy on non-tie pairs (n/a -> nan), their count.
+    """
+    if r1.shape != r2.shape or r1.shape != mu.shape or r1.ndim != 1:
+        raise ValueError(f"r1, r2 and mu must all have shape (P,), got {tuple(r1.shape)}, "
+                         f"{tuple(r2.shape)}, {tuple(mu.shape)}")  # fmt: skip
+    d = r1 - r2
+    if noise > 0:
+        log_keep, log_rand = math.log(1.0 - noise), math.log(noise / 2)
+        log_p = torch.logaddexp(F.logsigmoid(d) + log_keep, torch.full_like(d, log_rand))
+        log_q = torch.logaddexp(F.logsigmoid(-d) + log_keep, torch.full_like(d, log_rand))
+        loss = -(mu * log_p + (1.0 - mu) * log_q).mean()
+    else:
+        loss = F.binary_cross_entropy_with_logits(d, mu)
+    with torch.no_grad():
+        decided = mu != 0.5
+        n = int(decided.sum())
+        acc = float(((d[decided] > 0) == (mu[decided] > 0.5)).float().mean()) if n else float("nan")
+    return loss, {"loss": float(loss.detach()), "accuracy": acc, "decided": float(n)}
+
+
+# --- lean inference --------------------------------------------------------------------------
+
+
+class LeanRewardNet(nn.Module):
+    """Eval-only copy of a RewardModel: BatchNorm and the 1/255 input scale folded into the
+    convolutions, dropout dropped (identity in eval), the one-hot action turned into a row lookup.
+
+    forward: frames (B, H, W, 3) uint8, actions (B,) int64 -> (B,) float32; equal to
+    ``model.eval()(frames, actions)`` up to float rounding.
+    """
+
+    def __init__(self, model: RewardModel):
+        super().__init__()
+        self.downscale = model.downscale
+        convs, bns = [m for m in model.conv if isinstance(m, nn.Conv2d)], [
+            m for m in model.conv if isinstance(m, nn.BatchNorm2d)
+        ]
+        folded = []
+        for i, (conv, bn) in enumerate(zip(convs, bns, strict=True)):
+            scale = bn.weight.detach() / torch.sqrt(bn.running_var.detach() + bn.eps)
+            w = conv.weight.detach() * scale[:, None, None, None]
+            b = (conv.bias.detach() - bn.running_mean.detach()) * scale + bn.bias.detach()
+            if i == 0:
+                w = w / 255.0  # takes raw 0..255 pixels
+            c = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride)
+            c.weight.data.copy_(w)
+            c.bias.data.copy_(b)
+            folded.append(c)
+        self.convs = nn.ModuleList(folded)
+        self.slope = float(next(m for m in model.conv if isinstance(m, nn.LeakyReLU)).negative_slope)
+        lin1, lin2 = model.out[0], model.out[2]
+        c, h, w = model.conv_out_shape
+        n_feat = c * h * w
+        # Features are read in (H, W, C) order -- the channels-last memory order -- so the
+        # flatten is a free view; reorder the weight columns from the book's (C, H, W) to match.
+        wf = lin1.weight.detach()[:, :n_feat].reshape(HIDDEN, c, h, w).permute(0, 2, 3, 1).reshape(HIDDEN, n_feat)
+        self.feat = nn.Linear(n_feat, HIDDEN, bias=False)
+        self.feat.weight.data.copy_(wf)
+        # one-hot(a) @ W_a^T + b is row a of (W_a^T + b): a lookup instead of a matmul.
+        self.act_rows = nn.Parameter((lin1.weight.detach()[:, n_feat:].T + lin1.bias.detach()).clone(), False)
+        self.head = nn.Linear(HIDDEN, 1)
+        self.head.weight.data.copy_(lin2.weight.detach())
+        self.head.bias.data.copy_(lin2.bias.detach())
+        self.slope2 = float(model.out[1].negative_slope)
+        self.requires_grad_(False)
+        self.eval()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 3, h, w) float 0..255 -> (B, hidden) before the action term."""
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), self.slope, inplace=True)
+        return self.feat(x.permute(0, 2, 3, 1).reshape(len(x), -1))
+
+    def forward(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        h = self.features(to_input(frames, self.downscale)) + self.act_rows[actions.long()]
+        return self.head(F.leaky_relu(h, self.slope2, inplace=True)).squeeze(-1)
+
+
+class RewardPredictor:
+    """A loaded reward model (one net or an ensemble) for inference.
+
+    ``predict(frames (B, H, W, 3) uint8, actions (B,) int) -> (B,) float32`` raw per-step rewards:
+    eval mode, inference mode, chunked so any B fits in memory. An ensemble predicts the mean of
+    its members. ``norm_mean`` / ``norm_std``: mean and std of the per-step predictions on the
+    training DB's segments (0 and 1 when the checkpoint has none, see ``has_norm_stats``).
+    """
+
+    def __init__(self, models: Sequence[RewardModel], ck: dict[str, Any], device: torch.device | str = "cpu",
+                 path: str | None = None, chunk: int = 256):  # fmt: skip
+        self.device = torch.device(device)
+        self.nets = [LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models]
+        first = models[0]
+        self.path = path
+        self.frame_shape: tuple[int, int, int] = first.frame_shape  # type: ignore[assignment]
+        self.downscale = first.downscale
+        self.n_actions = first.n_actions
+        self.env_id: str | None = ck.get("env_id")
+        self.game: str | None = ck.get("game")
+        meanings = ck.get("action_meanings")
+        self.action_meanings: tuple[str, ...] | None = tuple(meanings) if meanings else None
+        self.has_norm_stats = ck.get("norm_mean") is not None and ck.get("norm_std") is not None
+        self.norm_mean = float(ck["norm_mean"]) if self.has_norm_stats else 0.0
+        self.norm_std = float(ck["norm_std"]) if self.has_norm_stats else 1.0
+        self.metrics: dict[str, Any] = dict(ck.get("metrics") or {})
+        self.chunk = chunk
+
+    @property
+    def ensemble(self) -> int:
+        return len(self.nets)
+
+    def _check(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> None:
+        if tuple(frames.shape[1:]) != self.frame_shape or len(frames.shape) != 4:
+            raise ValueError(f"frames must have shape (B, {', '.join(map(str, self.frame_shape))}), "
+                             f"got {tuple(frames.shape)}")  # fmt: skip
+        if tuple(actions.shape) != (frames.shape[0],):
+            raise ValueError(f"actions must have shape ({frames.shape[0]},), got {tuple(actions.shape)}")
+
+    def predict_members(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Every member's per-step rewards: (K, B) float32 tensor on the model's device."""
+        self._check(frames, actions)
+        f = torch.as_tensor(frames)
+        a = torch.as_tensor(actions)
+        if a.numel() and (int(a.min()) < 0 or int(a.max()) >= self.n_actions):
+            raise ValueError(f"actions must be in 0..{self.n_actions - 1}")
+        out = torch.empty((len(self.nets), len(f)), dtype=torch.float32, device=self.device)
+        with torch.inference_mode():
+            for s in range(0, len(f), self.chunk):
+                fc = f[s : s + self.chunk].to(self.device, non_blocking=True)
+                ac = a[s : s + self.chunk].to(self.device, non_blocking=True)
+                for k, net in enumerate(self.nets):
+                    out[k, s : s + len(fc)] = net(fc, ac)
+        return out
+
+    def predict(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Raw per-step rewards (B,) float32 (the ensemble mean)."""
+        return self.predict_members(frames, actions).mean(0).cpu().numpy().astype(np.float32)
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def reward_checkpoint(
+    models: Sequence[RewardModel],
+    env_id: str | None,
+    game: str | None,
+    action_meanings: Sequence[str] | None,
+    norm_mean: float | None = None,
+    norm_std: float | None = None,
+    metrics: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The checkpoint dict of a reward model (a list of members; one unless an ensemble)."""
+    first = models[0]
+    ck = {
+        "format": REWARD_FORMAT,
+        "version": REWARD_VERSION,
+        "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
+        "frame_shape": list(first.frame_shape),
+        "downscale": first.downscale,
+        "input_shape": list(first.input_shape),
+        "n_actions": first.n_actions,
+        "env_id": env_id,
+        "game": game,
+        "action_meanings": list(action_meanings) if action_meanings else None,
+        "norm_mean": None if norm_mean is None else float(norm_mean),
+        "norm_std": None if norm_std is None else float(norm_std),
+        "metrics": {k: _plain(v) for k, v in (metrics or {}).items()},
+    }
+    ck.update(extra)
+    return ck
+
+
+def _plain(v: Any) -> Any:
+    """A metric value that weights_only loading accepts: float/int/str/None."""
+    if isinstance(v, (np.floating, np.integer)):
+        v = v.item()
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
+    atomic_torch_save(ck, path)
+
+
+def _is_book_state_dict(ck: dict[str, Any]) -> bool:
+    return bool(ck) and all(isinstance(v, torch.Tensor) for v in ck.values()) and "out.0.weight" in ck
+
+
+def load_reward_models(
+    path: str | os.PathLike, game: str | None = None, n_actions: int | None = None
+) -> tuple[list[RewardModel], dict[str, Any]]:
+    """Read a reward model checkpoint into trainable RewardModels (eval mode) and its dict.
+
+    Checks it fits ``game`` (a ROM name such as 'seaquest') and ``n_actions`` when given; every
+    problem is a UserError with one line. A bare state dict in the book's format loads as a
+    full-resolution single model (its game is unknown, so it cannot be checked).
+    """
+    path = Path(path)
+    ck = read_checkpoint(path, "reward model")
+    if ck.get("format") == POLICY_FORMAT:
+        raise UserError(f"{path} is a policy checkpoint, not a reward model (a policy goes to -m, a reward model to -r)")
+    if ck.get("format") == REWARD_FORMAT:
+        states = ck.get("state_dicts")
+        try:
+            frame_shape = tuple(int(x) for x in ck["frame_shape"])
+            downscale = int(ck.get("downscale", 1))
+            ck_actions = int(ck["n_actions"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"reward model {path} is incomplete (no frame shape / action count): retrain it") from None
+        if not isinstance(states, list) or not states:
+            raise UserError(f"reward model {path} holds no weights: retrain it")
+    elif _is_book_state_dict(ck):
+        w = ck["out.0.weight"]
+        frame_shape, downscale = FULL_FRAME, 1
+        ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME)))
+        if ck_actions < 1:
+            raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
+        states = [ck]
+        ck = {"state_dict_only": True}
+    else:
+        raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
+    ck_game = ck.get("game")
+    if game is not None and ck_game is not None and ck_game != game:
+        raise UserError(
+            f"reward model {path} was trained on {ck.get('env_id') or ck_game}, not on {game}: "
+            f"use a reward model trained on this game's DB"
+        )
+    if n_actions is not None and ck_actions != n_actions:
+        raise UserError(f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model")
+    models = []
+    for sd in states:
+        m = RewardModel(ck_actions, frame_shape, downscale)
+        try:
+            m.load_state_dict(sd)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            msg = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+            raise UserError(f"reward model {path} does not fit the reward network ({msg})") from None
+        m.eval()
+        models.append(m)
+    return models, ck
+
+
+def load_reward_model(
+    path: str | os.PathLike,
+    game: str | None = None,
+    n_actions: int | None = None,
+    device: torch.device | str = "cpu",
+) -> RewardPredictor:
+    """Load a reward model for inference (see RewardPredictor); UserError with one line when the
+    file is missing, corrupt, not a reward model, or made for another game / action count."""
+    models, ck = load_reward_models(path, game=game, n_actions=n_actions)
+    return RewardPredictor(models, ck, device=resolve_device(device), path=str(path))
+
+
+def resolve_device(dev: torch.device | str) -> torch.device:
+    """A torch device that really exists here; UserError otherwise (e.g. --dev cuda on a CPU box)."""
+    try:
+        device = torch.device(dev)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device {dev!r}: use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--dev cuda given but no CUDA GPU is available here: use --dev cpu")
+    return device

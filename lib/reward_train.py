@@ -1,0 +1,658 @@
+"""Training the reward model on the preference labels of one or more segment DBs.
+
+Roles, one verb each:
+- ``load_preferences``: read the labels of every DB, leave out "can't tell" and labels whose
+  segments are missing or unreadable (counted), keep each segment COMPRESSED in memory (~20-50 KB
+  instead of ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
+- ``decode_segments``: decode the segments of one micro-batch (~1 ms each).
+- ``train_reward_model``: Bradley-Terry training with a seeded train/test split, micro-batches
+  with gradient accumulation (activation memory is bounded by ``micro_frames``, not by
+  ``--batch``), evaluation in eval mode with the BatchNorm-folded net under inference mode,
+  early stopping on test loss, the best checkpoint written atomically on every improvement.
+
+Metrics per epoch: train and test loss, test accuracy on non-tie labels, and where segments carry
+true rewards the oracle agreement (share of test pairs with different true returns the model
+orders correctly) and the Pearson correlation of predicted with true segment returns. Test pairs
+share segments with training pairs (a pair is held out, not its segments); ``bench/quality.py``
+measures agreement on segments never trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib.envs import DEFAULT_ENV, rom_name
+from lib.errors import UserError
+from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
+from lib.reward_model import (
+    NOISE_EPS,
+    LeanRewardNet,
+    RewardModel,
+    preference_loss,
+    reward_checkpoint,
+    save_reward_checkpoint,
+)
+from lib.segments import _ZSTD_MAGIC, SegmentError, decode_segment, encode_segment, resolve_in_db
+
+Log = Callable[[str], None]
+
+
+# --- the data --------------------------------------------------------------------------------
+
+
+@dataclass
+class PreferenceData:
+    """Labeled pairs over compressed segments (S unique segments, P usable pairs).
+
+    blobs:        S compressed segment files (decode with ``decode_segments``)
+    names:        S "<db>/<NN/SSSSSSSS.dat>" names for messages
+    lengths:      (S,) int64    steps per segment
+    true_returns: (S,) float64  sum of true rewards; NaN where the segment has none (legacy DB)
+    first/second: (P,) int64    segment index of a pair's sample1 / sample2
+    mu:           (P,) float32  P(sample1 better): 1.0, 0.0 or 0.5 (tie)
+    """
+
+    blobs: list[bytes]
+    names: list[str]
+    lengths: np.ndarray
+    true_returns: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+    mu: np.ndarray
+    env_id: str
+    game: str
+    n_actions: int
+    action_meanings: tuple[str, ...] | None
+    frame_shape: tuple[int, int, int]
+    dbs: list[str]
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.mu)
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.blobs)
+
+    @property
+    def has_true_returns(self) -> bool:
+        return bool(np.isfinite(self.true_returns).any())
+
+    @property
+    def compressed_bytes(self) -> int:
+        return sum(len(b) for b in self.blobs)
+
+
+_ACTIONS_CACHE: dict[str, tuple[int, tuple[str, ...]]] = {}
+
+
+def game_actions(env_id: str) -> tuple[int, tuple[str, ...]]:
+    """(action count, action meanings) of a game, from the ROM (for legacy segments that lack them)."""
+    if env_id not in _ACTIONS_CACHE:
+        from lib.envs import AtariVec
+
+        env = AtariVec(env_id, n_envs=1)
+        _ACTIONS_CACHE[env_id] = (env.n_actions, tuple(env.action_meanings))
+        env.close()
+    return _ACTIONS_CACHE[env_id]
+
+
+def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
+    """Read the usable labels of every DB and their segments (kept compressed).
+
+    ``env``: the game of segments that do not name one (legacy DBs from the book); default
+    SeaQuest, the book's game. Segments that name their env must all be of one game (and of
+    ``env`` when given). Raises UserError with one line when nothing usable is left.
+    """
+    blobs: list[bytes] = []
+    names: list[str] = []
+    lengths: list[int] = []
+    returns: list[float] = []
+    first: list[int] = []
+    second: list[int] = []
+    mu: list[float] = []
+    index: dict[tuple[int, str], int | str] = {}  # (db, rel) -> segment index, or why it is unusable
+    games: dict[str, str] = {}  # rom name -> first env id seen
+    meanings: tuple[str, ...] | None = None
+    frame_shape: tuple[int, int, int] | None = None
+    max_action = -1
+    want_game = rom_name(env) if env else None
+    total = {"labels": 0, "cant_tell": 0, "missing": 0, "unreadable": 0, "missing_files": 0, "unreadable_files": 0}
+    legacy_segments = 0
+
+    for di, db in enumerate(dbs):
+        root = Path(db)
+        if not root.is_dir():
+            raise UserError(f"DB not found: {root}")
+        if not (root / LABELS_FILE).is_file() and not (root / LEGACY_LABELS_FILE).is_file():
+            raise UserError(f"DB {root} has no labels ({LABELS_FILE}): label pairs with 02_label_ui.py first")
+        labels = load_labels(root)
+        counts = {"labels": len(labels), "cant_tell": 0, "missing": 0, "unreadable": 0}
+        for lab in labels.values():
+            pref = lab.preference
+            if pref is None:
+                counts["cant_tell"] += 1
+                continue
+            ids: list[int | str] = []
+            for rel in (lab.sample1, lab.sample2):
+                key = (di, rel)
+                if key not in index:
+                    got = _read_segment(root, rel)
+                    if isinstance(got, str):
+                        total[f"{got}_files"] += 1
+                        index[key] = got
+                        continue
+                    blob, meta = got
+                    index[key] = len(blobs)
+                    blobs.append(blob)
+                    names.append(f"{root}/{rel}")
+                    lengths.append(meta["length"])
+                    returns.append(meta["true_return"])
+                    legacy_segments += meta["legacy"]
+                    if meta["env_id"]:
+                        games.setdefault(rom_name(meta["env_id"]), meta["env_id"])
+                    if meta["meanings"] and meanings is None:
+                        meanings = meta["meanings"]
+                    if frame_shape is None:
+                        frame_shape = meta["frame_shape"]
+                    elif meta["frame_shape"] != frame_shape:
+                        raise UserError(f"segment {names[-1]} has frames {meta['frame_shape']}, others "
+                                        f"{frame_shape}: train on DBs with one frame size")  # fmt: skip
+                    max_action = max(max_action, meta["max_action"])
+                ids.append(index[key])  # type: ignore[arg-type]
+            if isinstance(ids[0], str) or isinstance(ids[1], str):
+                counts["missing" if "missing" in (ids[0], ids[1]) else "unreadable"] += 1
+                continue
+            first.append(ids[0])
+            second.append(ids[1])
+            mu.append(pref)
+        for k, v in counts.items():
+            total[k] += v
+        used = counts["labels"] - counts["cant_tell"] - counts["missing"] - counts["unreadable"]
+        extra = []
+        if counts["cant_tell"]:
+            extra.append(f"{counts['cant_tell']} can't tell left out")
+        if counts["missing"]:
+            extra.append(f"{counts['missing']} left out: segment file missing")
+        if counts["unreadable"]:
+            extra.append(f"{counts['unreadable']} left out: segment file unreadable")
+        log(f"{root}: {counts['labels']} labels, {used} usable" + (f" ({'; '.join(extra)})" if extra else ""))
+
+    where = ", ".join(str(d) for d in dbs)
+    n = len(mu)
+    if total["labels"] == 0:
+        raise UserError(f"no labels in {where}: label pairs with 02_label_ui.py first")
+    if n == 0:
+        why = []
+        if total["cant_tell"]:
+            why.append(f"{total['cant_tell']} are \"can't tell\"")
+        if total["missing"]:
+            why.append(f"{total['missing']} have missing segment files ({total['missing_files']} files)")
+        if total["unreadable"]:
+            why.append(f"{total['unreadable']} have unreadable segment files")
+        raise UserError(f"no usable labels in {where}: of {total['labels']}, {' and '.join(why)}")
+    mu_arr = np.asarray(mu, dtype=np.float32)
+    if (mu_arr == 0.5).all():
+        raise UserError(f"all {n} usable labels in {where} are ties (\"equally good\"): nothing to learn an order "
+                        f"from; label pairs where one segment is better")  # fmt: skip
+    if n < 2:
+        raise UserError(f"only 1 usable label in {where}: at least 2 are needed (one to train, one to test)")
+
+    if len(games) > 1:
+        raise UserError(f"the DBs mix games ({', '.join(sorted(games.values()))}): train one game at a time")
+    if games:
+        game, env_id = next(iter(games.items()))
+        if want_game is not None and want_game != game:
+            raise UserError(f"--env {env} does not match the DB's segments, which are from {env_id}")
+    else:
+        env_id = env or DEFAULT_ENV
+        game = rom_name(env_id)
+        log(f"segments name no game (legacy DB): assuming {env_id}" + ("" if env else " (pass --env to change)"))
+    if meanings is None:
+        n_actions, meanings = game_actions(env_id)
+    n_actions = len(meanings)
+    if max_action >= n_actions:
+        raise UserError(f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?")
+    if legacy_segments:
+        log(f"{legacy_segments} legacy segments without true rewards: oracle metrics are n/a for them")
+    assert frame_shape is not None
+    return PreferenceData(
+        blobs=blobs,
+        names=names,
+        lengths=np.asarray(lengths, dtype=np.int64),
+        true_returns=np.asarray(returns, dtype=np.float64),
+        first=np.asarray(first, dtype=np.int64),
+        second=np.asarray(second, dtype=np.int64),
+        mu=mu_arr,
+        env_id=env_id,
+        game=game,
+        n_actions=n_actions,
+        action_meanings=meanings,
+        frame_shape=frame_shape,
+        dbs=[str(d) for d in dbs],
+        skipped={k: total[k] for k in ("cant_tell", "missing", "unreadable")},
+    )
+
+
+def _read_segment(root: Path, rel: str) -> tuple[bytes, dict[str, Any]] | str:
+    """Read one segment file: (compressed bytes, metadata), or "missing" / "unreadable". Decodes it
+    once to check it and read its metadata; keeps only the compressed bytes."""
+    try:
+        path = resolve_in_db(root, rel)
+        data = path.read_bytes()
+    except (ValueError, OSError):
+        return "missing"
+    try:
+        seg = decode_segment(data, str(path))
+    except SegmentError:
+        return "unreadable"
+    if data[:4] != _ZSTD_MAGIC:
+        data = encode_segment(seg, level=1)  # legacy: an uncompressed 5 MB pickle; keep it small
+    meta = {
+        "legacy": int(seg.rewards is None),
+        "env_id": seg.env_id,
+        "meanings": seg.action_meanings,
+        "frame_shape": tuple(seg.frames.shape[1:]),
+        "max_action": int(seg.actions.max()) if len(seg.actions) else -1,
+        "length": len(seg),
+        "true_return": float(seg.rewards.sum()) if seg.rewards is not None else math.nan,
+    }
+    return data, meta
+
+
+def decode_segments(data: PreferenceData, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode segments ``ids``: frames (F, H, W, 3) uint8, actions (F,) int64, and owner (F,) int64,
+    the position in ``ids`` each frame belongs to (F = total steps)."""
+    total = int(data.lengths[list(ids)].sum())
+    frames = np.empty((total, *data.frame_shape), dtype=np.uint8)
+    actions = np.empty(total, dtype=np.int64)
+    owner = np.empty(total, dtype=np.int64)
+    pos = 0
+    for j, i in enumerate(ids):
+        seg = decode_segment(data.blobs[i], data.names[i])
+        t = len(seg)
+        frames[pos : pos + t] = seg.frames
+        actions[pos : pos + t] = seg.actions
+        owner[pos : pos + t] = j
+        pos += t
+    return frames, actions, owner
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters; the defaults are the book's where it has one (batch 64, lr 1e-4, patience 4)."""
+
+    epochs: int = 100
+    batch: int = 64
+    lr: float = 1e-4
+    seed: int = 42
+    test_ratio: float = 0.2
+    patience: int = 4
+    noise: bool = False
+    ensemble: int = 1
+    micro_frames: int = 200
+    downscale: int = 1
+    device: str = "cpu"
+
+
+@dataclass
+class EpochMetrics:
+    epoch: int
+    train_loss: float
+    test_loss: float
+    test_accuracy: float  # NaN: no non-tie test labels
+    oracle_agreement: float  # NaN: no test pair with two known, different true returns
+    oracle_pairs: int
+    return_corr: float  # NaN: n/a
+    disagreement: float  # ensemble std of predicted test returns (0 for one model)
+    train_seconds: float
+    s_per_pair: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class TrainResult:
+    path: Path
+    best: EpochMetrics
+    history: list[EpochMetrics]
+    n_train: int
+    n_test: int
+    norm_mean: float
+    norm_std: float
+    peak_rss_mb: float
+    peak_cuda_mb: float | None
+    stopped: str
+
+
+def split_pairs(n: int, test_ratio: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of pair indices into (train, test); at least one of each."""
+    if not 0.0 < test_ratio < 1.0:
+        raise UserError(f"--test-ratio must be between 0 and 1, got {test_ratio}")
+    perm = rng.permutation(n)
+    n_test = min(max(1, round(n * test_ratio)), n - 1)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def micro_batches(data: PreferenceData, pairs: np.ndarray, micro_frames: int) -> list[np.ndarray]:
+    """Split a batch of pair indices into micro-batches whose distinct segments hold at most
+    ``micro_frames`` steps (always at least one pair)."""
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    segs: set[int] = set()
+    frames = 0
+    for p in pairs:
+        new = {int(data.first[p]), int(data.second[p])} - segs
+        add = int(sum(data.lengths[s] for s in new))
+        if cur and frames + add > micro_frames:
+            out.append(np.asarray(cur))
+            cur, segs, frames = [], set(), 0
+            new = {int(data.first[p]), int(data.second[p])}
+            add = int(sum(data.lengths[s] for s in new))
+        cur.append(int(p))
+        segs |= new
+        frames += add
+    if cur:
+        out.append(np.asarray(cur))
+    return out
+
+
+def _pair_returns(
+    model: RewardModel, data: PreferenceData, pairs: np.ndarray, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted returns (R1, R2), each (P,), of the pairs: one forward over their distinct segments."""
+    segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
+    frames, actions, owner = decode_segments(data, segs)
+    r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
+    returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(0, torch.from_numpy(owner).to(device), r)
+    inv_t = torch.from_numpy(inv).to(device)
+    return returns[inv_t[: len(pairs)]], returns[inv_t[len(pairs) :]]
+
+
+def predict_segment_returns(
+    nets: Sequence[LeanRewardNet], data: PreferenceData, segs: np.ndarray, device: torch.device, chunk_frames: int = 512
+) -> tuple[np.ndarray, tuple[float, float, int]]:
+    """Eval-mode returns of segments ``segs`` by each member: (K, S) float64, and the (sum, sum of
+    squares, count) of the ensemble-mean per-step predictions (for normalisation stats)."""
+    out = np.zeros((len(nets), len(segs)), dtype=np.float64)
+    s1 = s2 = 0.0
+    count = 0
+    groups: list[list[int]] = [[]]
+    frames_in = 0
+    for j, s in enumerate(segs):
+        if groups[-1] and frames_in + data.lengths[s] > chunk_frames:
+            groups.append([])
+            frames_in = 0
+        groups[-1].append(j)
+        frames_in += int(data.lengths[s])
+    with torch.inference_mode():
+        for g in groups:
+            if not g:
+                continue
+            frames, actions, owner = decode_segments(data, segs[g])
+            f = torch.from_numpy(frames).to(device)
+            a = torch.from_numpy(actions).to(device)
+            o = torch.from_numpy(owner).to(device)
+            per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
+            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(1, o, per_step)
+            out[:, g] = rets.double().cpu().numpy()
+            m = per_step.mean(0).double()
+            s1 += float(m.sum())
+            s2 += float((m * m).sum())
+            count += len(m)
+    return out, (s1, s2, count)
+
+
+def _lean(models: Sequence[RewardModel], device: torch.device) -> list[LeanRewardNet]:
+    nets = []
+    for m in models:
+        m.eval()
+        nets.append(LeanRewardNet(m).to(device, memory_format=torch.channels_last))
+        m.train()
+    return nets
+
+
+def evaluate(
+    models: Sequence[RewardModel], data: PreferenceData, test: np.ndarray, device: torch.device, noise: float
+) -> dict[str, float]:
+    """Test metrics in eval mode: loss, accuracy on non-tie labels, oracle agreement, correlation of
+    predicted with true returns, ensemble disagreement, and per-step prediction stats."""
+    segs, inv = np.unique(np.concatenate([data.first[test], data.second[test]]), return_inverse=True)
+    rets, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device)
+    mean_ret = rets.mean(0)  # (S,) the ensemble's return
+    r1 = torch.from_numpy(mean_ret[inv[: len(test)]]).float()
+    r2 = torch.from_numpy(mean_ret[inv[len(test) :]]).float()
+    _, m = preference_loss(r1, r2, torch.from_numpy(data.mu[test]), noise)
+    t1 = data.true_returns[data.first[test]]
+    t2 = data.true_returns[data.second[test]]
+    known = np.isfinite(t1) & np.isfinite(t2) & (t1 != t2)
+    n_or = int(known.sum())
+    pred_d = (r1 - r2).numpy()
+    agree = float(np.mean((pred_d[known] > 0) == (t1[known] > t2[known]))) if n_or else math.nan
+    t = data.true_returns[segs]
+    ok = np.isfinite(t)
+    corr = math.nan
+    if ok.sum() >= 3 and np.std(t[ok]) > 0 and np.std(mean_ret[ok]) > 0:
+        corr = float(np.corrcoef(mean_ret[ok], t[ok])[0, 1])
+    mean = s1 / max(count, 1)
+    std = math.sqrt(max(s2 / max(count, 1) - mean * mean, 0.0))
+    return {
+        "loss": m["loss"],
+        "accuracy": m["accuracy"],
+        "oracle_agreement": agree,
+        "oracle_pairs": float(n_or),
+        "return_corr": corr,
+        "disagreement": float(rets.std(0).mean()) if len(models) > 1 else 0.0,
+        "step_mean": mean,
+        "step_std": std,
+    }
+
+
+def norm_stats(
+    models: Sequence[RewardModel], data: PreferenceData, segs: np.ndarray, device: torch.device
+) -> tuple[float, float]:
+    """Mean and std of the per-step predictions over segments ``segs`` (eval mode)."""
+    _, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device)
+    mean = s1 / max(count, 1)
+    return mean, math.sqrt(max(s2 / max(count, 1) - mean * mean, 0.0))
+
+
+def _fmt(v: float, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def train_reward_model(
+    data: PreferenceData,
+    cfg: TrainConfig,
+    out_path: str | os.PathLike,
+    writer: Any | None = None,
+    progress: bool = True,
+    log: Log = print,
+) -> TrainResult:
+    """Fit the reward model to ``data`` and write the best checkpoint (lowest test loss) to ``out_path``.
+
+    Each optimiser step sees ``cfg.batch`` pairs, processed in micro-batches of at most
+    ``cfg.micro_frames`` steps whose gradients are accumulated (scaled so the step equals the
+    batch-mean loss). With ``cfg.ensemble`` K > 1, member k trains on its own bootstrap sample
+    of the training pairs; the ensemble predicts the members' mean.
+    """
+    from tqdm import tqdm
+
+    from lib.reward_model import resolve_device
+
+    device = resolve_device(cfg.device)
+    for name, v, lo in (("--epochs", cfg.epochs, 1), ("--batch", cfg.batch, 1), ("--patience", cfg.patience, 1),
+                        ("--ensemble", cfg.ensemble, 1), ("--micro-frames", cfg.micro_frames, 1)):  # fmt: skip
+        if v < lo:
+            raise UserError(f"{name} must be at least {lo}, got {v}")
+    if cfg.lr <= 0:
+        raise UserError(f"--lr must be positive, got {cfg.lr}")
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng)
+    if (data.mu[train] == 0.5).all():
+        raise UserError(f"all {len(train)} training labels are ties: nothing to learn an order from; "
+                        f"label more pairs where one segment is better")  # fmt: skip
+    noise = NOISE_EPS if cfg.noise else 0.0
+    models = [RewardModel(data.n_actions, data.frame_shape, cfg.downscale).to(device, memory_format=torch.channels_last)
+              for _ in range(cfg.ensemble)]  # fmt: skip
+    for m in models:
+        m.train()
+    opts = [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models]
+    members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    has_oracle = data.has_true_returns
+    log(f"training on {len(train)} pairs, testing on {len(test)} ({data.n_segments} segments, "
+        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(models[0].input_shape)}, "
+        f"device {device}" + (f", ensemble of {cfg.ensemble}" if cfg.ensemble > 1 else ""))  # fmt: skip
+    if not has_oracle:
+        log("oracle agreement and return correlation: n/a (segments carry no true rewards)")
+    meta = {"env_id": data.env_id, "game": data.game, "action_meanings": data.action_meanings}
+    extra = {"dbs": data.dbs, "n_train": int(len(train)), "n_test": int(len(test)),
+             "config": {k: v for k, v in cfg.__dict__.items()}}  # fmt: skip
+
+    history: list[EpochMetrics] = []
+    best: EpochMetrics | None = None
+    best_states: list[dict[str, torch.Tensor]] | None = None
+    since_best = 0
+    stopped = "max epochs"
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        for epoch in range(cfg.epochs):
+            t0 = time.perf_counter()
+            batches = []
+            for k, idx in enumerate(members):
+                perm = rng.permutation(idx)
+                batches += [(k, perm[s : s + cfg.batch]) for s in range(0, len(perm), cfg.batch)]
+            loss_sum, n_seen = 0.0, 0
+            bar = tqdm(total=sum(len(b) for _, b in batches), desc=f"epoch {epoch}", unit="pair",
+                       disable=not progress, leave=False, dynamic_ncols=True)  # fmt: skip
+            for k, batch in batches:
+                model, opt = models[k], opts[k]
+                opt.zero_grad(set_to_none=True)
+                for mb in micro_batches(data, batch, cfg.micro_frames):
+                    r1, r2 = _pair_returns(model, data, mb, device)
+                    mu = torch.from_numpy(data.mu[mb]).to(device)
+                    loss, _ = preference_loss(r1, r2, mu, noise)
+                    (loss * (len(mb) / len(batch))).backward()
+                    loss_sum += float(loss.detach()) * len(mb)
+                    n_seen += len(mb)
+                    bar.update(len(mb))
+                opt.step()
+                bar.set_postfix(loss=f"{loss_sum / max(n_seen, 1):.4f}")
+            bar.close()
+            train_s = time.perf_counter() - t0
+            ev = evaluate(models, data, test, device, noise)
+            em = EpochMetrics(
+                epoch=epoch,
+                train_loss=loss_sum / max(n_seen, 1),
+                test_loss=ev["loss"],
+                test_accuracy=ev["accuracy"],
+                oracle_agreement=ev["oracle_agreement"],
+                oracle_pairs=int(ev["oracle_pairs"]),
+                return_corr=ev["return_corr"],
+                disagreement=ev["disagreement"],
+                train_seconds=train_s,
+                s_per_pair=train_s / max(n_seen, 1),
+            )
+            history.append(em)
+            improved = best is None or em.test_loss < best.test_loss
+            log(f"epoch {epoch}: train loss {em.train_loss:.4f}, test loss {em.test_loss:.4f}, "
+                f"test acc {_fmt(em.test_accuracy, True)}, oracle agreement {_fmt(em.oracle_agreement, True)} "
+                f"({em.oracle_pairs} pairs), return corr {_fmt(em.return_corr)}"
+                + (f", disagreement {em.disagreement:.3f}" if cfg.ensemble > 1 else "")
+                + f", {em.s_per_pair * 1000:.0f} ms/pair" + (" *" if improved else ""))  # fmt: skip
+            if writer is not None:
+                _log_epoch(writer, em, cfg.ensemble > 1, has_oracle, epoch)
+            if improved:
+                best, since_best = em, 0
+                best_states = [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models]
+                ck = reward_checkpoint(models, norm_mean=ev["step_mean"], norm_std=ev["step_std"],
+                                       metrics=em.as_dict(), epoch=epoch, **meta, **extra)  # fmt: skip
+                save_reward_checkpoint(ck, out_path)
+            else:
+                since_best += 1
+                if since_best >= cfg.patience:
+                    stopped = f"early stop: test loss not better for {cfg.patience} epochs"
+                    break
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+        log("interrupted: keeping the best model so far")
+    if best is None or best_states is None:
+        raise UserError("interrupted before the first epoch finished: no model saved")
+    # Final normalisation stats with the best weights, over the test segments and a sample of
+    # the training segments: what the wrapper and 04_play.py normalise with before their own
+    # running window fills.
+    for m, sd in zip(models, best_states, strict=True):
+        m.load_state_dict(sd)
+    all_segs = np.unique(np.concatenate([data.first, data.second]))
+    sample = np.sort(rng.choice(all_segs, size=min(len(all_segs), 256), replace=False))
+    mean, std = norm_stats(models, data, sample, device)
+    ck = reward_checkpoint(models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch,
+                           **meta, **extra)  # fmt: skip
+    save_reward_checkpoint(ck, out_path)
+    peak_cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    return TrainResult(
+        path=out_path,
+        best=best,
+        history=history,
+        n_train=len(train),
+        n_test=len(test),
+        norm_mean=mean,
+        norm_std=std,
+        peak_rss_mb=_peak_rss_mb(),
+        peak_cuda_mb=peak_cuda,
+        stopped=stopped,
+    )
+
+
+def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, step: int) -> None:
+    writer.add_scalar("loss/train", em.train_loss, step)
+    writer.add_scalar("loss/test", em.test_loss, step)
+    if not math.isnan(em.test_accuracy):
+        writer.add_scalar("metrics/test_accuracy", em.test_accuracy, step)
+    if has_oracle and not math.isnan(em.oracle_agreement):
+        writer.add_scalar("metrics/oracle_agreement", em.oracle_agreement, step)
+    if has_oracle and not math.isnan(em.return_corr):
+        writer.add_scalar("metrics/return_corr", em.return_corr, step)
+    if ensemble:
+        writer.add_scalar("metrics/ensemble_disagreement", em.disagreement, step)
+    writer.add_scalar("perf/s_per_pair", em.s_per_pair, step)
+
+
+def summary_lines(res: TrainResult) -> list[str]:
+    b = res.best
+    lines = [
+        f"best model: {res.path} (epoch {b.epoch}; {res.stopped})",
+        f"  test loss {b.test_loss:.4f}, test accuracy {_fmt(b.test_accuracy, True)} on non-tie labels, "
+        f"oracle agreement {_fmt(b.oracle_agreement, True)} on {b.oracle_pairs} pairs, "
+        f"return corr {_fmt(b.return_corr)}",
+        f"  {res.n_train} train / {res.n_test} test pairs, {b.s_per_pair * 1000:.0f} ms per pair per epoch, "
+        f"peak memory {res.peak_rss_mb:.0f} MB"
+        + (f" (GPU {res.peak_cuda_mb:.0f} MB)" if res.peak_cuda_mb is not None else ""),
+        f"  per-step prediction mean {res.norm_mean:.4f}, std {res.norm_std:.4f} (stored for normalisation)",
+    ]
+    return lines
