@@ -145,9 +145,13 @@ class AtariVec:
         self.lives = np.zeros(n_envs, dtype=np.int32)
         self._stack = np.zeros((n_envs, *self.obs_shape), dtype=np.uint8)
         self._efn = np.zeros(n_envs, dtype=np.int64)
+        self._seeded = False
 
     def reset(self) -> np.ndarray:
-        obs, info = self._env.reset(seed=self.seed)
+        """Reset all games; the seed is used on the first reset only, later resets go on from
+        the seeded generator (so evaluation rounds do not replay the same no-op starts)."""
+        obs, info = self._env.reset(seed=None if self._seeded else self.seed)
+        self._seeded = True
         self.frames = obs[:, 0]
         self.lives = info["lives"].astype(np.int32)
         self._efn = info["episode_frame_number"].astype(np.int64)

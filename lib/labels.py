@@ -4,7 +4,9 @@
 
 label 1: first better, 2: second better, 0: equally good, -1 (``CANT_TELL``): the person could
 not tell -- kept, so the pair is not offered again, but never trained on. The last line for a
-pair wins (editing = appending) and (a, b) and (b, a) are one pair. A torn last line after a
+pair wins (editing = appending) and (a, b) and (b, a) are one pair. A line with label -2
+(``RETRACTED``, written by the label page's undo) takes a pair's answer back: the pair is
+unlabeled again. A torn last line after a
 crash is skipped with a warning. The book's ``labels.json`` (same line format) is read too.
 """
 
@@ -29,6 +31,7 @@ SECOND_BETTER = 2
 EQUAL = 0
 CANT_TELL = -1
 VALID_LABELS = (FIRST_BETTER, SECOND_BETTER, EQUAL, CANT_TELL)
+RETRACTED = -2  # not an answer: a line that takes the pair's last answer back (undo)
 LABEL_NAMES = {FIRST_BETTER: "#1 better", SECOND_BETTER: "#2 better", EQUAL: "equal", CANT_TELL: "can't tell"}
 
 _write_lock = threading.Lock()  # one process, many tabs / threads; fcntl covers other processes
@@ -97,7 +100,7 @@ def _parse_lines(path: Path) -> list[Label]:
             lab = Label.from_json(json.loads(line))
             check_relpath(lab.sample1)
             check_relpath(lab.sample2)
-            if lab.label not in VALID_LABELS:
+            if lab.label not in VALID_LABELS and lab.label != RETRACTED:
                 raise ValueError(f"unknown label value {lab.label}")
         except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
             last = all(not rest.strip() for rest in lines[i + 1 :])
@@ -126,7 +129,8 @@ def load_labels(db_root: str | os.PathLike) -> dict[tuple[str, str], Label]:
     current: dict[tuple[str, str], Label] = {}
     for lab in read_label_log(db_root):
         current.pop(lab.key, None)  # keep insertion order = order of last answer
-        current[lab.key] = lab
+        if lab.label != RETRACTED:
+            current[lab.key] = lab
     return current
 
 
@@ -141,8 +145,8 @@ def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
     for lab in labels:
         check_relpath(lab.sample1)
         check_relpath(lab.sample2)
-        if lab.label not in VALID_LABELS:
-            raise ValueError(f"label must be one of {VALID_LABELS}, got {lab.label}")
+        if lab.label not in VALID_LABELS and lab.label != RETRACTED:
+            raise ValueError(f"label must be one of {VALID_LABELS} (or RETRACTED), got {lab.label}")
         payload += json.dumps(lab.to_json(), sort_keys=True) + "\n"
     if not payload:
         return

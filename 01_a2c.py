@@ -1,0 +1,13 @@
+#!/usr/bin/env python3
+"""Stage 1: train an A2C agent; record segments (--db-path) or learn from a reward model (-r).
+
+Examples:
+    python 01_a2c.py -n v0 --db-path db/v0
+    python 01_a2c.py -n v1 -m saves/v0/best_....pt -r saves/reward/reward.pt --finetune --db-path db/v1
+"""
+
+from lib.a2c import main
+from lib.errors import run_cli
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,139 @@
+"""n-step transitions from a vector env, with episode boundaries handled exactly.
+
+Why not ptan's ``VectorExperienceSourceFirstLast``: under ptan 0.8.1 it sums n+1 rewards for
+``steps_count=n`` (the book then bootstraps with gamma**n), treats a time-limit truncation like
+a game over (no bootstrap), and makes one Python object per transition. This collector keeps
+the same idea -- every transition gets the full n-step return, as in the book -- in numpy
+arrays over all envs at once, and the tests in ``tests/test_experience.py`` check it on a toy
+env whose answers are worked out by hand.
+
+A transition started at step t is emitted as soon as it has n rewards, or earlier when its
+episode ends:
+
+    G = r_t + gamma r_{t+1} + ... + gamma^(k-1) r_{t+k-1}      (k <= n rewards)
+    target = G + gamma^k V(s_boot)   where s_boot = s_{t+k}       (k == n, episode goes on)
+                                     where s_boot = final obs     (episode truncated)
+                                     and no bootstrap             (episode terminated)
+
+``discount`` in the output is gamma**k, exactly the power for the number of rewards summed.
+A transition never reaches past the step that ended its episode, so none mixes two episodes
+(with life-loss termination an "episode" is one life).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BOOT_NONE = 0  # terminated: the return ends here
+BOOT_NEXT = 1  # n rewards summed, episode goes on: bootstrap from the obs after the last step
+BOOT_FINAL = 2  # truncated (time limit): bootstrap from the episode's final obs
+
+
+@dataclass
+class Transitions:
+    """A batch of n-step transitions (B of them).
+
+    obs:       (B, *obs_shape) uint8  state the action was taken in
+    actions:   (B,) int64
+    returns:   (B,) float32           discounted sum of the k rewards
+    discount:  (B,) float32           gamma**k, the factor for the bootstrap value
+    steps:     (B,) int64             k, number of rewards summed (1..n)
+    boot_mode: (B,) int8              BOOT_NONE / BOOT_NEXT / BOOT_FINAL
+    boot_obs:  (B, *obs_shape) uint8  state to bootstrap from (zeros where BOOT_NONE)
+    env:       (B,) int64             index of the env the transition came from
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    returns: np.ndarray
+    discount: np.ndarray
+    steps: np.ndarray
+    boot_mode: np.ndarray
+    boot_obs: np.ndarray
+    env: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    @staticmethod
+    def concat(parts: list[Transitions]) -> Transitions:
+        return Transitions(*(np.concatenate([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__))
+
+
+class NStepCollector:
+    """Turns a stream of vector steps into n-step transitions (see module doc).
+
+    Call ``add(obs, actions, rewards, terminated, truncated, next_obs, final_obs)`` once per vector
+    step, with ``obs`` the states the actions were taken in; it returns the transitions that are
+    complete after this step (about one per env per step once the window is full).
+    """
+
+    def __init__(self, n_envs: int, obs_shape: tuple[int, ...], n_steps: int, gamma: float):
+        if n_steps < 1:
+            raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        self.n, self.gamma, self.n_envs = n_steps, gamma, n_envs
+        self.obs = np.zeros((n_steps, n_envs, *obs_shape), dtype=np.uint8)
+        self.actions = np.zeros((n_steps, n_envs), dtype=np.int64)
+        self.ret = np.zeros((n_steps, n_envs), dtype=np.float64)
+        self.disc = np.ones((n_steps, n_envs), dtype=np.float64)
+        self.k = np.zeros((n_steps, n_envs), dtype=np.int64)
+        self.valid = np.zeros((n_steps, n_envs), dtype=bool)
+        self.t = 0
+
+    def reset(self) -> None:
+        """Forget pending transitions (after an env reset outside the normal flow)."""
+        self.valid[:] = False
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        next_obs: np.ndarray,
+        final_obs: np.ndarray | None = None,
+    ) -> Transitions:
+        j = self.t % self.n
+        self.t += 1
+        # The slot is free: its previous transition had n rewards by the last step.
+        self.obs[j] = obs
+        self.actions[j] = actions
+        self.ret[j] = 0.0
+        self.disc[j] = 1.0
+        self.k[j] = 0
+        self.valid[j] = True
+
+        r = np.asarray(rewards, dtype=np.float64)[None, :]
+        self.ret += np.where(self.valid, self.disc * r, 0.0)
+        self.disc = np.where(self.valid, self.disc * self.gamma, self.disc)
+        self.k += self.valid
+
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool) & ~terminated
+        done = terminated | truncated
+        emit = self.valid & ((self.k >= self.n) | done[None, :])
+        slot, env = np.nonzero(emit)
+        mode = np.where(terminated[env], BOOT_NONE, np.where(truncated[env], BOOT_FINAL, BOOT_NEXT)).astype(np.int8)
+        next_obs = np.asarray(next_obs)
+        if final_obs is None:
+            boot_src = next_obs
+        else:
+            shape = (len(truncated),) + (1,) * (next_obs.ndim - 1)
+            boot_src = np.where(truncated.reshape(shape), final_obs, next_obs)
+        boot_obs = boot_src[env].copy()
+        boot_obs[mode == BOOT_NONE] = 0
+        out = Transitions(
+            obs=self.obs[slot, env].copy(),
+            actions=self.actions[slot, env].copy(),
+            returns=self.ret[slot, env].astype(np.float32),
+            discount=self.disc[slot, env].astype(np.float32),
+            steps=self.k[slot, env].copy(),
+            boot_mode=mode,
+            boot_obs=boot_obs,
+            env=env.astype(np.int64),
+        )
+        self.valid[emit] = False
+        return out

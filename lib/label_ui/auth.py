@@ -1,0 +1,109 @@
+"""The optional access token (``--token``): asked once per browser, then kept in a cookie.
+
+Without a token the server listens on loopback only (``config.parse_config`` refuses anything
+else), so only this machine -- or an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 host``) -- reaches it.
+
+With a token every HTTP request and every websocket (NiceGUI's socket.io lives inside the same
+ASGI app) must carry the cookie ``rlhf_label_auth``: an HMAC of the token, so the token itself is
+never stored in the browser. A request without it gets the login form (pages) or 401 (anything
+else). The form posts to ``/login``, which sets the cookie (HttpOnly, SameSite=Strict) and
+redirects back. ``/?token=T`` works too, for a link printed in a terminal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+
+COOKIE = "rlhf_label_auth"
+LOGIN_PATH = "/login"
+_MAX_FORM = 4096
+
+
+def cookie_value(token: str) -> str:
+    """What the cookie holds: HMAC-SHA256 of a fixed message under the token (hex)."""
+    return hmac.new(token.encode(), b"rlhf-label-ui", hashlib.sha256).hexdigest()
+
+
+def _safe_next(target: str | None) -> str:
+    # Only a local path: never redirect to another site after login.
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def login_form(next_path: str = "/", error: str = "") -> str:
+    """A plain HTML form (no NiceGUI: the page must work before the browser is let in)."""
+    err = f'<p style="color:#b00020">{html.escape(error)}</p>' if error else ""
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>RLHF labels: token</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<body style="font-family:sans-serif;max-width:28rem;margin:4rem auto">
+<h2>RLHF labeling</h2><p>This server asks for its access token (see <code>--token</code>).</p>{err}
+<form method="post" action="{LOGIN_PATH}">
+<input type="hidden" name="next" value="{html.escape(next_path)}">
+<input id="token" type="password" name="token" autofocus placeholder="token" style="width:16rem">
+<button id="login" type="submit">Enter</button></form></body></html>"""
+
+
+class TokenMiddleware:
+    """ASGI middleware: lets a request through only with the right cookie (or to the login form)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+        self.expected = cookie_value(token)
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        raw = b"; ".join(v for k, v in scope.get("headers", []) if k == b"cookie").decode("latin-1")
+        cookie = SimpleCookie()
+        try:
+            cookie.load(raw)
+        except Exception:  # a malformed cookie header is simply not authorised
+            return False
+        got = cookie[COOKIE].value if COOKIE in cookie else ""
+        return hmac.compare_digest(got, self.expected)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        if self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        response = await self._login_flow(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def _login_flow(self, request: Request) -> Response:
+        path = request.url.path
+        if path == LOGIN_PATH and request.method == "POST":
+            body = await request.body()
+            form = parse_qs(body[:_MAX_FORM].decode("utf-8", "replace"))
+            token = form.get("token", [""])[0]
+            nxt = _safe_next(form.get("next", ["/"])[0])
+            if hmac.compare_digest(token.encode(), self.token.encode()):
+                return self._grant(nxt)
+            return HTMLResponse(login_form(nxt, "Wrong token."), status_code=401)
+        query_token = request.query_params.get("token")
+        if query_token is not None and request.method == "GET":
+            if hmac.compare_digest(query_token.encode(), self.token.encode()):
+                return self._grant(_safe_next(path))
+            return HTMLResponse(login_form(_safe_next(path), "Wrong token."), status_code=401)
+        if request.method == "GET" and "text/html" in request.headers.get("accept", "") or path == LOGIN_PATH:
+            nxt = _safe_next(request.query_params.get("next") if path == LOGIN_PATH else path)
+            return HTMLResponse(login_form(nxt), status_code=401)
+        return PlainTextResponse("token required: open the page in a browser and enter it", status_code=401)
+
+    def _grant(self, nxt: str) -> Response:
+        response = RedirectResponse(quote(nxt, safe="/?=&"), status_code=303)
+        response.set_cookie(COOKIE, self.expected, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
+        return response

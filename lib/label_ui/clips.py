@@ -1,0 +1,158 @@
+"""Clips: a segment's colour frames as an H.264 MP4 the browser plays, encoded off the event loop.
+
+Why MP4 and not an animated GIF/WebP: a ``<video>`` can be paused, played faster or slower
+(``playbackRate``) and restarted, so the page loops the two clips of a pair in step at game
+speed. Frames are scaled 2x (nearest neighbour) before encoding: H.264 keeps colour at half
+resolution (yuv420p), and at 2x the thin Atari sprites keep their colours. ~10-20 KB a clip.
+
+The encoder is the ffmpeg binary inside the ``imageio-ffmpeg`` wheel, run as a subprocess, so
+the work happens outside the Python process (no GIL): a thread (``run.io_bound``) is enough
+to keep the event loop free. Clips are cached as files under ``cache_dir`` (outside every
+segment directory), keyed by the segment's absolute path, size, mtime and the encoding
+settings; a changed segment gets a new clip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+
+from lib.segments import SegmentError, load_segment
+
+CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then ignored
+SCALE = 2
+CRF = 18
+
+
+def ffmpeg_exe() -> str:
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) -> None:
+    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 MP4 file at ``fps`` frames per second.
+
+    Every frame is shown (no black lead-in); the MP4's index is at the front (faststart) so the
+    browser can start at once. Raises RuntimeError with ffmpeg's message when encoding fails.
+    """
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
+        raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
+    _, h, w, _ = frames.shape
+    cmd = [
+        ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
+        "-vf", f"scale={w * scale}:{h * scale}:flags=neighbor",
+        "-c:v", "libx264", "-preset", "veryfast", "-tune", "animation", "-crf", str(CRF),
+        "-pix_fmt", "yuv420p", "-threads", "1", "-movflags", "+faststart", "-an",
+        "-f", "mp4", "-y", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, input=np.ascontiguousarray(frames).tobytes(), capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"ffmpeg failed ({proc.returncode}): {proc.stderr.decode(errors='replace').strip()[-300:]}"
+        )
+
+
+def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:
+    """Read a segment and write its clip atomically to ``out_path``; returns the encode seconds.
+
+    Raises SegmentError (naming the file) when the segment can't be read."""
+    seg = load_segment(segment_path)
+    t0 = time.perf_counter()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=".tmp-", suffix=".mp4")
+    os.close(fd)
+    try:
+        encode_mp4(seg.frames, fps, Path(tmp))
+        os.replace(tmp, out_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return time.perf_counter() - t0
+
+
+class ClipStore:
+    """Clips of segments on disk, made on first use; one encode per clip even when many ask at once.
+
+    ``ensure`` is awaited on the event loop; the encode itself runs in ``run_blocking`` (NiceGUI's
+    ``run.io_bound`` in the app) and at most ``max_parallel`` encodes run at a time.
+    """
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        fps: float,
+        run_blocking: Callable[..., Awaitable],
+        max_parallel: int | None = None,
+    ) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.fps = fps
+        self.run_blocking = run_blocking
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.encode_seconds: list[float] = []
+        self._inflight: dict[Path, asyncio.Future[Path]] = {}
+        self._sem = asyncio.Semaphore(max_parallel or max(1, min(2, os.cpu_count() or 1)))
+
+    def cache_path(self, segment_path: Path) -> Path:
+        """Where the clip of this segment file (as it is now) is cached."""
+        st = segment_path.stat()
+        key = f"{segment_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{self.fps:g}|{SCALE}|{CRF}|{CLIP_VERSION}"
+        digest = hashlib.sha1(key.encode()).hexdigest()
+        return self.cache_dir / digest[:2] / f"{digest}.mp4"
+
+    async def ensure(self, segment_path: Path) -> Path:
+        """The cached clip of a segment, encoding it first if needed; SegmentError if unreadable."""
+        try:
+            out = self.cache_path(segment_path)
+        except OSError as e:
+            raise SegmentError(f"{segment_path}: cannot read ({e.strerror})") from None
+        if out.is_file():
+            return out
+        task = self._inflight.get(out)
+        if task is None:
+            # A task of its own (held in _inflight until done): a tab that goes away while
+            # waiting cancels only its wait, never an encode other tabs may be waiting for.
+            task = asyncio.ensure_future(self._encode(segment_path, out))
+            self._inflight[out] = task
+            task.add_done_callback(lambda t: self._done(out, t))
+        return await asyncio.shield(task)
+
+    def _done(self, out: Path, task: asyncio.Future[Path]) -> None:
+        self._inflight.pop(out, None)
+        if not task.cancelled():
+            task.exception()  # retrieved here: a failure is reported to the waiters, not logged
+
+    async def _encode(self, segment_path: Path, out: Path) -> Path:
+        async with self._sem:
+            if not out.is_file():
+                seconds = await self.run_blocking(encode_clip_file, segment_path, out, self.fps)
+                if seconds is None:  # NiceGUI's run.io_bound gives None when the app shuts down
+                    raise RuntimeError("clip encoding was cancelled")
+                self.encode_seconds.append(seconds)
+        return out
+
+
+def prune_cache(cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int = 384 * 2**20) -> int:
+    """Keep the clip cache bounded: when over ``max_bytes``, delete the least recently used clips
+    down to ``keep_bytes``. Returns the number of files deleted."""
+    files = [(p.stat(), p) for p in Path(cache_dir).glob("*/*.mp4")]
+    total = sum(st.st_size for st, _ in files)
+    if total <= max_bytes:
+        return 0
+    deleted = 0
+    for st, p in sorted(files, key=lambda x: max(x[0].st_atime, x[0].st_mtime)):
+        if total <= keep_bytes:
+            break
+        p.unlink(missing_ok=True)
+        total -= st.st_size
+        deleted += 1
+    return deleted

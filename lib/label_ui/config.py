@@ -1,0 +1,152 @@
+"""Command-line arguments of ``02_label_ui.py`` and the checks that turn mistakes into one line."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from lib.errors import UserError
+
+TOKEN_ENV = "RLHF_LABEL_TOKEN"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "clips"
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """Everything the label server needs; built by ``parse_config`` from the command line."""
+
+    dbs: tuple[Path, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    pairs: int = 20
+    token: str | None = None
+    fps: float = 15.0
+    cache_dir: Path = DEFAULT_CACHE_DIR
+    oracle: int | None = None
+    seed: int | None = None
+    labeler: str | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="02_label_ui.py",
+        description="Label pairs of clips from segment DBs in a web page (or with --oracle, from true rewards).",
+    )
+    p.add_argument(
+        "-d",
+        "--db",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="segment DB (made by 01_a2c.py --db-path); repeat for several DBs",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another address needs --token)",
+    )
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--pairs", type=int, default=20, help="length of each tab's list of pairs (default 20)")
+    p.add_argument(
+        "--token", default=None, help=f"ask every browser for this token once (default: ${TOKEN_ENV} if set)"
+    )
+    p.add_argument(
+        "--fps",
+        type=float,
+        default=15.0,
+        help="clip speed in agent steps per second at 1x (default 15 = game speed)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help=f"where encoded clips are cached (default {DEFAULT_CACHE_DIR})",
+    )
+    p.add_argument(
+        "--oracle",
+        type=int,
+        default=None,
+        metavar="N",
+        help="label N new random pairs of each DB from true rewards, print a summary and exit",
+    )
+    p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
+    p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
+    return p  # fmt: skip
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine (127.x, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LabelConfig:
+    """Parse and check the command line; every mistake raises UserError with one line."""
+    environ = os.environ if environ is None else environ
+    args = build_parser().parse_args(argv)
+    dbs: list[Path] = []
+    for d in args.db:
+        path = Path(d)
+        if not path.is_dir():
+            what = "is not a directory" if path.exists() else "not found"
+            raise UserError(f"DB {d} {what}: pass a segment DB made by 01_a2c.py --db-path (e.g. -d db/v0)")
+        if path.resolve() in {p.resolve() for p in dbs}:
+            raise UserError(f"DB {d} is given twice")
+        dbs.append(path)
+    if args.pairs < 1:
+        raise UserError(f"--pairs must be at least 1, got {args.pairs}")
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, got {args.port}")
+    if not 0 < args.fps <= 120:
+        raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
+    if args.oracle is not None and args.oracle < 1:
+        raise UserError(f"--oracle must be at least 1 pair, got {args.oracle}")
+    token = args.token if args.token is not None else environ.get(TOKEN_ENV) or None
+    if token is not None and len(token) < 8:
+        raise UserError(
+            "--token must have at least 8 characters (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
+    if args.oracle is None and not is_loopback(args.host) and token is None:
+        raise UserError(
+            f"refusing to listen on {args.host} without a token: anyone who can reach it could read and change "
+            f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and use ssh -L {args.port}:127.0.0.1:{args.port}"
+        )
+    cache_dir = args.cache_dir.resolve()
+    for db in dbs:
+        root = db.resolve()
+        if cache_dir == root or root in cache_dir.parents:
+            raise UserError(
+                f"--cache-dir {args.cache_dir} is inside the DB {db}: put clips outside segment directories"
+            )
+    return LabelConfig(
+        dbs=tuple(dbs),
+        host=args.host,
+        port=args.port,
+        pairs=args.pairs,
+        token=token,
+        fps=args.fps,
+        cache_dir=cache_dir,
+        oracle=args.oracle,
+        seed=args.seed,
+        labeler=args.labeler,
+    )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail with one line (instead of uvicorn's traceback) when the address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port} ({e.strerror}): pick another --port") from None

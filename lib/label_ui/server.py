@@ -1,0 +1,79 @@
+"""Wires the label app together (``build_app``) and serves it (``serve``).
+
+What the server answers, and nothing else: the pages (``/``, ``/label``, ``/labels``), NiceGUI's
+own assets and websocket, ``/login`` when a token is set, and ``/clip/<db>/<NN>/<SSSSSSSS>.mp4``
+-- the clip of a segment the DB listed, looked up in that list (so no path from a URL ever
+reaches the file system).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from fastapi import HTTPException
+from fastapi.responses import FileResponse
+from nicegui import app, helpers, run, ui
+
+from lib.label_ui.auth import TokenMiddleware
+from lib.label_ui.clips import ClipStore, prune_cache
+from lib.label_ui.config import LabelConfig, check_port_free
+from lib.label_ui.pages import make_root
+from lib.label_ui.state import AppState, DbState
+from lib.segments import SegmentError
+
+
+def build_app(cfg: LabelConfig) -> AppState:
+    """Open the DBs, register the clip route (and the token middleware); returns the state."""
+    dbs = [DbState.open(i, path) for i, path in enumerate(cfg.dbs)]
+    state = AppState(dbs, pairs=cfg.pairs, seed=cfg.seed, labeler=cfg.labeler)
+    prune_cache(cfg.cache_dir)
+    state.clips = ClipStore(cfg.cache_dir, cfg.fps, run.io_bound)
+
+    async def clip_route(db: int, env: str, name: str) -> FileResponse:
+        rel = f"{env}/{name.removesuffix('.mp4')}.dat"
+        if not name.endswith(".mp4") or not 0 <= db < len(dbs) or not dbs[db].has_segment(rel):
+            raise HTTPException(status_code=404, detail="no such segment")
+        d = dbs[db]
+        try:
+            path = await state.clips.ensure(d.segment_path(rel))
+        except (SegmentError, RuntimeError, OSError) as e:
+            state.mark_bad(db, rel, str(e))
+            raise HTTPException(status_code=422, detail=f"unreadable segment {d.name}/{rel}") from None
+        return FileResponse(path, media_type="video/mp4", headers={"Cache-Control": "private, max-age=86400"})
+
+    app.add_api_route("/clip/{db}/{env}/{name}", clip_route, methods=["GET"])
+    if cfg.token:
+        app.add_middleware(TokenMiddleware, token=cfg.token)
+    for d in dbs:
+        for w in d.labels.warnings:  # e.g. a torn last line after a crash: recovered, but say so
+            print(f"warning: {w}", file=sys.stderr)
+        if len(d.segments) < 2:
+            print(f"note: {d.why_no_pairs()}", file=sys.stderr)
+    return state
+
+
+def serve(cfg: LabelConfig) -> None:
+    """Build the app and serve it until Ctrl-C (returns at once under NiceGUI's test simulation)."""
+    simulated = helpers.is_user_simulation()
+    if not simulated:
+        check_port_free(cfg.host, cfg.port)
+    state = build_app(cfg)
+    if not simulated:
+        total = sum(len(d.segments) for d in state.dbs)
+        shown = "localhost" if cfg.host in ("127.0.0.1", "::1") else cfg.host
+        print(f"Labeling {total} segments of {', '.join(d.name for d in state.dbs)}", flush=True)
+        print(
+            f"Open http://{shown}:{cfg.port}/label" + ("  (asks for the token once)" if cfg.token else ""),
+            flush=True,
+        )
+    ui.run(
+        make_root(state),
+        host=cfg.host,
+        port=cfg.port,
+        title="RLHF labels",
+        favicon="🏷️",
+        reload=False,
+        show=False,
+        show_welcome_message=False,
+        uvicorn_logging_level="warning",
+    )

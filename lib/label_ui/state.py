@@ -1,0 +1,421 @@
+"""What the label server knows (``AppState``) and what one browser tab knows (``TabSession``).
+
+``AppState`` is made once per server and handed to the pages in closures (never a module
+global): the DBs with their segment lists and current labels, segments found unreadable, and
+the pairs that some tab has in its list right now (``reserved``), so two tabs -- or two people --
+are not given the same pair.
+
+``TabSession`` is one tab's list of pairs, its selection, and its undo history. It is plain
+Python (no NiceGUI) so the rules -- never offer a pair twice, skip pairs labeled elsewhere
+meanwhile, undo -- are easy to test and to read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lib.labels import (
+    CANT_TELL,
+    LABELS_FILE,
+    RETRACTED,
+    VALID_LABELS,
+    Label,
+    append_labels,
+    check_relpath,
+    load_labels,
+    pair_key,
+)
+from lib.oracle import sample_unlabeled_pairs
+from lib.segments import list_segments
+
+PairKey = tuple[str, str]
+
+
+class LabelIndex:
+    """The current labels of one DB, kept in step with ``<db>/labels.jsonl``.
+
+    Loaded once with ``lib.labels.load_labels`` (the last line for a pair wins; a torn last line
+    is skipped with a warning, kept in ``warnings``); after that only the new bytes at the end of
+    the file are read (``refresh``), so labels appended by other tabs, or by another process
+    such as ``--oracle``, show up without re-reading the whole file.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / LABELS_FILE
+        self.labels: dict[PairKey, Label] = {}
+        self.warnings: list[str] = []
+        self._offset = 0
+        self._lock = threading.Lock()
+        self.load()
+
+    def load(self) -> None:
+        """(Re-)read every label file of the DB."""
+        with self._lock:
+            self._load()
+
+    def _load(self) -> None:
+        size = self.path.stat().st_size if self.path.is_file() else 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            labels = load_labels(self.root)
+        self.warnings.extend(str(w.message) for w in caught)
+        self.labels = labels
+        self._offset = size
+
+    def refresh(self) -> int:
+        """Apply whole lines appended since the last read; returns how many were read."""
+        with self._lock:
+            if not self.path.is_file():
+                return 0
+            with open(self.path, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                if size < self._offset:  # replaced or truncated: start over
+                    self._load()
+                    return len(self.labels)
+                f.seek(self._offset)
+                data = f.read(size - self._offset)
+            end = data.rfind(b"\n") + 1  # a line still being written is read next time
+            n = 0
+            for raw in data[:end].split(b"\n"):
+                if not raw.strip():
+                    continue
+                try:
+                    lab = Label.from_json(json.loads(raw))
+                    check_relpath(lab.sample1)
+                    check_relpath(lab.sample2)
+                    if lab.label not in VALID_LABELS and lab.label != RETRACTED:
+                        raise ValueError(f"unknown label value {lab.label}")
+                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError, TypeError) as e:
+                    self.warnings.append(f"{self.path}: skipping a bad line ({e})")
+                    continue
+                self.labels.pop(lab.key, None)
+                if lab.label != RETRACTED:
+                    self.labels[lab.key] = lab
+                n += 1
+            self._offset += end
+            return n
+
+    def append(self, label: Label) -> None:
+        """Write one label durably (lock, append, flush, fsync) and apply it. Blocking: run in a thread."""
+        append_labels(self.root, [label])
+        self.refresh()
+
+    def get(self, key: PairKey) -> Label | None:
+        return self.labels.get(key)
+
+    def snapshot(self) -> list[Label]:
+        """The current labels, oldest answer first (a copy: safe while other threads append)."""
+        with self._lock:
+            return list(self.labels.values())
+
+
+@dataclass
+class DbState:
+    """One segment DB served by the page."""
+
+    index: int
+    path: Path  # as the user gave it (shown in the page)
+    root: Path  # resolved
+    segments: list[str]
+    labels: LabelIndex
+    bad: dict[str, str] = field(default_factory=dict)  # unreadable segment -> reason
+    _segment_set: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._segment_set = set(self.segments)
+
+    @classmethod
+    def open(cls, index: int, path: Path) -> DbState:
+        root = path.resolve()
+        return cls(index=index, path=path, root=root, segments=list_segments(root), labels=LabelIndex(root))
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def rescan(self) -> None:
+        """Pick up segments written since start (a training run may still be recording)."""
+        self.segments = list_segments(self.root)
+        self._segment_set = set(self.segments)
+
+    def has_segment(self, rel: str) -> bool:
+        """Whether ``rel`` is one of this DB's segments: the only files the server makes clips of."""
+        return rel in self._segment_set
+
+    def segment_path(self, rel: str) -> Path:
+        return self.root / check_relpath(rel)
+
+    def usable_segments(self) -> list[str]:
+        return [s for s in self.segments if s not in self.bad] if self.bad else self.segments
+
+    def free_pairs(self) -> int:
+        """Pairs of readable segments without a current label (approximately: labels of pairs
+        with unreadable segments are still subtracted)."""
+        n = len(self.usable_segments())
+        return max(n * (n - 1) // 2 - len(self.labels.labels), 0)
+
+    def why_no_pairs(self) -> str:
+        """A sentence for the page when this DB offers no pair."""
+        n, bad = len(self.segments), len(self.bad)
+        if n == 0:
+            return f"{self.name} has no segments yet: record some with 01_a2c.py --db-path {self.name}."
+        if n - bad < 2:
+            extra = f" ({bad} unreadable)" if bad else ""
+            return (
+                f"{self.name} has {n} segment(s){extra}: at least 2 readable ones are needed to make a pair."
+            )
+        return f"every pair of the {n - bad} segments of {self.name} is labeled already."
+
+    def stats(self) -> dict[str, object]:
+        """Counts for the Overview page."""
+        labels = self.labels.snapshot()
+        touched = {s for lab in labels for s in (lab.sample1, lab.sample2)}
+        return {
+            "segments": len(self.segments),
+            "unreadable": len(self.bad),
+            "labels": len(labels),
+            "by_answer": Counter(lab.label for lab in labels),
+            "by_source": Counter(lab.source for lab in labels),
+            "untouched": sum(1 for s in self.segments if s not in touched),
+            "free_pairs": self.free_pairs(),
+        }
+
+
+@dataclass
+class PairItem:
+    """One pair in a tab's list. status: open, answered, skipped (unreadable), taken (labeled elsewhere)."""
+
+    db: int
+    a: str
+    b: str
+    status: str = "open"
+    answer: int | None = None
+    note: str = ""
+
+    @property
+    def key(self) -> PairKey:
+        return pair_key(self.a, self.b)
+
+
+class AppState:
+    """Server-wide state shared by all tabs: DBs, clip store, pairs reserved by tabs."""
+
+    def __init__(
+        self, dbs: list[DbState], pairs: int = 20, seed: int | None = None, labeler: str | None = None
+    ):
+        self.dbs = dbs
+        self.pairs = pairs
+        self.labeler = labeler
+        self.seed_rng = np.random.default_rng(seed)
+        self.reserved: dict[tuple[int, PairKey], str] = {}  # (db, pair) -> tab id
+        self.notices: list[str] = []  # server-wide, e.g. unreadable segments
+        self.clips = None  # set by the server: a lib.label_ui.clips.ClipStore
+
+    def new_rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed_rng.integers(2**63))
+
+    def mark_bad(self, db: int, rel: str, reason: str) -> None:
+        d = self.dbs[db]
+        if rel not in d.bad:
+            d.bad[rel] = reason
+            self.notices.append(f"skipped unreadable segment {d.name}/{rel}: {reason}")
+
+    def why_no_pairs(self) -> list[str]:
+        return [d.why_no_pairs() for d in self.dbs]
+
+    def sample(
+        self, count: int, rng: np.random.Generator, tab_id: str, exclude: set[tuple[int, PairKey]]
+    ) -> list[PairItem]:
+        """Up to ``count`` new unlabeled pairs, both segments of a pair from one DB, none labeled,
+        none in another tab's list, none in ``exclude``; reserved for ``tab_id``. Never hangs:
+        fewer (or none) when the DBs run out."""
+        free = np.array([d.free_pairs() for d in self.dbs], dtype=np.float64)
+        if free.sum() <= 0:
+            return []
+        # Split the list over the DBs in proportion to what each has left to label.
+        want = rng.multinomial(count, free / free.sum())
+        out: list[PairItem] = []
+        for d, k in zip(self.dbs, want, strict=True):
+            if k == 0:
+                continue
+            taken = set(d.labels.labels)
+            taken.update(key for (i, key) in self.reserved if i == d.index)
+            taken.update(key for (i, key) in exclude if i == d.index)
+            for a, b in sample_unlabeled_pairs(d.usable_segments(), taken, int(k), rng):
+                out.append(PairItem(d.index, a, b))
+        order = rng.permutation(len(out))
+        out = [out[i] for i in order]
+        for item in out:
+            self.reserved[(item.db, item.key)] = tab_id
+        return out
+
+    def release(self, tab_id: str, items: list[PairItem]) -> None:
+        for item in items:
+            if self.reserved.get((item.db, item.key)) == tab_id:
+                del self.reserved[(item.db, item.key)]
+
+    def make_label(self, item: PairItem, value: int, **extra: object) -> Label:
+        if self.labeler:
+            extra.setdefault("labeler", self.labeler)
+        return Label(item.a, item.b, value, time=time.time(), source="human", extra=dict(extra))
+
+
+@dataclass
+class Answer:
+    """An entry of a tab's undo history: the pair and its label before this tab's answer."""
+
+    item: PairItem
+    before: Label | None
+
+
+class TabSession:
+    """One browser tab: its list of pairs, the selected one, its answers and undo history."""
+
+    def __init__(self, app: AppState, tab_id: str, rng: np.random.Generator | None = None) -> None:
+        self.app = app
+        self.tab_id = tab_id
+        self.rng = rng if rng is not None else app.new_rng()
+        self.items: list[PairItem] = []
+        self.current: int | None = None
+        self.history: list[Answer] = []
+        self.seen: set[tuple[int, PairKey]] = set()  # every pair this tab was given
+        self.show_seq = 0
+
+    # --- the list ---------------------------------------------------------------------------
+
+    def resample(self) -> int:
+        """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool."""
+        self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
+        self.items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen)
+        self.seen.update((it.db, it.key) for it in self.items)
+        self.current = None
+        self.select_next(start=0)
+        return len(self.items)
+
+    def close(self) -> None:
+        """The tab is gone: its open pairs go back to the pool."""
+        self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
+
+    @property
+    def answered(self) -> int:
+        """Pairs answered in this tab (and not taken back)."""
+        return len({(e.item.db, e.item.key) for e in self.history})
+
+    @property
+    def item(self) -> PairItem | None:
+        return None if self.current is None else self.items[self.current]
+
+    def still_open(self, item: PairItem) -> bool:
+        """Whether a pair can still be offered; marks it taken/skipped when it can't."""
+        if item.status != "open":
+            return False
+        db = self.app.dbs[item.db]
+        if db.labels.get(item.key) is not None:
+            item.status, item.note = "taken", "labeled elsewhere"
+            self.app.release(self.tab_id, [item])
+            return False
+        bad = [s for s in (item.a, item.b) if s in db.bad]
+        if bad:
+            item.status, item.note = "skipped", f"unreadable: {', '.join(bad)}"
+            self.app.release(self.tab_id, [item])
+            return False
+        return True
+
+    def select_next(self, start: int | None = None) -> PairItem | None:
+        """Select the next open pair after the current one (wrapping around); None when none is left."""
+        n = len(self.items)
+        first = start if start is not None else (0 if self.current is None else self.current + 1)
+        for k in range(n):
+            i = (first + k) % n
+            if self.still_open(self.items[i]):
+                self.current = i
+                return self.items[i]
+        self.current = None
+        return None
+
+    def select(self, index: int) -> PairItem | None:
+        """Select a pair of the list by position (clicking it); answered pairs can be re-answered."""
+        if 0 <= index < len(self.items):
+            item = self.items[index]
+            if item.status in ("open", "answered"):
+                self.current = index
+                return item
+        return None
+
+    def upcoming(self, n: int = 2) -> list[PairItem]:
+        """The next ``n`` open pairs after the current one: what to prefetch."""
+        out: list[PairItem] = []
+        if self.current is None:
+            return out
+        for k in range(1, len(self.items)):
+            it = self.items[(self.current + k) % len(self.items)]
+            if it.status == "open" and it is not self.item:
+                out.append(it)
+                if len(out) == n:
+                    break
+        return out
+
+    # --- answers ----------------------------------------------------------------------------
+
+    def answer(self, value: int) -> tuple[PairItem, Label] | None:
+        """Answer the selected pair and select the next open one. Returns the pair and the label
+        to write, or None when nothing is selected."""
+        if value not in VALID_LABELS:
+            raise ValueError(f"answer must be one of {VALID_LABELS}, got {value}")
+        item = self.item
+        if item is None:
+            return None
+        before = self.app.dbs[item.db].labels.get(item.key)
+        label = self.app.make_label(item, value)
+        item.status, item.answer, item.note = "answered", value, ""
+        self.history.append(Answer(item, before))
+        self.app.release(self.tab_id, [item])
+        self.select_next()
+        return item, label
+
+    def answer_failed(self, item: PairItem) -> None:
+        """Saving the answer failed: the pair is open again and selected."""
+        for k in range(len(self.history) - 1, -1, -1):
+            if self.history[k].item is item:
+                del self.history[k]
+                break
+        item.status, item.answer = "open", None
+        self.app.reserved[(item.db, item.key)] = self.tab_id
+        self.current = next(i for i, it in enumerate(self.items) if it is item)
+
+    def undo(self) -> tuple[PairItem, Label] | None:
+        """Take this tab's last answer back: the pair is open and selected again, and the label to
+        write restores what the pair had before (usually nothing: a RETRACTED line)."""
+        if not self.history:
+            return None
+        entry = self.history.pop()
+        item, before = entry.item, entry.before
+        if before is None:
+            label = self.app.make_label(item, RETRACTED, undo=True)
+        else:
+            label = Label(before.sample1, before.sample2, before.label, time=time.time(), source=before.source,
+                          extra={**before.extra, "undo": True})  # fmt: skip
+        if before is None:
+            item.status, item.answer, item.note = "open", None, ""
+            self.app.reserved[(item.db, item.key)] = self.tab_id
+        else:  # an answer that replaced an earlier one: the earlier one is back
+            mine = any(e.item is item for e in self.history)
+            item.status, item.answer = ("answered", before.label) if mine else ("taken", before.label)
+            item.note = "" if mine else "labeled elsewhere"
+        if not any(it is item for it in self.items):  # the list was resampled since: bring it back
+            self.items.insert(self.current or 0, item)
+        self.current = next(i for i, it in enumerate(self.items) if it is item)
+        return item, label
+
+
+ANSWER_KEYS = {"1": 1, "2": 2, "0": 0, "x": CANT_TELL, "X": CANT_TELL}

@@ -1,0 +1,202 @@
+"""RewardModelWrapper: learn from a reward model instead of the game score (``01_a2c.py -r``).
+
+Wraps an AtariVec-like vector env. Each agent step it runs ONE batched forward pass of the reward
+model for all N envs on (the frame each env showed, the action taken on it) -- in eval mode with
+BatchNorm folded into the convolutions, under ``torch.inference_mode()`` -- while the env's C++
+threads step the games (``step_async`` starts the env step, the forward runs, ``step_wait``
+collects both). The book instead calls the model once per env per frame with batch size 1.
+
+What the learner gets (``VecStep``):
+- ``pred_rewards``: the raw predictions (N,) float32;
+- ``rewards``: the predictions normalised to zero mean and unit variance over a running window of
+  the last ``norm_window`` predictions (all envs together), then CLIPPED to [-clip, clip]
+  (clip = 5 by default). Until the window holds ``norm_window // 10`` predictions the mean and
+  std the model was trained with (stored in its checkpoint) are used, so the first steps are
+  normalised too. A std near zero (< 1e-6, a constant model) is replaced by 1: rewards are then
+  only centred.
+- ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
+
+Why clip at ±5 and not sign-clip as the book's wrapper stack does: a sign-clipped normalised
+prediction is +1 for every step above the running mean and −1 below, which throws away how much
+better a step is -- the one thing the preferences taught the model. Normalised predictions are
+already on the scale sign-clipped scores have (unit variance); the ±5 bound only stops rare
+outliers from dominating a batch (as SB3's VecNormalize clips rewards). The learner must not
+sign-clip ``rewards`` again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib.errors import UserError
+from lib.reward_model import RewardPredictor, load_reward_model, resolve_device
+
+DEFAULT_NORM_WINDOW = 10_000
+DEFAULT_CLIP = 5.0
+MIN_STD = 1e-6
+
+
+class RunningNorm:
+    """Mean and std over the last ``window`` values (a ring buffer), with a prior (mean, std) used
+    until ``warmup`` values have been seen. ``normalise`` adds a batch and returns it normalised."""
+
+    def __init__(self, window: int, prior: tuple[float, float] | None = None, warmup: int | None = None):
+        if window < 1:
+            raise ValueError(f"norm window must be at least 1, got {window}")
+        self.buf = np.zeros(window, dtype=np.float64)
+        self.count = 0  # values ever added
+        self.pos = 0
+        self.prior = prior
+        self.warmup = max(1, window // 10) if warmup is None else warmup
+        self.mean, self.std = prior if prior is not None else (0.0, 1.0)
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float64).ravel()
+        n = len(self.buf)
+        if len(x) >= n:
+            self.buf[:] = x[-n:]
+            self.pos = 0
+        else:
+            end = self.pos + len(x)
+            if end <= n:
+                self.buf[self.pos : end] = x
+            else:
+                k = n - self.pos
+                self.buf[self.pos :] = x[:k]
+                self.buf[: end - n] = x[k:]
+            self.pos = end % n
+        self.count += len(x)
+        if self.prior is None or self.count >= self.warmup:
+            filled = self.buf[: min(self.count, n)]
+            self.mean, self.std = float(filled.mean()), float(filled.std())
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """Add ``x`` (N,) to the window, return (x - mean) / std (std < MIN_STD counts as 1)."""
+        self.add(x)
+        scale = self.std if self.std >= MIN_STD else 1.0
+        return ((np.asarray(x, dtype=np.float64) - self.mean) / scale).astype(np.float32)
+
+
+class RewardModelWrapper:
+    """A vector env whose ``rewards`` come from a reward model (see the module docstring).
+
+    Exposes the AtariVec interface (n_envs, game, env_id, n_actions, action_meanings, frames,
+    reset, step, step_async/step_wait); any other attribute is the inner env's.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        model_path: str | os.PathLike,
+        device: torch.device | str = "cpu",
+        norm_window: int = DEFAULT_NORM_WINDOW,
+        clip: float | None = DEFAULT_CLIP,
+    ):
+        self.env = env
+        self.model: RewardPredictor = load_reward_model(
+            model_path, game=env.game, n_actions=env.n_actions, device=resolve_device(device)
+        )
+        frame_shape = tuple(np.shape(env.frames)[1:])
+        if frame_shape != self.model.frame_shape:
+            raise UserError(
+                f"reward model {model_path} takes frames {self.model.frame_shape}, the env gives {frame_shape}"
+            )
+        if norm_window < 1:
+            raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
+        prior = (self.model.norm_mean, self.model.norm_std) if self.model.has_norm_stats else None
+        self.norm = RunningNorm(norm_window, prior=prior)
+        self.clip = clip
+        self._pending: torch.Tensor | None = None
+        self._last: dict[str, float] = {}
+        self._infer_s = 0.0
+        self._steps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found on the wrapper: forward them to the inner env.
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    @property
+    def n_envs(self) -> int:
+        return self.env.n_envs
+
+    @property
+    def game(self) -> str:
+        return self.env.game
+
+    @property
+    def env_id(self) -> str:
+        return self.env.env_id
+
+    @property
+    def n_actions(self) -> int:
+        return self.env.n_actions
+
+    @property
+    def action_meanings(self) -> tuple[str, ...]:
+        return self.env.action_meanings
+
+    @property
+    def frames(self) -> np.ndarray:
+        return self.env.frames
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        return self.env.reset(*args, **kwargs)
+
+    def step(self, actions: np.ndarray) -> Any:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start the env step, then run the reward model on the frames the actions were taken on
+        while the env's threads step (the input is copied before the env can replace ``frames``)."""
+        t0 = time.perf_counter()
+        frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
+        acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
+        self.env.step_async(actions)
+        self._pending = self.model.predict_members(frames, acts)  # (K, N)
+        self._infer_s += time.perf_counter() - t0
+
+    def step_wait(self) -> Any:
+        """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards`` (normalised,
+        clipped)."""
+        if self._pending is None:
+            raise RuntimeError("step_wait() without step_async()")
+        st = self.env.step_wait()
+        members = self._pending.float().cpu().numpy()
+        self._pending = None
+        raw = members.mean(0).astype(np.float32)
+        rewards = self.norm.normalise(raw)
+        clipped = 0.0
+        if self.clip is not None:
+            clipped = float(np.mean(np.abs(rewards) > self.clip))
+            rewards = np.clip(rewards, -self.clip, self.clip)
+        st.pred_rewards = raw
+        st.rewards = rewards.astype(np.float32)
+        self._steps += 1
+        self._last = {
+            "pred_mean": float(raw.mean()),
+            "pred_std": float(raw.std()),
+            "clipped": clipped,
+            "disagreement": float(members.std(0).mean()) if len(members) > 1 else 0.0,
+        }
+        return st
+
+    def stats(self) -> dict[str, float]:
+        """Scalars for TensorBoard: the running normalisation mean/std, the last step's raw
+        prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
+        members, 0 for one model) and the reward model's milliseconds per agent step."""
+        out = {"norm_mean": self.norm.mean, "norm_std": self.norm.std, **self._last}
+        if self._steps:
+            out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    def close(self) -> None:
+        self.env.close()
