@@ -59,7 +59,9 @@ def make_synthetic_db(
     return sorted(out)
 
 
-def make_atari_db(root: str | Path, n_segments: int, t: int = 50, n_envs: int = 4, seed: int = 0) -> list[str]:
+def make_atari_db(
+    root: str | Path, n_segments: int, t: int = 50, n_envs: int = 4, seed: int = 0
+) -> list[str]:
     """Record ``n_segments`` real segments of ``t`` steps of random SeaQuest play into ``root``."""
     from lib.envs import AtariVec
 

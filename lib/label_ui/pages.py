@@ -271,16 +271,22 @@ async def label_page(state: AppState, tab: TabSession) -> None:
     async def prefetch(items: list[PairItem]) -> None:
         """Encode the next pairs' clips now and let the browser fetch them, so answering feels instant."""
         urls = []
+        found_bad = False
         for item in items:
             db = state.dbs[item.db]
             for rel in (item.a, item.b):
                 try:
                     await state.clips.ensure(db.segment_path(rel))
-                except Exception as err:  # shown when the pair comes up; nothing to do here
+                except Exception as err:  # the pair is skipped when its turn comes
                     state.mark_bad(item.db, rel, _reason(err))
+                    found_bad = True
                     continue
                 urls.append(clip_url(item.db, rel))
-        if urls and not client.is_deleted:
+        if client.is_deleted:
+            return
+        if found_bad:
+            update_view()
+        if urls:
             client.run_javascript(f"window.rlhfPlayer && window.rlhfPlayer.prefetch({json.dumps(urls)})")
 
     # -- actions -----------------------------------------------------------------------------

@@ -1,0 +1,429 @@
+"""The label page's logic, with NiceGUI's simulated user (no browser, milliseconds per action).
+
+Each test starts the real main file ``02_label_ui.py`` with its own command line (``sys.argv``),
+in-process, through ``nicegui.testing.user_simulation`` -- the machinery of NiceGUI's ``user``
+fixture -- and checks what a person would see and what lands in ``labels.jsonl``.
+What only a browser can show (clips animating, real key presses) is in test_label_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from nicegui import Client, core, ui
+from nicegui.testing import User
+from nicegui.testing.user_simulation import user_simulation
+
+from lib.label_ui.cli import main
+from lib.label_ui.fixtures import make_synthetic_db
+from lib.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "02_label_ui.py"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def label_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """``async with label_app('-d', db, ...) as user``: the app of that command line and a user.
+
+    Like NiceGUI's ``user`` fixture, a test fails when the app logged an ERROR."""
+
+    @asynccontextmanager
+    async def start(*args: str) -> AsyncIterator[User]:
+        argv = ["02_label_ui.py", "--cache-dir", str(tmp_path / "clips"), "--seed", "1", *args]
+        monkeypatch.setattr(sys, "argv", argv)
+        async with user_simulation(main_file=MAIN) as user:
+            yield user
+            # Close the pages first: on Python 3.11 a page's outbox loop can miss the shutdown's
+            # cancel when it coincides with an update (asyncio.wait_for), stalling teardown 2 s.
+            for client in list(Client.instances.values()):
+                client.delete()
+        errors = [r.getMessage() for r in caplog.get_records("call") if r.levelname == "ERROR"]
+        assert not errors, f"the app logged errors: {errors}"
+
+    return start
+
+
+def second_user() -> User:
+    """Another browser (its own cookies and tab) on the running simulated app."""
+    return User(httpx.AsyncClient(transport=httpx.ASGITransport(core.app), base_url="http://test"))
+
+
+async def press(user: User, key: str) -> None:
+    """A key press as ui.keyboard reports it from the browser."""
+    user.find(ui.keyboard).trigger(
+        "key",
+        {"action": "keydown", "key": key, "code": "", "repeat": False, "location": 0,
+         "altKey": False, "ctrlKey": False, "metaKey": False, "shiftKey": False},
+    )  # fmt: skip
+
+
+async def until(cond: Callable[[], object], timeout: float = 5.0) -> None:
+    """Wait (yielding to the app) until ``cond()`` is true."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def shown_pair(user: User) -> tuple[str, str]:
+    """The relative segment paths of the pair on show (from the clip elements' URLs)."""
+    out = []
+    for k in (1, 2):
+        (el,) = user.find(marker=f"clip-{k}").elements
+        url = el.props.get("data-clip")
+        assert url, "no clip on show"
+        _, _, _db, env, name = url.split("/")
+        out.append(f"{env}/{name.removesuffix('.mp4')}.dat")
+    return out[0], out[1]
+
+
+def label_lines(db: Path) -> list[dict]:
+    path = db / "labels.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def list_texts(user: User, n: int) -> list[str]:
+    texts = []
+    for i in range(n):
+        (row,) = user.find(marker=f"pair-{i}").elements
+        texts.append(" ".join(el.text for el in row.descendants() if isinstance(el, ui.label)))
+    return texts
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    root = tmp_path / "db"
+    make_synthetic_db(root, 8)
+    return root
+
+
+# --- the label page --------------------------------------------------------------------------
+
+
+async def test_keys_answer_and_next_pair_is_selected(label_app, db: Path) -> None:
+    async with label_app("-d", str(db), "--pairs", "6") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        answered = []
+        for n, (key, value) in enumerate((("1", 1), ("2", 2), ("0", 0), ("x", CANT_TELL)), start=1):
+            pair = shown_pair(user)
+            await press(user, key)
+            await until(lambda n=n: len(label_lines(db)) == n)
+            await until(lambda p=pair: shown_pair(user) != p)  # the next pair came by itself
+            answered.append((pair, value))
+        lines = label_lines(db)
+        assert [(x["sample1"], x["sample2"]) for x in lines] == [p for p, _ in answered]
+        assert [x["label"] for x in lines] == [1, 2, 0, CANT_TELL]
+        assert all(x["source"] == "human" and x["time"] > 0 for x in lines)
+        assert len({pair_key(*p) for p, _ in answered}) == 4  # never the same pair twice
+        await user.should_see("4 answered in this tab")
+
+
+async def test_buttons_undo_and_reanswer(label_app, db: Path) -> None:
+    async with label_app("-d", str(db), "--pairs", "4") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        first = shown_pair(user)
+        user.find(marker="answer-1").click()
+        await until(lambda: len(label_lines(db)) == 1)
+        await until(lambda: shown_pair(user) != first)
+        await press(user, "u")
+        await until(lambda: len(label_lines(db)) == 2)
+        await until(lambda: shown_pair(user) == first)  # back on the undone pair
+        assert label_lines(db)[1]["label"] == RETRACTED
+        assert load_labels(db) == {}  # the answer is taken back, not just overwritten
+        await user.should_see("0 answered in this tab")
+        user.find(marker="answer-2").click()
+        await until(lambda: len(label_lines(db)) == 3)
+        (lab,) = load_labels(db).values()
+        assert (lab.sample1, lab.sample2, lab.label) == (*first, 2)
+        await press(user, "u")
+        await press(user, "u")  # nothing more to undo in this tab: no line, a notice
+        await until(lambda: len(label_lines(db)) == 4)
+        await user.should_see("Nothing to undo in this tab")
+        assert len(label_lines(db)) == 4
+
+
+async def test_resample_offers_only_new_unlabeled_pairs(label_app, db: Path) -> None:
+    async with label_app("-d", str(db), "--pairs", "5") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        before = list_texts(user, 5)
+        await press(user, "1")
+        await until(lambda: len(label_lines(db)) == 1)
+        await press(user, "r")
+        await user.should_see("New list of 5 pairs")
+        after = list_texts(user, 5)
+        pairs = lambda texts: {pair_key(*t.split()[1:4:2]) for t in texts}  # noqa: E731
+        assert not pairs(before) & pairs(after)
+        labeled = set(load_labels(db))
+        assert not pairs(after) & labeled
+
+
+async def test_tabs_have_their_own_lists_and_skip_pairs_labeled_elsewhere(label_app, db: Path) -> None:
+    async with label_app("-d", str(db), "--pairs", "6") as user:
+        await user.open("/label")
+        other = second_user()
+        await other.open("/label")
+        await until(lambda: other.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        with user:
+            mine = {pair_key(*t.split()[1:4:2]) for t in list_texts(user, 6)}
+        with other:
+            theirs = {pair_key(*t.split()[1:4:2]) for t in list_texts(other, 6)}
+        assert len(mine) == len(theirs) == 6 and not mine & theirs  # two tabs never get the same pair
+        # An answer in the other tab goes to the file; this tab's list is untouched.
+        await press(other, "2")
+        await until(lambda: len(label_lines(db)) == 1)
+        await user.should_see("0 answered in this tab")
+        # A label written meanwhile by another process for this tab's next pair: it is skipped.
+        with user:
+            current = shown_pair(user)
+            texts = list_texts(user, 6)
+        nxt = next(
+            tuple(t.split()[1:4:2]) for t in texts if pair_key(*t.split()[1:4:2]) != pair_key(*current)
+        )
+        append_labels(db, [Label(nxt[0], nxt[1], 1, source="oracle")])
+        await press(user, "0")
+        await until(lambda: len(label_lines(db)) == 3)
+        with user:
+            assert pair_key(*shown_pair(user)) != pair_key(*nxt)
+        await user.should_see("labeled elsewhere")
+
+
+async def test_list_runs_out_then_db_runs_out(label_app, tmp_path: Path) -> None:
+    db = tmp_path / "small"
+    make_synthetic_db(db, 3)  # 3 pairs in all
+    async with label_app("-d", str(db), "--pairs", "2") as user:
+        await user.open("/label")
+        for n in range(1, 4):
+            await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+            await press(user, "1")
+            await until(lambda n=n: len(label_lines(db)) == n)
+        await user.should_see("No pairs to label.")
+        await user.should_see("every pair of the 3 segments")
+        assert len(load_labels(db)) == 3
+
+
+@pytest.mark.parametrize("n_segments", [0, 1])
+async def test_db_too_small_is_explained(label_app, tmp_path: Path, n_segments: int) -> None:
+    db = tmp_path / "tiny"
+    db.mkdir()
+    make_synthetic_db(db, n_segments)
+    async with label_app("-d", str(db)) as user:
+        await user.open("/label")
+        await user.should_see("No pairs to label.")
+        await user.should_see("no segments yet" if n_segments == 0 else "at least 2 readable ones are needed")
+        await user.open("/")
+        await user.should_see(f"{n_segments} segments")
+
+
+async def test_unreadable_segment_is_skipped_with_a_notice(label_app, tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    rels = make_synthetic_db(db, 3)
+    (db / rels[0]).write_bytes(b"not a segment")
+    async with label_app("-d", str(db), "--pairs", "3") as user:
+        await user.open("/label")
+        await user.should_see("skipped unreadable segment")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        assert rels[0] not in shown_pair(user)
+        await press(user, "1")  # the server keeps working
+        await until(lambda: len(label_lines(db)) == 1)
+        assert rels[0] not in (label_lines(db)[0]["sample1"], label_lines(db)[0]["sample2"])
+        await user.open("/")
+        await user.should_see("1 unreadable")
+
+
+async def test_pause_and_speed_keys(label_app, db: Path) -> None:
+    async with label_app("-d", str(db)) as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        await press(user, " ")
+        await user.should_see("play (space)")
+        await press(user, "+")
+        (speed,) = user.find(marker="speed").elements
+        await until(lambda: speed.value == 2.0)
+        await press(user, "-")
+        await press(user, "-")
+        await until(lambda: speed.value == 0.5)
+
+
+@pytest.mark.filterwarnings("ignore:.*skipping a")
+async def test_torn_last_line_is_recovered_with_a_warning(label_app, db: Path) -> None:
+    (db / "labels.jsonl").write_text(
+        '{"sample1": "00/00000012.dat", "sample2": "01/00000012.dat", "label": 1, "source": "human"}\n'
+        '{"sample1": "00/00000024.dat", "sampl'
+    )
+    async with label_app("-d", str(db)) as user:
+        await user.open("/")
+        await user.should_see("torn last line")
+        await user.should_see("1 labels")
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        await press(user, "2")
+        await until(lambda: len(load_labels(db)) == 2)  # the old label survives, the new line is whole
+
+
+# --- Overview and Existing labels ------------------------------------------------------------
+
+
+async def test_overview_counts_by_answer_and_source(label_app, db: Path) -> None:
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    append_labels(db, [
+        Label(segs[0], segs[1], 1, source="human"),
+        Label(segs[0], segs[2], 2, source="oracle"),
+        Label(segs[1], segs[2], CANT_TELL, source="human"),
+    ])  # fmt: skip
+    async with label_app("-d", str(db)) as user:
+        await user.open("/")
+        await user.should_see("8 segments")
+        await user.should_see("3 labels — #1 better: 1, equal: 0, #2 better: 1, can't tell: 1")
+        await user.should_see("by source — human: 2, oracle: 1")
+        await user.should_see("5 segments no label has touched yet")
+        await user.should_see("25 unlabeled pairs left")
+
+
+async def test_existing_labels_filter_and_change(label_app, db: Path) -> None:
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    append_labels(db, [
+        Label(segs[0], segs[1], 1, time=1.0, source="oracle"),
+        Label(segs[2], segs[3], 0, time=2.0, source="human"),
+        Label(segs[4], segs[5], 2, time=3.0, source="oracle"),
+    ])  # fmt: skip
+    async with label_app("-d", str(db)) as user:
+        await user.open("/labels")
+        await user.should_see("3 labels")
+        user.find(marker="filter-source").elements.pop().set_value("oracle")
+        await user.should_see("2 labels")
+        user.find(marker="filter-answer").elements.pop().set_value("2")
+        await user.should_see("1 labels")
+        user.find(marker="edit-0-x").click()  # change segs[4] vs segs[5] to can't tell
+        await until(lambda: load_labels(db)[pair_key(segs[4], segs[5])].label == CANT_TELL)
+        changed = read_label_log(db)[-1]
+        assert changed.source == "human" and changed.extra.get("edited") is True
+        await user.should_see("0 labels")  # it no longer matches "oracle, #2 better"
+        user.find(marker="filter-source").elements.pop().set_value("all")
+        user.find(marker="filter-answer").elements.pop().set_value("all")
+        await user.should_see("3 labels")
+
+
+async def test_navigation_keeps_the_tab_list(label_app, db: Path) -> None:
+    async with label_app("-d", str(db), "--pairs", "4") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        before = list_texts(user, 4)
+        user.find(marker="nav-overview").click()
+        await user.should_see("unlabeled pairs left")
+        user.find(marker="nav-label").click()
+        await user.should_see(marker="pair-3")
+        assert list_texts(user, 4) == before
+
+
+# --- what the server serves ------------------------------------------------------------------
+
+
+async def test_server_serves_clips_of_db_segments_only(label_app, db: Path, tmp_path: Path) -> None:
+    (db / "labels.jsonl").write_text("")
+    rel = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))[0]
+    env, name = rel.split("/")
+    before = sorted(p for p in db.rglob("*"))
+    async with label_app("-d", str(db)) as user:
+        c = user.http_client
+        r = await c.get(f"/clip/0/{env}/{name.removesuffix('.dat')}.mp4")
+        assert r.status_code == 200 and r.headers["content-type"] == "video/mp4" and r.content[4:8] == b"ftyp"
+        for bad in (
+            f"/clip/1/{env}/{name}",  # no such DB
+            f"/clip/0/{env}/99999999.mp4",  # no such segment
+            f"/clip/0/{env}/{name}",  # not a clip name
+            "/clip/0/../labels.mp4",
+            f"/clip/0/{env}/..%2F..%2Fdb%2Flabels.mp4",
+        ):
+            r = await c.get(bad)
+            assert r.status_code == 404 or "not found" in r.text, bad
+        r = await c.get("/labels.jsonl")
+        assert "sample1" not in r.text
+    assert sorted(p for p in db.rglob("*")) == before  # nothing written into the DB
+    assert list((tmp_path / "clips").glob("*/*.mp4"))  # the clip cache is outside it
+
+
+async def test_token_is_asked_once_per_browser(label_app, db: Path) -> None:
+    token = "s3cret-token"
+    async with label_app("-d", str(db), "--token", token) as user:
+        c = user.http_client
+        r = await c.get("/label", headers={"accept": "text/html"})
+        assert r.status_code == 401 and 'name="token"' in r.text
+        rel = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))[0]
+        r = await c.get(f"/clip/0/{rel.removesuffix('.dat')}.mp4")
+        assert r.status_code == 401
+        r = await c.post("/login", data={"token": "wrong-token", "next": "/label"})
+        assert r.status_code == 401 and "Wrong token" in r.text
+        r = await c.post("/login", data={"token": token, "next": "https://evil.example/"})
+        assert r.status_code == 303 and r.headers["location"] == "/"  # never off-site
+        assert "rlhf_label_auth" in c.cookies and token not in c.cookies["rlhf_label_auth"]
+        await user.open("/label")  # the cookie lets this browser in from now on
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        other = second_user()  # another browser has to give the token itself
+        r = await other.http_client.get("/label")
+        assert r.status_code == 401
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-d", "{tmp}/missing"], "not found"),
+        (["-d", "{db}", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a token"),
+        (["-d", "{db}", "--host", "192.168.1.5", "--port", "9000"], "ssh -L 9000:127.0.0.1:9000"),
+        (["-d", "{db}", "--pairs", "0"], "--pairs must be at least 1"),
+        (["-d", "{db}", "--token", "short"], "--token must have at least 8 characters"),
+        (["-d", "{db}", "--port", "70000"], "--port must be between"),
+        (["-d", "{db}", "--fps", "0"], "--fps must be in"),
+        (["-d", "{db}", "-d", "{db}"], "is given twice"),
+        (["-d", "{db}", "--cache-dir", "{db}/.clips"], "is inside the DB"),
+        (["-d", "{db}", "--oracle", "0"], "--oracle must be at least 1"),
+        (["-d", "{db}/00/00000012.dat"], "is not a directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Path, capsys) -> None:
+    argv = [a.format(tmp=tmp_path, db=db) for a in args]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_port_in_use_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run(
+            [sys.executable, str(MAIN), "-d", str(db), "--port", str(port), "--cache-dir", str(tmp_path / "c")],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: cannot listen on") and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_token_from_environment(db: Path) -> None:
+    from lib.label_ui.config import parse_config
+
+    cfg = parse_config(["-d", str(db), "--host", "0.0.0.0"], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
+    assert cfg.token == "from-the-env" and cfg.host == "0.0.0.0"
