@@ -1,0 +1,162 @@
+"""Label file semantics (lib/labels.py and the label server's LabelIndex): last line wins, order-free
+pairs, undo, torn lines, paths inside the DB, and no answer lost with several writers at once."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from lib.label_ui.state import LabelIndex
+from lib.labels import (
+    CANT_TELL,
+    RETRACTED,
+    Label,
+    append_label,
+    append_labels,
+    load_labels,
+    pair_key,
+    read_label_log,
+)
+
+
+def lines(db: Path) -> list[str]:
+    return (db / "labels.jsonl").read_text().splitlines()
+
+
+def test_last_line_wins_and_pairs_are_order_free(tmp_path: Path) -> None:
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("02/c.dat", "00/a.dat", 0)])
+    append_label(tmp_path, Label("01/b.dat", "00/a.dat", 2))  # the same pair as the first, reversed
+    current = load_labels(tmp_path)
+    assert len(current) == 2
+    lab = current[pair_key("00/a.dat", "01/b.dat")]
+    assert (lab.sample1, lab.sample2, lab.label) == ("01/b.dat", "00/a.dat", 2)
+    assert lab.preference == 0.0  # P(sample1 better)
+    assert len(read_label_log(tmp_path)) == 3  # nothing is rewritten: editing is appending
+
+
+def test_line_format_keeps_extra_fields_and_time(tmp_path: Path) -> None:
+    append_label(tmp_path, Label("00/a.dat", "01/b.dat", CANT_TELL, source="human", extra={"labeler": "ann"}))
+    (d,) = [json.loads(x) for x in lines(tmp_path)]
+    assert d["label"] == CANT_TELL and d["source"] == "human" and d["labeler"] == "ann" and d["time"] > 0
+    lab = load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")]
+    assert lab.preference is None  # kept (not offered again) but never trained on
+
+
+def test_retracted_line_takes_the_answer_back(tmp_path: Path) -> None:
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 2)])
+    append_label(tmp_path, Label("01/b.dat", "00/a.dat", RETRACTED))
+    assert set(load_labels(tmp_path)) == {pair_key("00/a.dat", "02/c.dat")}
+    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 0))  # and the pair can be answered again
+    assert load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")].label == 0
+
+
+@pytest.mark.parametrize("bad", ["../other/00.dat", "/etc/passwd", "", "00/../../x.dat"])
+def test_label_paths_must_stay_inside_the_db(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="inside"):
+        append_label(tmp_path, Label(bad, "00/a.dat", 1))
+    assert not (tmp_path / "labels.jsonl").exists()
+
+
+def test_bad_label_value_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="label must be one of"):
+        append_label(tmp_path, Label("00/a.dat", "01/b.dat", 7))
+
+
+def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_stays_whole(tmp_path: Path) -> None:
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 2)])
+    with open(tmp_path / "labels.jsonl", "a") as f:
+        f.write('{"sample1": "01/b.dat", "sample2": "02/c')  # a crash in the middle of a write
+    with pytest.warns(UserWarning, match="torn last line"):
+        current = load_labels(tmp_path)
+    assert len(current) == 2  # every earlier label survives
+    append_label(tmp_path, Label("01/b.dat", "02/c.dat", 0))
+    assert json.loads(lines(tmp_path)[-1])["label"] == 0  # the new line was not glued to the torn one
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        current = load_labels(tmp_path)
+    assert len(current) == 3
+    assert any("bad line" in str(w.message) for w in caught)
+
+
+def test_legacy_labels_json_is_read_first(tmp_path: Path) -> None:
+    (tmp_path / "labels.json").write_text(
+        json.dumps({"sample1": "00/a.dat", "sample2": "01/b.dat", "label": 1}) + "\n"
+    )
+    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 2))
+    assert load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")].label == 2
+
+
+# --- several writers at once -----------------------------------------------------------------
+
+
+def _writer_process(db: str, who: int, n: int) -> None:
+    for i in range(n):
+        append_label(db, Label(f"{who:02d}/{i:08d}.dat", f"99/{i:08d}.dat", i % 3, source=f"proc{who}"))
+
+
+def test_two_processes_and_threads_lose_no_answer(tmp_path: Path) -> None:
+    """Two writer processes and two threads, 150 answers each, at the same time: every answer is
+    one whole line, none is lost (fcntl lock across processes, a lock across threads, fsync)."""
+    n = 150
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer_process, args=(str(tmp_path), who, n)) for who in (1, 2)]
+    threads = [threading.Thread(target=_writer_process, args=(str(tmp_path), who, n)) for who in (3, 4)]
+    for w in [*procs, *threads]:
+        w.start()
+    for t in threads:
+        t.join(timeout=60)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    raw = lines(tmp_path)
+    assert len(raw) == 4 * n
+    parsed = [json.loads(x) for x in raw]  # every line is whole JSON: no interleaving
+    for who in (1, 2, 3, 4):
+        mine = [d for d in parsed if d["sample1"].startswith(f"{who:02d}/")]
+        assert [d["sample1"] for d in mine] == [f"{who:02d}/{i:08d}.dat" for i in range(n)]  # in order
+    assert len(load_labels(tmp_path)) == 4 * n
+
+
+# --- the label server's view of the file (LabelIndex) ---------------------------------------
+
+
+def test_label_index_follows_appends_from_elsewhere(tmp_path: Path) -> None:
+    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 1))
+    index = LabelIndex(tmp_path)
+    assert set(index.labels) == {pair_key("00/a.dat", "01/b.dat")}
+    append_label(tmp_path, Label("00/a.dat", "02/c.dat", 2))  # another process, e.g. --oracle
+    with open(tmp_path / "labels.jsonl", "a") as f:
+        f.write('{"sample1": "01/b.dat", "sample2": "02/c.dat", "lab')  # still being written
+    assert index.refresh() == 1  # the whole line only
+    assert set(index.labels) == {pair_key("00/a.dat", "01/b.dat"), pair_key("00/a.dat", "02/c.dat")}
+    with open(tmp_path / "labels.jsonl", "a") as f:
+        f.write('el": 0}\n')
+    assert index.refresh() == 1
+    assert index.get(pair_key("02/c.dat", "01/b.dat")).label == 0
+    index.append(Label("00/a.dat", "01/b.dat", RETRACTED))
+    assert pair_key("00/a.dat", "01/b.dat") not in index.labels
+    assert set(index.labels) == set(load_labels(tmp_path))  # the same view as a fresh load
+
+
+def test_label_index_reloads_a_replaced_file(tmp_path: Path) -> None:
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 1)])
+    index = LabelIndex(tmp_path)
+    (tmp_path / "labels.jsonl").write_text(
+        json.dumps({"sample1": "05/x.dat", "sample2": "06/y.dat", "label": 0}) + "\n"
+    )
+    index.refresh()
+    assert set(index.labels) == {pair_key("05/x.dat", "06/y.dat")}
+
+
+def test_label_index_keeps_the_torn_line_warning(tmp_path: Path) -> None:
+    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 1))
+    with open(tmp_path / "labels.jsonl", "a") as f:
+        f.write('{"sample1": "00/a.dat"')
+    index = LabelIndex(tmp_path)
+    assert len(index.labels) == 1
+    assert any("torn last line" in w for w in index.warnings)

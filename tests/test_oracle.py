@@ -1,0 +1,118 @@
+"""Oracle labels from true rewards (lib/oracle.py) and ``02_label_ui.py --oracle N``."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lib.errors import UserError
+from lib.label_ui.fixtures import make_synthetic_db
+from lib.labels import (
+    EQUAL,
+    FIRST_BETTER,
+    SECOND_BETTER,
+    Label,
+    append_labels,
+    load_labels,
+    pair_key,
+    read_label_log,
+)
+from lib.oracle import oracle_label_db, sample_unlabeled_pairs
+from lib.segments import load_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = ROOT / "02_label_ui.py"
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(MAIN), *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    make_synthetic_db(tmp_path / "db", 12, seed=3)
+    return tmp_path / "db"
+
+
+def test_oracle_mode_labels_by_true_return_and_exits(db: Path) -> None:
+    p = run_main("-d", str(db), "--oracle", "30", "--seed", "0")
+    assert p.returncode == 0, p.stderr
+    assert "30 oracle labels" in p.stdout and "#1 better" in p.stdout
+    log = read_label_log(db)
+    assert len(log) == 30 and all(lab.source == "oracle" for lab in log)
+    assert len({lab.key for lab in log}) == 30  # no pair twice, (a,b) == (b,a)
+    for lab in log:
+        ra = load_segment(db / lab.sample1).true_return
+        rb = load_segment(db / lab.sample2).true_return
+        assert lab.label == (FIRST_BETTER if ra > rb else SECOND_BETTER if rb > ra else EQUAL)
+        assert lab.extra["returns"] == [ra, rb]
+
+
+def test_oracle_never_relabels_and_stops_when_pairs_run_out(db: Path) -> None:
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    append_labels(db, [Label(segs[0], segs[1], 1, source="human")])
+    first = oracle_label_db(db, 40, seed=1)
+    assert first.labeled == 40
+    second = oracle_label_db(db, 100, seed=1)  # 66 pairs in all: 1 human + 40 + 25 left
+    assert second.labeled == 25
+    log = read_label_log(db)
+    assert len(log) == 66 and len({lab.key for lab in log}) == 66
+    assert load_labels(db)[pair_key(segs[0], segs[1])].source == "human"  # the person's answer stays
+    p = run_main("-d", str(db), "--oracle", "5")
+    assert p.returncode == 0 and "0 oracle labels" in p.stdout and "only 0 unlabeled pairs" in p.stdout
+
+
+def test_sample_unlabeled_pairs_never_hangs() -> None:
+    rng = np.random.default_rng(0)
+    segs = [f"00/{i:08d}.dat" for i in range(5)]
+    all_pairs = {pair_key(a, b) for i, a in enumerate(segs) for b in segs[i + 1 :]}
+    assert sample_unlabeled_pairs(segs, all_pairs, 10, rng) == []
+    left = sample_unlabeled_pairs(segs, set(list(all_pairs)[:7]), 10, rng)
+    assert len(left) == 3 and not {pair_key(*p) for p in left} & set(list(all_pairs)[:7])
+    assert sample_unlabeled_pairs(segs[:1], set(), 3, rng) == []
+    big = [f"00/{i:08d}.dat" for i in range(2000)]
+    pairs = sample_unlabeled_pairs(big, set(), 500, rng)
+    assert len({pair_key(*p) for p in pairs}) == 500 and all(a != b for a, b in pairs)
+
+
+@pytest.mark.parametrize("n_segments", [0, 1])
+def test_oracle_on_a_db_too_small(tmp_path: Path, n_segments: int) -> None:
+    db = tmp_path / "db"
+    db.mkdir()
+    make_synthetic_db(db, n_segments)
+    with pytest.raises(UserError, match="at least 2 are needed"):
+        oracle_label_db(db, 3)
+
+
+def test_oracle_on_a_legacy_db_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The book's segments (pickled lists of lib.rlhf.EpisodeStep) have no rewards."""
+
+    @dataclass
+    class BookStep:  # pickles as the book's lib.rlhf.EpisodeStep(obs, act)
+        obs: np.ndarray
+        act: int
+
+    BookStep.__module__, BookStep.__qualname__ = "lib.rlhf", "EpisodeStep"
+    book = types.ModuleType("lib.rlhf")
+    book.EpisodeStep = BookStep
+    monkeypatch.setitem(sys.modules, "lib.rlhf", book)
+    db = tmp_path / "legacy"
+    (db / "00").mkdir(parents=True)
+    for k in range(3):
+        steps = [BookStep(obs=np.full((8, 6, 3), k * 40 + t, np.uint8), act=t % 4) for t in range(5)]
+        (db / "00" / f"{k:08d}.dat").write_bytes(pickle.dumps(steps))
+    assert load_segment(db / "00" / "00000000.dat").rewards is None  # it does load, without rewards
+    p = run_main("-d", str(db), "--oracle", "2")
+    assert p.returncode == 2
+    assert p.stderr.startswith("error: ") and "legacy DB without true rewards" in p.stderr
+    assert p.stderr.count("\n") == 1
+    assert not (db / "labels.jsonl").exists() or not read_label_log(db)
