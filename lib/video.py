@@ -139,7 +139,8 @@ class RewardStrip:
         half = (pred_bot - pred_top) / 2
         ys = np.round(mid - pred / self.clip * half).astype(np.int32)
         pts = np.stack([xs, ys], axis=1).astype(np.int32).reshape(-1, 1, 2)
-        cv2.polylines(img, [pts], False, _PRED, 1, cv2.LINE_AA)
+        cv2.polylines(img, [pts], False, _PRED, 2, cv2.LINE_AA)  # 2 px: survives yuv420p chroma
+        cv2.circle(img, (int(xs[-1]), int(ys[-1])), 2, _PRED, -1)  # the current step
         return img
 
 
