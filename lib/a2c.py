@@ -44,26 +44,95 @@ def build_parser() -> argparse.ArgumentParser:
         "its play for labeling; with -r it learns from a reward model instead of the game score.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/")
-    p.add_argument("--env", default=DEFAULT_ENV, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4")
+    p.add_argument(
+        "-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/"
+    )
+    p.add_argument(
+        "--env", default=DEFAULT_ENV, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4"
+    )
     p.add_argument("--dev", default="cpu", help="torch device for the networks: cpu or cuda")
     p.add_argument("-m", "--model", help="start from this saved policy (.pt) instead of from scratch")
-    p.add_argument("--finetune", action="store_true", help=f"freeze the conv layers of -m and train the heads with lr {FINETUNE_LEARNING_RATE}")
-    p.add_argument("-r", "--reward", help="learn from this reward model (.pt from 03_reward_train.py) instead of the game score")
+    p.add_argument(
+        "--finetune",
+        action="store_true",
+        help=f"freeze the conv layers of -m and train the heads with lr {FINETUNE_LEARNING_RATE}",
+    )
+    p.add_argument(
+        "-r",
+        "--reward",
+        help="learn from this reward model (.pt from 03_reward_train.py) instead of the game score",
+    )
     p.add_argument("--save", help="checkpoint directory (default: saves/<name>)")
     p.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
     p.add_argument("--envs", type=int, default=16, help="number of games played side by side")
-    p.add_argument("--max-steps", type=int, default=0, help="stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=0,
+        help="stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed for envs, network init and recording")
-    p.add_argument("--record-prob", type=float, default=DEFAULT_RECORD_PROB, help="per agent step and env, probability to start recording a segment (default gives ~2,500 segments over 10M steps)")
-    p.add_argument("--segment-steps", type=int, default=DEFAULT_SEGMENT_STEPS, help="agent steps per recorded segment")
-    p.add_argument("--test-every", type=int, default=100_000, help="evaluate every this many agent steps (0: never)")
-    p.add_argument("--test-episodes", type=int, default=10, help="full games (all lives) per evaluation, played side by side")
-    p.add_argument("--resume", action="store_true", help="continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)")
-    p.add_argument("--lr", type=float, help=f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); decays linearly to 0 over --lr-decay-steps")
-    p.add_argument("--lr-decay-steps", type=int, default=0, help=f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})")
+    p.add_argument(
+        "--record-prob",
+        type=float,
+        default=DEFAULT_RECORD_PROB,
+        help="per agent step and env, probability to start recording a segment (default gives ~2,500 segments over 10M steps)",
+    )
+    p.add_argument(
+        "--segment-steps", type=int, default=DEFAULT_SEGMENT_STEPS, help="agent steps per recorded segment"
+    )
+    p.add_argument(
+        "--test-every", type=int, default=100_000, help="evaluate every this many agent steps (0: never)"
+    )
+    p.add_argument(
+        "--test-episodes",
+        type=int,
+        default=10,
+        help="full games (all lives) per evaluation, played side by side",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        help=f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); decays linearly to 0 over --lr-decay-steps",
+    )
+    p.add_argument(
+        "--lr-decay-steps",
+        type=int,
+        default=0,
+        help=f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
+    )
     p.add_argument("--runs-dir", default="runs", help="TensorBoard log root")
     return p
+
+
+class MeanTracker:
+    """Averages noisy per-train-step scalars over ``every`` values before writing them to
+    TensorBoard; ``flush()`` writes what is left (ptan's TBMeanTracker cannot, so a short run
+    would log no loss at all)."""
+
+    def __init__(self, writer: Any, every: int = 10):
+        self.writer, self.every = writer, every
+        self._values: dict[str, list[float]] = {}
+        self._step = 0
+
+    def track(self, name: str, value: float, step: int) -> None:
+        vals = self._values.setdefault(name, [])
+        vals.append(value)
+        self._step = step
+        if len(vals) >= self.every:
+            self.writer.add_scalar(name, float(np.mean(vals)), step)
+            vals.clear()
+
+    def flush(self) -> None:
+        for name, vals in self._values.items():
+            if vals:
+                self.writer.add_scalar(name, float(np.mean(vals)), self._step)
+                vals.clear()
 
 
 @dataclass
@@ -170,7 +239,9 @@ def _values(net: AtariA2C, obs: np.ndarray, device: torch.device) -> np.ndarray:
 # --- evaluation -------------------------------------------------------------------------------
 
 
-def evaluate(net: AtariA2C, env: AtariVec, device: torch.device, stop: list[bool] | None = None) -> dict[str, float] | None:
+def evaluate(
+    net: AtariA2C, env: AtariVec, device: torch.device, stop: list[bool] | None = None
+) -> dict[str, float] | None:
     """Play one full game (all lives) in each env side by side, actions sampled from the policy;
     games are capped at ALE's 108,000 frames. Returns score and length stats (unclipped game
     score, agent steps), or None if stopped by a signal."""
@@ -266,7 +337,9 @@ def train(args: argparse.Namespace) -> int:
     if resume_ck is not None:
         net, _ = load_policy(last_path, args.env, game, obs_shape, n_actions)
         finetune = bool(resume_ck.get("finetune", False))
-        progress = Progress(**{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")})
+        progress = Progress(
+            **{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")}
+        )
     elif args.model:
         net, _ = load_policy(args.model, args.env, game, obs_shape, n_actions)
         finetune = args.finetune
@@ -314,8 +387,6 @@ def train(args: argparse.Namespace) -> int:
         Path(args.db_path).mkdir(parents=True, exist_ok=True)
     from torch.utils.tensorboard import SummaryWriter
 
-    from ptan.common.utils import TBMeanTracker
-
     if resume_ck is not None and resume_ck.get("tb_dir"):
         tb_dir = Path(resume_ck["tb_dir"])
     else:
@@ -349,7 +420,9 @@ def train(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     collector = NStepCollector(args.envs, obs_shape, REWARD_STEPS, GAMMA)
-    clip_rewards = not args.reward  # the game score is sign-clipped (DeepMind); see lib/reward_wrapper.py for -r
+    clip_rewards = (
+        not args.reward
+    )  # the game score is sign-clipped (DeepMind); see lib/reward_wrapper.py for -r
     game_score = np.zeros(args.envs)
     game_pred = np.zeros(args.envs)
     game_len = np.zeros(args.envs, dtype=np.int64)
@@ -378,7 +451,8 @@ def train(args: argparse.Namespace) -> int:
 
     obs = env.reset()
     net.train()
-    with _Stopper() as stopper, TBMeanTracker(writer, batch_size=10) as tracker:
+    tracker = MeanTracker(writer, every=10)
+    with _Stopper() as stopper:
         try:
             while True:
                 if stopper.flag[0]:
@@ -421,7 +495,9 @@ def train(args: argparse.Namespace) -> int:
 
                 st = env.step(actions)
                 rewards = np.sign(st.rewards) if clip_rewards else st.rewards
-                waiting = collector.add(obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs)
+                waiting = collector.add(
+                    obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
+                )
                 obs = st.obs
                 progress.step += args.envs
 
@@ -508,7 +584,8 @@ def train(args: argparse.Namespace) -> int:
             if eval_env is not None:
                 eval_env.close()
             save_last()
-            writer.flush()
+            tracker.flush()
+            writer.close()
 
     elapsed = time.time() - t_start
     print(
@@ -516,7 +593,10 @@ def train(args: argparse.Namespace) -> int:
         f"({(progress.step - start_step) / max(elapsed, 1e-6):,.0f} steps/s incl. evaluation)",
         flush=True,
     )
-    print(f"  checkpoints: {save_dir}/ (last.pt for --resume" + (", best_*.pt by eval score)" if args.test_every else ")"))
+    print(
+        f"  checkpoints: {save_dir}/ (last.pt for --resume"
+        + (", best_*.pt by eval score)" if args.test_every else ")")
+    )
     if recorder is not None:
         print(f"  segments:    {args.db_path} ({recorder.segments_written} written this run)")
     print(f"  TensorBoard: {tb_dir}")

@@ -123,7 +123,9 @@ def load_policy(
         if obs_shape is not None and tuple(obs_shape) != ck_shape:
             raise UserError(f"model {path} expects observations {ck_shape}, the env gives {tuple(obs_shape)}")
         if n_actions is not None and n_actions != ck_actions:
-            raise UserError(f"model {path} has {ck_actions} actions, the env {env_id or game} has {n_actions}")
+            raise UserError(
+                f"model {path} has {ck_actions} actions, the env {env_id or game} has {n_actions}"
+            )
     elif ck and all(isinstance(v, torch.Tensor) for v in ck.values()):
         # The book's format: a bare state dict.
         if obs_shape is None or n_actions is None:
@@ -136,5 +138,7 @@ def load_policy(
     try:
         net.load_state_dict(state)
     except RuntimeError as e:
-        raise UserError(f"model {path} does not fit the A2C network ({str(e).splitlines()[0][:120]})") from None
+        raise UserError(
+            f"model {path} does not fit the A2C network ({str(e).splitlines()[0][:120]})"
+        ) from None
     return net, ck

@@ -32,13 +32,12 @@ def sample_unlabeled_pairs(
     seen = set(taken)
     if count <= 0:
         return out
-    if free <= 4 * count or total <= 50_000:
+    if (free <= 4 * count or total <= 50_000) and total <= 200_000:
         # Small DB or nearly exhausted: enumerate what is left, then sample from it.
-        if total <= 200_000:
-            left = [(segments[i], segments[j]) for i in range(n) for j in range(i + 1, n)]
-            left = [p for p in left if pair_key(*p) not in seen]
-            idx = rng.permutation(len(left))[:count]
-            return [left[i] if rng.random() < 0.5 else left[i][::-1] for i in idx]
+        left = [(segments[i], segments[j]) for i in range(n) for j in range(i + 1, n)]
+        left = [p for p in left if pair_key(*p) not in seen]
+        idx = rng.permutation(len(left))[:count]
+        return [left[i] if rng.random() < 0.5 else left[i][::-1] for i in idx]
     tries = max_tries or 50 * count + 1000
     while len(out) < count and tries > 0:
         tries -= 1

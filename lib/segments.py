@@ -14,6 +14,7 @@ no rewards, so ``Segment.rewards`` is ``None`` for them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -73,7 +74,9 @@ class Segment:
 
     def __post_init__(self) -> None:
         if self.frames.ndim != 4 or self.frames.shape[-1] != 3 or self.frames.dtype != np.uint8:
-            raise ValueError(f"frames must be (T, H, W, 3) uint8, got {self.frames.shape} {self.frames.dtype}")
+            raise ValueError(
+                f"frames must be (T, H, W, 3) uint8, got {self.frames.shape} {self.frames.dtype}"
+            )
         t = len(self.frames)
         for name in ("actions", "rewards", "dones", "game_over", "lives"):
             arr = getattr(self, name)
@@ -239,10 +242,8 @@ def _atomic_write(path: Path, data: bytes, fsync: bool = True) -> None:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -266,7 +267,11 @@ def list_segments(db_root: str | os.PathLike) -> list[str]:
     out = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
         if d.is_dir() and d.name.isdigit():
-            out.extend(f"{d.name}/{f.name}" for f in sorted(d.iterdir()) if f.suffix == ".dat" and not f.name.startswith("."))
+            out.extend(
+                f"{d.name}/{f.name}"
+                for f in sorted(d.iterdir())
+                if f.suffix == ".dat" and not f.name.startswith(".")
+            )
     return out
 
 
@@ -314,4 +319,3 @@ class SegmentWriter:
         if self._thread.is_alive():
             self._q.put(None)
             self._thread.join()
-

@@ -28,7 +28,9 @@ def test_full_window_sums_n_rewards_and_bootstraps_with_gamma_power_n():
     # Transitions start at 0..3 (t=4,5 are still pending): 4 emitted.
     assert list(tr.obs[:, 0]) == [0, 1, 2, 3]
     assert list(tr.steps) == [3, 3, 3, 3]
-    np.testing.assert_allclose(tr.returns, [1 + 0.5 * 2 + 0.25 * 3, 2 + 1.5 + 1.0, 3 + 2 + 1.25, 4 + 2.5 + 1.5])
+    np.testing.assert_allclose(
+        tr.returns, [1 + 0.5 * 2 + 0.25 * 3, 2 + 1.5 + 1.0, 3 + 2 + 1.25, 4 + 2.5 + 1.5]
+    )
     np.testing.assert_allclose(tr.discount, [GAMMA**3] * 4)
     assert list(tr.boot_mode) == [BOOT_NEXT] * 4
     # Bootstrap state is the one after the last summed reward: start + 3.
@@ -44,7 +46,7 @@ def test_termination_cuts_returns_and_never_mixes_episodes():
     assert tr.steps[i0] == 3 and tr.boot_mode[i0] == BOOT_NONE
     np.testing.assert_allclose(tr.returns[i0], 1 + 0.5 + 0.25)  # the 8s of the next episode never enter
     assert tr.steps[by_start[2]] == 1
-    np.testing.assert_allclose(tr.discount, GAMMA ** tr.steps)
+    np.testing.assert_allclose(tr.discount, GAMMA**tr.steps)
     assert (tr.boot_obs[tr.boot_mode == BOOT_NONE] == 0).all()
 
 

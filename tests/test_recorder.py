@@ -59,7 +59,7 @@ def test_never_overwrites_an_existing_db(tmp_path):
     for _ in range(2):
         env = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=4)
         env.reset()
-        for t in range(4):
+        for _t in range(4):
             env.step(np.array([0]))
         env.close()
     assert list_segments(tmp_path) == ["00/00000004.dat", "00/00000008.dat"]
@@ -68,7 +68,9 @@ def test_never_overwrites_an_existing_db(tmp_path):
 def test_real_ale_frames_actions_rewards(tmp_path):
     """On the real emulator: the recorded frame is the one the action was chosen on."""
     base = AtariVec("SeaquestNoFrameskip-v4", 2, seed=1)
-    env = EpisodeRecorderWrapper(base, tmp_path, record_prob=1.0, segment_steps=30, rng=np.random.default_rng(0))
+    env = EpisodeRecorderWrapper(
+        base, tmp_path, record_prob=1.0, segment_steps=30, rng=np.random.default_rng(0)
+    )
     env.reset()
     rng = np.random.default_rng(0)
     seen_frames, seen_actions, seen_rewards = [], [], []

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Benchmark of stage 1: env stepping, A2C training speed with and without recording, and the
+segment format. Prints a table: figure | value | unit | setting.
+
+    python bench/bench_a2c.py [--steps 30000] [--dev cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lib.envs import AtariVec  # noqa: E402
+from lib.recorder import DEFAULT_RECORD_PROB  # noqa: E402
+from lib.segments import encode_segment, list_segments, load_segment, save_segment  # noqa: E402
+
+
+def env_only(n_envs: int, steps: int) -> float:
+    env = AtariVec("SeaquestNoFrameskip-v4", n_envs, seed=0)
+    env.reset()
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for _ in range(steps // n_envs):
+        env.step(rng.integers(0, env.n_actions, n_envs))
+    dt = time.perf_counter() - t0
+    env.close()
+    return steps / dt
+
+
+def train_run(
+    tmp: Path, name: str, steps: int, dev: str, record_prob: float | None
+) -> tuple[float, float, Path | None]:
+    """Run 01_a2c.py as a user would; returns (steps/s, peak RSS MB of that process, db)."""
+    db = tmp / f"db-{name}" if record_prob is not None else None
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", name, "--save", str(tmp / "saves" / name),
+           "--runs-dir", str(tmp / "runs"), "--max-steps", str(steps), "--test-every", "0", "--dev", dev]  # fmt: skip
+    if db is not None:
+        cmd += ["--db-path", str(db), "--record-prob", str(record_prob)]
+    code = (
+        "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
+        "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
+        "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    r = subprocess.run([sys.executable, "-c", code, *cmd[1:]], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    # Speed over the steady part: the progress lines report steps/s per 10 s window.
+    rates = [float(x.replace(",", "")) for x in re.findall(r"\|\s+([\d,]+) steps/s", r.stdout)]
+    total = float(re.search(r"\(([\d,]+) steps/s incl", r.stdout).group(1).replace(",", ""))
+    sps = float(np.median(rates[1:])) if len(rates) > 2 else total
+    peak = int(re.search(r"PEAK_RSS_KB (\d+)", r.stdout).group(1)) / 1024
+    return sps, peak, db
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=40_000, help="agent steps per training run")
+    ap.add_argument("--dev", default="cpu", help="device for the training runs")
+    args = ap.parse_args()
+    rows: list[tuple[str, str, str, str]] = []
+
+    rows.append(
+        (
+            "env-only stepping",
+            f"{env_only(16, 16_000):,.0f}",
+            "agent steps/s",
+            "16 SeaQuest envs, RGB 210x160, 2 threads",
+        )
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sps, peak, _ = train_run(tmp, "plain", args.steps, args.dev, None)
+        rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}"))
+        rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
+        sps, _, db = train_run(tmp, "rec", args.steps, args.dev, DEFAULT_RECORD_PROB)
+        rows.append(
+            ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)")
+        )
+        p100 = DEFAULT_RECORD_PROB * 100
+        sps, peak, db = train_run(tmp, "rec100", args.steps, args.dev, p100)
+        rows.append(
+            ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={p100:g} (100x default)")
+        )
+        rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", f"recording at p={p100:g}"))
+
+        segs = list_segments(db)
+        sizes = [(db / s).stat().st_size for s in segs]
+        rows.append(
+            (
+                "segment size",
+                f"{np.mean(sizes) / 1024:,.1f}",
+                "KB/segment",
+                f"mean of {len(segs)} real 50-step segments (raw 5,040 KB)",
+            )
+        )
+        loaded = [load_segment(db / s) for s in segs[:20]]
+        t0 = time.perf_counter()
+        for _ in range(3):
+            for s in segs[:20]:
+                load_segment(db / s)
+        read_ms = (time.perf_counter() - t0) / (3 * min(20, len(segs))) * 1000
+        out = tmp / "w"
+        t0 = time.perf_counter()
+        for seg in loaded:
+            save_segment(out, seg)
+        write_ms = (time.perf_counter() - t0) / len(loaded) * 1000
+        t0 = time.perf_counter()
+        for seg in loaded:
+            encode_segment(seg)
+        enc_ms = (time.perf_counter() - t0) / len(loaded) * 1000
+        rows.append(
+            (
+                "segment write",
+                f"{write_ms:.1f}",
+                "ms/segment",
+                "pickle + zstd-3 + fsync + rename (on the writer thread)",
+            )
+        )
+        rows.append(("segment encode", f"{enc_ms:.1f}", "ms/segment", "pickle + zstd-3 only"))
+        rows.append(("segment read", f"{read_ms:.2f}", "ms/segment", "read + zstd + restricted unpickle"))
+
+    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
+    print("\n## bench_a2c (stage 1)")
+    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
+    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
+    for f, v, u, s in rows:
+        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

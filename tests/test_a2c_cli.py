@@ -1,0 +1,140 @@
+"""01_a2c.py as a user runs it: a tiny real training run, Ctrl-C, --resume, and bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lib.model import AtariA2C, atomic_torch_save, load_policy, policy_checkpoint
+from lib.segments import list_segments, load_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "01_a2c.py")
+
+
+def a2c(tmp_path, *args, **kw):
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "--save",
+        str(tmp_path / "saves"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        *args,
+    ]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=kw.get("timeout", 300))
+
+
+@pytest.mark.slow
+def test_tiny_run_records_evaluates_and_saves(tmp_path):
+    db = tmp_path / "db"
+    r = a2c(tmp_path, "-n", "tiny", "--envs", "4", "--max-steps", "600", "--db-path", str(db),
+            "--record-prob", "0.05", "--segment-steps", "10", "--test-every", "300", "--test-episodes", "2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "finished at step 600" in r.stdout
+    saves = sorted(p.name for p in (tmp_path / "saves").iterdir())
+    assert "last.pt" in saves and any(s.startswith("best_000000300_score") for s in saves), saves
+    segs = list_segments(db)
+    assert len(segs) >= 5
+    seg = load_segment(db / segs[0])
+    assert seg.frames.shape == (10, 210, 160, 3) and seg.rewards is not None
+    assert seg.env_id == "SeaquestNoFrameskip-v4"
+    # checkpoints carry what is needed to use them
+    net, ck = load_policy(
+        tmp_path / "saves" / "last.pt", game="seaquest", obs_shape=(4, 84, 84), n_actions=18
+    )
+    assert ck["step"] == 600 and ck["game"] == "seaquest" and ck["n_actions"] == 18
+    # TensorBoard got real event files with the curves
+    events = list((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"eval/score_mean", "losses/policy", "losses/value", "losses/entropy"} <= tags, tags
+    assert "hyperparameters" in " ".join(acc.Tags()["tensors"])
+
+
+@pytest.mark.slow
+def test_interrupt_then_resume(tmp_path):
+    db = tmp_path / "db"
+    cmd = [sys.executable, SCRIPT, "-n", "intr", "--save", str(tmp_path / "saves"), "--runs-dir",
+           str(tmp_path / "runs"), "--envs", "4", "--db-path", str(db), "--record-prob", "0.05",
+           "--segment-steps", "10", "--test-every", "0"]  # fmt: skip
+    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list_segments(db)) < 3 if db.exists() else time.time() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "interrupted at step" in out
+    assert (tmp_path / "saves" / "last.pt").exists()
+    # no half segment: every file loads, no temp files are left
+    segs = list_segments(db)
+    for s in segs:
+        load_segment(db / s)
+    assert not [f for f in db.rglob(".tmp*")]
+    step = torch.load(tmp_path / "saves" / "last.pt", weights_only=True)["step"]
+    assert step > 0
+
+    r = a2c(tmp_path, "-n", "intr", "--resume", "--envs", "4", "--db-path", str(db), "--record-prob", "0.05",
+            "--segment-steps", "10", "--test-every", "0", "--max-steps", str(step + 200))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"resumed at step {step:,}" in r.stdout
+    assert torch.load(tmp_path / "saves" / "last.pt", weights_only=True)["step"] >= step + 200
+    # the resumed run added segments and overwrote none
+    after = list_segments(db)
+    assert set(segs) <= set(after) and len(after) > len(segs)
+
+
+def _breakout_model(path):
+    net = AtariA2C((4, 84, 84), 4)
+    atomic_torch_save(
+        policy_checkpoint(net, "BreakoutNoFrameskip-v4", "breakout", ("NOOP", "FIRE", "RIGHT", "LEFT")), path
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case, args, message",
+    [
+        ("missing model", ["-m", "nope.pt"], "model file not found: nope.pt"),
+        ("corrupt model", ["-m", "corrupt.pt"], "corrupt or not a PyTorch checkpoint"),
+        ("other game", ["-m", "breakout.pt"], "was trained on BreakoutNoFrameskip-v4"),
+        ("unknown env", ["--env", "NoSuchGameNoFrameskip-v4"], "unknown --env"),
+        ("unwritable save", ["--save", "afile/saves"], "is not a writable directory"),
+        ("unwritable db", ["--db-path", "afile/db"], "is not a writable directory"),
+        ("zero envs", ["--envs", "0"], "--envs must be at least 1"),
+        ("negative prob", ["--record-prob", "-0.1"], "--record-prob must be a probability"),
+        ("finetune without model", ["--finetune"], "--finetune needs a policy"),
+        ("resume without last", ["--resume"], "no saves/bad/last.pt to resume from"),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, case, args, message):
+    (tmp_path / "corrupt.pt").write_bytes(b"\x00garbage" * 10)
+    (tmp_path / "afile").write_text("a file, not a directory")
+    _breakout_model(tmp_path / "breakout.pt")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    cmd = [sys.executable, SCRIPT, "-n", "bad", "--max-steps", "32", "--envs", "2", *args]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (case, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert message in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no saves/, runs/ or db/ appeared
+
+
+def test_help_explains_every_flag():
+    r = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for flag in ("--dev", "--name", "--model", "--finetune", "--save", "--db-path", "--env", "--envs", "--max-steps",
+                 "--seed", "--record-prob", "--segment-steps", "--test-every", "--test-episodes", "--resume", "--reward"):  # fmt: skip
+        assert flag in r.stdout
+    assert os.environ.get("NO_SUCH_VAR") is None
