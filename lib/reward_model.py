@@ -57,6 +57,48 @@ def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int,
     return (c, h // downscale, w // downscale)
 
 
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _half_mask(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A uint8 tensor of ``shape`` with independent fair 0/1 entries, from random bytes: 8 mask
+    bits per random byte. ~30x faster than ``bernoulli_`` on CPU (which made dropout the largest
+    cost of training: 19 ns an element against 0.6 ns)."""
+    n = math.prod(shape)
+    shifts = _SHIFTS.get(device)
+    if shifts is None:
+        shifts = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
+    b = torch.randint(0, 256, ((n + 7) // 8, 1), dtype=torch.uint8, device=device)
+    return ((b >> shifts) & 1).view(-1)[:n].view(shape)
+
+
+class _HalfDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+            n, c, h, w = x.shape
+            mask = _half_mask((n, h, w, c), x.device).permute(0, 3, 1, 2)  # same memory order as x
+        else:
+            mask = _half_mask(tuple(x.shape), x.device)
+        ctx.save_for_backward(mask)  # 1 byte an element
+        # uint8 x float multiplies are ~2x slower than float x float: convert the mask first
+        return x * mask.to(x.dtype).mul_(2.0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        (mask,) = ctx.saved_tensors
+        return grad * mask.to(grad.dtype).mul_(2.0)
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` (same behaviour, no parameters) with a fast mask for p = 0.5, the book's rate."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.p == 0.5 and not self.inplace:
+            return _HalfDropout.apply(x)
+        return super().forward(x)
+
+
 class RewardModel(nn.Module):
     """The book's reward model, trainable (train mode: BatchNorm batch statistics and dropout).
 
@@ -78,7 +120,7 @@ class RewardModel(nn.Module):
             layers += [
                 nn.Conv2d(ch, CONV_FILTERS, kernel_size=kernel, stride=stride),
                 nn.BatchNorm2d(CONV_FILTERS),
-                nn.Dropout(p=DROPOUT),
+                FastDropout(p=DROPOUT),
                 nn.LeakyReLU(),
             ]
             ch = CONV_FILTERS
@@ -86,11 +128,15 @@ class RewardModel(nn.Module):
         self.conv = nn.Sequential(*layers)
         self.conv_out_shape = conv_out_shape(self.input_shape)
         size = math.prod(self.conv_out_shape)
-        self.out = nn.Sequential(nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
+        self.out = nn.Sequential(
+            nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1)
+        )
 
     def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float in [0, 1], channels-last memory."""
-        return to_input(frames, self.downscale) / 255.0
+        x = to_input(frames, self.downscale)
+        # a fresh tensor from uint8 frames: scale in place (one 10 MB pass less per 100 frames)
+        return x.mul_(1.0 / 255.0) if frames.dtype == torch.uint8 else x / 255.0
 
     def forward(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         x = self.conv(self.preprocess(frames))
@@ -164,9 +210,10 @@ class LeanRewardNet(nn.Module):
     def __init__(self, model: RewardModel):
         super().__init__()
         self.downscale = model.downscale
-        convs, bns = [m for m in model.conv if isinstance(m, nn.Conv2d)], [
-            m for m in model.conv if isinstance(m, nn.BatchNorm2d)
-        ]
+        convs, bns = (
+            [m for m in model.conv if isinstance(m, nn.Conv2d)],
+            [m for m in model.conv if isinstance(m, nn.BatchNorm2d)],
+        )
         folded = []
         for i, (conv, bn) in enumerate(zip(convs, bns, strict=True)):
             scale = bn.weight.detach() / torch.sqrt(bn.running_var.detach() + bn.eps)
@@ -185,7 +232,12 @@ class LeanRewardNet(nn.Module):
         n_feat = c * h * w
         # Features are read in (H, W, C) order -- the channels-last memory order -- so the
         # flatten is a free view; reorder the weight columns from the book's (C, H, W) to match.
-        wf = lin1.weight.detach()[:, :n_feat].reshape(HIDDEN, c, h, w).permute(0, 2, 3, 1).reshape(HIDDEN, n_feat)
+        wf = (
+            lin1.weight.detach()[:, :n_feat]
+            .reshape(HIDDEN, c, h, w)
+            .permute(0, 2, 3, 1)
+            .reshape(HIDDEN, n_feat)
+        )
         self.feat = nn.Linear(n_feat, HIDDEN, bias=False)
         self.feat.weight.data.copy_(wf)
         # one-hot(a) @ W_a^T + b is row a of (W_a^T + b): a lookup instead of a matmul.
@@ -220,7 +272,9 @@ class RewardPredictor:
     def __init__(self, models: Sequence[RewardModel], ck: dict[str, Any], device: torch.device | str = "cpu",
                  path: str | None = None, chunk: int = 256):  # fmt: skip
         self.device = torch.device(device)
-        self.nets = [LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models]
+        self.nets = [
+            LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models
+        ]
         first = models[0]
         self.path = path
         self.frame_shape: tuple[int, int, int] = first.frame_shape  # type: ignore[assignment]
@@ -247,7 +301,9 @@ class RewardPredictor:
         if tuple(actions.shape) != (frames.shape[0],):
             raise ValueError(f"actions must have shape ({frames.shape[0]},), got {tuple(actions.shape)}")
 
-    def predict_members(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
+    def predict_members(
+        self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor
+    ) -> torch.Tensor:
         """Every member's per-step rewards: (K, B) float32 tensor on the model's device."""
         self._check(frames, actions)
         f = torch.as_tensor(frames)
@@ -331,7 +387,9 @@ def load_reward_models(
     path = Path(path)
     ck = read_checkpoint(path, "reward model")
     if ck.get("format") == POLICY_FORMAT:
-        raise UserError(f"{path} is a policy checkpoint, not a reward model (a policy goes to -m, a reward model to -r)")
+        raise UserError(
+            f"{path} is a policy checkpoint, not a reward model (a policy goes to -m, a reward model to -r)"
+        )
     if ck.get("format") == REWARD_FORMAT:
         states = ck.get("state_dicts")
         try:
@@ -339,7 +397,9 @@ def load_reward_models(
             downscale = int(ck.get("downscale", 1))
             ck_actions = int(ck["n_actions"])
         except (KeyError, TypeError, ValueError):
-            raise UserError(f"reward model {path} is incomplete (no frame shape / action count): retrain it") from None
+            raise UserError(
+                f"reward model {path} is incomplete (no frame shape / action count): retrain it"
+            ) from None
         if not isinstance(states, list) or not states:
             raise UserError(f"reward model {path} holds no weights: retrain it")
     elif _is_book_state_dict(ck):
@@ -347,7 +407,9 @@ def load_reward_models(
         frame_shape, downscale = FULL_FRAME, 1
         ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME)))
         if ck_actions < 1:
-            raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
+            raise UserError(
+                f"reward model {path} is a bare state dict that does not fit a full-resolution frame"
+            )
         states = [ck]
         ck = {"state_dict_only": True}
     else:
@@ -359,7 +421,9 @@ def load_reward_models(
             f"use a reward model trained on this game's DB"
         )
     if n_actions is not None and ck_actions != n_actions:
-        raise UserError(f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model")
+        raise UserError(
+            f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model"
+        )
     models = []
     for sd in states:
         m = RewardModel(ck_actions, frame_shape, downscale)

@@ -108,7 +108,9 @@ def game_actions(env_id: str) -> tuple[int, tuple[str, ...]]:
     return _ACTIONS_CACHE[env_id]
 
 
-def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
+def load_preferences(
+    dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print
+) -> PreferenceData:
     """Read the usable labels of every DB and their segments (kept compressed).
 
     ``env``: the game of segments that do not name one (legacy DBs from the book); default
@@ -128,7 +130,14 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
     frame_shape: tuple[int, int, int] | None = None
     max_action = -1
     want_game = rom_name(env) if env else None
-    total = {"labels": 0, "cant_tell": 0, "missing": 0, "unreadable": 0, "missing_files": 0, "unreadable_files": 0}
+    total = {
+        "labels": 0,
+        "cant_tell": 0,
+        "missing": 0,
+        "unreadable": 0,
+        "missing_files": 0,
+        "unreadable_files": 0,
+    }
     legacy_segments = 0
 
     for di, db in enumerate(dbs):
@@ -152,25 +161,25 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
                     if isinstance(got, str):
                         total[f"{got}_files"] += 1
                         index[key] = got
-                        continue
-                    blob, meta = got
-                    index[key] = len(blobs)
-                    blobs.append(blob)
-                    names.append(f"{root}/{rel}")
-                    lengths.append(meta["length"])
-                    returns.append(meta["true_return"])
-                    legacy_segments += meta["legacy"]
-                    if meta["env_id"]:
-                        games.setdefault(rom_name(meta["env_id"]), meta["env_id"])
-                    if meta["meanings"] and meanings is None:
-                        meanings = meta["meanings"]
-                    if frame_shape is None:
-                        frame_shape = meta["frame_shape"]
-                    elif meta["frame_shape"] != frame_shape:
-                        raise UserError(f"segment {names[-1]} has frames {meta['frame_shape']}, others "
-                                        f"{frame_shape}: train on DBs with one frame size")  # fmt: skip
-                    max_action = max(max_action, meta["max_action"])
-                ids.append(index[key])  # type: ignore[arg-type]
+                    else:
+                        blob, meta = got
+                        index[key] = len(blobs)
+                        blobs.append(blob)
+                        names.append(f"{root}/{rel}")
+                        lengths.append(meta["length"])
+                        returns.append(meta["true_return"])
+                        legacy_segments += meta["legacy"]
+                        if meta["env_id"]:
+                            games.setdefault(rom_name(meta["env_id"]), meta["env_id"])
+                        if meta["meanings"] and meanings is None:
+                            meanings = meta["meanings"]
+                        if frame_shape is None:
+                            frame_shape = meta["frame_shape"]
+                        elif meta["frame_shape"] != frame_shape:
+                            raise UserError(f"segment {names[-1]} has frames {meta['frame_shape']}, others "
+                                            f"{frame_shape}: train on DBs with one frame size")  # fmt: skip
+                        max_action = max(max_action, meta["max_action"])
+                ids.append(index[key])
             if isinstance(ids[0], str) or isinstance(ids[1], str):
                 counts["missing" if "missing" in (ids[0], ids[1]) else "unreadable"] += 1
                 continue
@@ -196,7 +205,7 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
     if n == 0:
         why = []
         if total["cant_tell"]:
-            why.append(f"{total['cant_tell']} are \"can't tell\"")
+            why.append(f'{total["cant_tell"]} are "can\'t tell"')
         if total["missing"]:
             why.append(f"{total['missing']} have missing segment files ({total['missing_files']} files)")
         if total["unreadable"]:
@@ -218,12 +227,17 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
     else:
         env_id = env or DEFAULT_ENV
         game = rom_name(env_id)
-        log(f"segments name no game (legacy DB): assuming {env_id}" + ("" if env else " (pass --env to change)"))
+        log(
+            f"segments name no game (legacy DB): assuming {env_id}"
+            + ("" if env else " (pass --env to change)")
+        )
     if meanings is None:
         n_actions, meanings = game_actions(env_id)
     n_actions = len(meanings)
     if max_action >= n_actions:
-        raise UserError(f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?")
+        raise UserError(
+            f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?"
+        )
     if legacy_segments:
         log(f"{legacy_segments} legacy segments without true rewards: oracle metrics are n/a for them")
     assert frame_shape is not None
@@ -379,13 +393,19 @@ def _pair_returns(
     segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
     frames, actions, owner = decode_segments(data, segs)
     r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
-    returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(0, torch.from_numpy(owner).to(device), r)
+    returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(
+        0, torch.from_numpy(owner).to(device), r
+    )
     inv_t = torch.from_numpy(inv).to(device)
     return returns[inv_t[: len(pairs)]], returns[inv_t[len(pairs) :]]
 
 
 def predict_segment_returns(
-    nets: Sequence[LeanRewardNet], data: PreferenceData, segs: np.ndarray, device: torch.device, chunk_frames: int = 512
+    nets: Sequence[LeanRewardNet],
+    data: PreferenceData,
+    segs: np.ndarray,
+    device: torch.device,
+    chunk_frames: int = 512,
 ) -> tuple[np.ndarray, tuple[float, float, int]]:
     """Eval-mode returns of segments ``segs`` by each member: (K, S) float64, and the (sum, sum of
     squares, count) of the ensemble-mean per-step predictions (for normalisation stats)."""
@@ -409,7 +429,9 @@ def predict_segment_returns(
             a = torch.from_numpy(actions).to(device)
             o = torch.from_numpy(owner).to(device)
             per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
-            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(1, o, per_step)
+            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(
+                1, o, per_step
+            )
             out[:, g] = rets.double().cpu().numpy()
             m = per_step.mean(0).double()
             s1 += float(m.sum())
@@ -520,7 +542,9 @@ def train_reward_model(
     for m in models:
         m.train()
     opts = [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models]
-    members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
+    members = (
+        [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
+    )
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     has_oracle = data.has_true_returns
@@ -589,7 +613,9 @@ def train_reward_model(
                 _log_epoch(writer, em, cfg.ensemble > 1, has_oracle, epoch)
             if improved:
                 best, since_best = em, 0
-                best_states = [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models]
+                best_states = [
+                    {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models
+                ]
                 ck = reward_checkpoint(models, norm_mean=ev["step_mean"], norm_std=ev["step_std"],
                                        metrics=em.as_dict(), epoch=epoch, **meta, **extra)  # fmt: skip
                 save_reward_checkpoint(ck, out_path)

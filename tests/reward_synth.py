@@ -23,7 +23,9 @@ SEAQUEST_ACTIONS = (
 )  # fmt: skip
 
 
-def square_frames(rng: np.random.Generator, n: int, size: int = 48, p: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+def square_frames(
+    rng: np.random.Generator, n: int, size: int = 48, p: float = 0.3
+) -> tuple[np.ndarray, np.ndarray]:
     """(n, size, size, 3) uint8 dark noisy frames, a bright 8x8 square in each with probability p;
     returns (frames, rewards (n,) float32 = 1 where the square is)."""
     frames = rng.integers(0, 60, size=(n, size, size, 3), dtype=np.uint8)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Train the reward model on the preference labels of one or more segment DBs.
+
+    03_reward_train.py -n v0 -o saves/reward db/v0 [db/v1 ...]
+
+Writes the best model (lowest test loss) to OUTDIR/reward-NAME.pt, for ``01_a2c.py -r`` and
+``04_play.py``; TensorBoard logs go under runs/. All the logic is in lib/reward_train.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from lib.errors import run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("dbs", nargs="+", metavar="DB", help="segment DB directories with labels (labels.jsonl)")
+    p.add_argument("-n", "--name", required=True, help="name of the run: the model is OUTDIR/reward-NAME.pt")
+    p.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the model")
+    p.add_argument("--dev", default="cpu", help="torch device to train on: cpu or cuda")
+    p.add_argument(
+        "--epochs", type=int, default=100, help="maximum epochs (early stopping usually ends sooner)"
+    )
+    p.add_argument("--batch", type=int, default=64, help="labeled pairs per optimiser step")
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=42, help="seed of the train/test split, shuffling and weights")
+    p.add_argument("--test-ratio", type=float, default=0.2, help="share of the labels held out for testing")
+    p.add_argument(
+        "--patience", type=int, default=4, help="stop after this many epochs without a better test loss"
+    )
+    p.add_argument("--noise", action="store_true",
+                   help="assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper")  # fmt: skip
+    p.add_argument("--ensemble", type=int, default=1, metavar="K",
+                   help="train K models on bootstrap samples; predict their mean, log their disagreement")  # fmt: skip
+    p.add_argument("--input", choices=("full", "half"), default="full",
+                   help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper")  # fmt: skip
+    p.add_argument("--micro-frames", type=int, default=200,
+                   help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory")  # fmt: skip
+    p.add_argument("--env", default=None,
+                   help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)")  # fmt: skip
+    p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    return p
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lib.reward_model import resolve_device
+    from lib.reward_train import TrainConfig, load_preferences, summary_lines, train_reward_model
+
+    device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
+    data = load_preferences(args.dbs, env=args.env)
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        test_ratio=args.test_ratio,
+        patience=args.patience,
+        noise=args.noise,
+        ensemble=args.ensemble,
+        micro_frames=args.micro_frames,
+        downscale=2 if args.input == "half" else 1,
+        device=str(device),
+    )
+    run = f"{data.env_id}__reward__{args.name}__{args.seed}__{int(time.time())}"
+    writer = SummaryWriter(log_dir=str(Path(args.runs_dir) / run))
+    hp = {**vars(args), "dbs": " ".join(args.dbs)}
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hp.items())
+    )
+    try:
+        res = train_reward_model(data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer,
+                                 progress=not args.no_progress)  # fmt: skip
+    finally:
+        writer.close()
+    print("\n".join(summary_lines(res)))
+    print(f"next: 01_a2c.py -r {res.path} (with -m <policy> --finetune to fine-tune a policy on it)")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

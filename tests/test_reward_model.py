@@ -1,0 +1,241 @@
+"""The reward model: Bradley-Terry loss, the book's architecture, lean inference, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib.errors import UserError
+from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
+from lib.reward_model import (
+    FULL_FRAME,
+    LeanRewardNet,
+    RewardModel,
+    load_reward_model,
+    load_reward_models,
+    preference_loss,
+    reward_checkpoint,
+    save_reward_checkpoint,
+)
+
+SMALL = (48, 48, 3)
+
+
+def _grads(r1: float, r2: float, mu: float, noise: float = 0.0) -> tuple[float, float]:
+    a = torch.tensor([r1], requires_grad=True)
+    b = torch.tensor([r2], requires_grad=True)
+    loss, _ = preference_loss(a, b, torch.tensor([mu]), noise)
+    loss.backward()
+    return float(a.grad), float(b.grad)
+
+
+def _randomise_bn(model: RewardModel, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.rand(16, generator=g) - 0.5)
+            m.running_var.copy_(torch.rand(16, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(16, generator=g) + 0.5)
+            m.bias.data.copy_(torch.rand(16, generator=g) - 0.5)
+
+
+# --- loss ------------------------------------------------------------------------------------
+
+
+def test_tie_pulls_returns_together():
+    # R1 > R2 with a tie: gradient descent lowers R1 and raises R2 -- towards each other,
+    # not both towards 0 as the book's separate BCE on each return does.
+    g1, g2 = _grads(3.0, 1.0, 0.5)
+    assert g1 > 0 > g2
+    assert g1 == pytest.approx(-g2)
+    # both returns positive and equal: a tie is already satisfied (zero gradient)
+    g1, g2 = _grads(2.0, 2.0, 0.5)
+    assert g1 == pytest.approx(0.0) and g2 == pytest.approx(0.0)
+    # the book's loss on the same tie pushes both returns down (not what the paper means)
+    r = torch.tensor([2.0, 2.0], requires_grad=True)
+    F.binary_cross_entropy_with_logits(r, torch.tensor([0.5, 0.5])).backward()
+    assert (r.grad > 0).all()
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.1])
+@pytest.mark.parametrize("mu", [1.0, 0.0, 0.5])
+def test_swapping_the_pair_flips_the_answer(mu: float, noise: float):
+    r1, r2 = torch.tensor([1.5, -0.3]), torch.tensor([0.2, 0.7])
+    mus = torch.tensor([mu, mu])
+    a, _ = preference_loss(r1, r2, mus, noise)
+    b, _ = preference_loss(r2, r1, 1.0 - mus, noise)
+    assert float(a) == pytest.approx(float(b))
+
+
+def test_loss_is_bradley_terry():
+    r1, r2, mu = torch.tensor([2.0, 0.0, -1.0]), torch.tensor([1.0, 0.0, 1.0]), torch.tensor([1.0, 0.5, 0.0])
+    loss, m = preference_loss(r1, r2, mu)
+    p = torch.sigmoid(r1 - r2)
+    expected = -(mu * torch.log(p) + (1 - mu) * torch.log(1 - p)).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert m["accuracy"] == 1.0 and m["decided"] == 2.0  # the tie is not counted
+
+
+def test_noise_changes_the_gradient_and_bounds_the_loss():
+    # the model is very sure the labelled-better segment is worse
+    g_plain, _ = _grads(-10.0, 0.0, 1.0)
+    g_noise, _ = _grads(-10.0, 0.0, 1.0, noise=0.1)
+    assert g_plain < 0 and g_noise < 0
+    assert abs(g_noise) < 0.01 * abs(g_plain)  # p' >= 0.05: a confident mistake stops pulling hard
+    loss, _ = preference_loss(torch.tensor([-50.0]), torch.tensor([0.0]), torch.tensor([1.0]), 0.1)
+    assert float(loss) == pytest.approx(-math.log(0.05), rel=1e-4)
+    # p' = 0.9 p + 0.05 exactly
+    d = torch.tensor([0.7])
+    loss, _ = preference_loss(d, torch.tensor([0.0]), torch.tensor([1.0]), 0.1)
+    assert float(loss) == pytest.approx(-math.log(0.9 * float(torch.sigmoid(d)) + 0.05), rel=1e-5)
+
+
+def test_loss_rejects_wrong_shapes():
+    with pytest.raises(ValueError, match=r"shape \(P,\)"):
+        preference_loss(torch.zeros(3), torch.zeros(2), torch.zeros(3))
+
+
+# --- architecture and lean inference ---------------------------------------------------------
+
+
+def test_architecture_is_the_books():
+    m = RewardModel(18)
+    assert m.input_shape == (3, 210, 160)
+    assert m.conv_out_shape == (16, 28, 20)
+    keys = list(m.state_dict())
+    assert keys[:2] == ["conv.0.weight", "conv.0.bias"] and "conv.13.running_var" in keys
+    assert m.state_dict()["out.0.weight"].shape == (64, 16 * 28 * 20 + 18)
+    drops = [x for x in m.conv if isinstance(x, torch.nn.Dropout)]
+    assert len(drops) == 4 and all(d.p == 0.5 for d in drops)
+
+
+@pytest.mark.parametrize("frame_shape,downscale", [(FULL_FRAME, 1), (FULL_FRAME, 2), (SMALL, 1)])
+def test_lean_net_equals_eval_model(frame_shape: tuple[int, int, int], downscale: int):
+    torch.manual_seed(0)
+    m = RewardModel(18, frame_shape, downscale)
+    _randomise_bn(m)
+    m.eval()
+    frames = torch.randint(0, 256, (5, *frame_shape), dtype=torch.uint8)
+    actions = torch.randint(0, 18, (5,))
+    with torch.no_grad():
+        ref = m(frames, actions)
+    lean = LeanRewardNet(m).to(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        out = lean(frames, actions)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_too_small_frames_are_refused():
+    with pytest.raises(ValueError, match="too small"):
+        RewardModel(18, (30, 30, 3))
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def _save(tmp_path, models, name="r.pt", **kw):
+    ck = reward_checkpoint(models, "SeaquestNoFrameskip-v4", "seaquest", ["NOOP"] * models[0].n_actions,
+                           norm_mean=0.25, norm_std=2.0, metrics={"test_loss": 0.5, "x": float("nan")}, **kw)  # fmt: skip
+    path = tmp_path / name
+    save_reward_checkpoint(ck, path)
+    return path
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_checkpoint_round_trip(tmp_path, k: int):
+    torch.manual_seed(1)
+    models = [RewardModel(18, SMALL) for _ in range(k)]
+    for i, m in enumerate(models):
+        _randomise_bn(m, i)
+        m.eval()
+    path = _save(tmp_path, models)
+    ck = torch.load(path, weights_only=True)  # plain dict, safe to load
+    assert (
+        ck["env_id"] == "SeaquestNoFrameskip-v4"
+        and ck["n_actions"] == 18
+        and ck["input_shape"] == [3, 48, 48]
+    )
+    assert ck["metrics"]["x"] is None
+    rm = load_reward_model(path, game="seaquest", n_actions=18)
+    assert (rm.env_id, rm.game, rm.n_actions, rm.ensemble) == ("SeaquestNoFrameskip-v4", "seaquest", 18, k)
+    assert (rm.norm_mean, rm.norm_std, rm.has_norm_stats) == (0.25, 2.0, True)
+    frames = np.random.default_rng(0).integers(0, 256, (600, *SMALL), dtype=np.uint8)
+    actions = np.random.default_rng(1).integers(0, 18, 600)
+    with torch.no_grad():
+        ref = torch.stack([m(torch.from_numpy(frames), torch.from_numpy(actions)) for m in models]).mean(0)
+    out = rm.predict(frames, actions)  # 600 > chunk: chunked internally
+    assert out.shape == (600,) and out.dtype == np.float32
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="frames must have shape"):
+        rm.predict(frames[:, :40], actions)
+
+
+def test_books_bare_state_dict_loads(tmp_path):
+    torch.manual_seed(2)
+    m = RewardModel(18)
+    _randomise_bn(m)
+    m.eval()
+    path = tmp_path / "reward-book.dat"
+    torch.save(m.state_dict(), path)  # what the book's 03_reward_train.py writes
+    rm = load_reward_model(path, game="seaquest", n_actions=18)
+    assert rm.n_actions == 18 and rm.frame_shape == FULL_FRAME and not rm.has_norm_stats
+    assert (rm.norm_mean, rm.norm_std) == (0.0, 1.0)
+    frames = np.random.default_rng(0).integers(0, 256, (3, *FULL_FRAME), dtype=np.uint8)
+    actions = np.array([0, 5, 17])
+    with torch.no_grad():
+        ref = m(torch.from_numpy(frames), torch.from_numpy(actions)).numpy()
+    np.testing.assert_allclose(rm.predict(frames, actions), ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(UserError, match="has 18 actions, the env has 6"):
+        load_reward_model(path, n_actions=6)
+
+
+def test_load_errors_are_one_line(tmp_path):
+    models = [RewardModel(18, SMALL).eval()]
+    good = _save(tmp_path, models)
+    cases = {}
+    with pytest.raises(UserError) as e:
+        load_reward_model(tmp_path / "nope.pt")
+    cases["missing"] = str(e.value)
+    bad = tmp_path / "corrupt.pt"
+    bad.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(UserError) as e:
+        load_reward_model(bad)
+    cases["corrupt"] = str(e.value)
+    pol = tmp_path / "policy.pt"
+    atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest",
+                                        ("NOOP",) * 18), pol)  # fmt: skip
+    with pytest.raises(UserError) as e:
+        load_reward_model(pol)
+    cases["policy"] = str(e.value)
+    book_policy = tmp_path / "book-policy.dat"
+    torch.save(AtariA2C((4, 84, 84), 18).state_dict(), book_policy)
+    with pytest.raises(UserError) as e:
+        load_reward_model(book_policy)
+    cases["bare policy"] = str(e.value)
+    with pytest.raises(UserError) as e:
+        load_reward_model(good, game="breakout", n_actions=4)
+    cases["game"] = str(e.value)
+    with pytest.raises(UserError) as e:
+        load_reward_models(good, game="seaquest", n_actions=6)
+    cases["actions"] = str(e.value)
+    assert "not found" in cases["missing"]
+    assert "corrupt" in cases["corrupt"]
+    assert "policy checkpoint, not a reward model" in cases["policy"]
+    assert "not a reward model" in cases["bare policy"]
+    assert "trained on SeaquestNoFrameskip-v4, not on breakout" in cases["game"]
+    assert "has 18 actions, the env has 6" in cases["actions"]
+    for msg in cases.values():
+        assert "\n" not in msg
+
+
+def test_cuda_without_gpu_is_a_user_error():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    from lib.reward_model import resolve_device
+
+    with pytest.raises(UserError, match="no CUDA GPU"):
+        resolve_device("cuda")

@@ -1,0 +1,259 @@
+"""Training the reward model: data loading, bad inputs, a known rule, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lib.errors import UserError
+from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
+from lib.oracle import oracle_label_db
+from lib.reward_model import RewardModel, load_reward_model, preference_loss
+from lib.reward_train import (
+    TrainConfig,
+    _pair_returns,
+    decode_segments,
+    load_preferences,
+    micro_batches,
+    split_pairs,
+    train_reward_model,
+)
+from tests.reward_synth import make_square_db, square_frames, write_legacy_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors gain nothing from 2 threads, and OpenMP threads on a busy 2-core machine
+    (tests of other stages running too) can be several times slower than one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def square_db(tmp_path: Path) -> tuple[Path, list[str]]:
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=40, steps=10, seed=0)
+    return db, rels
+
+
+def _label(db: Path, pairs: list[tuple[str, str, int]]) -> None:
+    append_labels(db, [Label(a, b, lab, source="test") for a, b, lab in pairs])
+
+
+def test_known_rule_is_learned_in_seconds(square_db, tmp_path):
+    """Reward = a bright square in the frame: oracle labels -> over 90% test accuracy."""
+    db, _ = square_db
+    oracle_label_db(db, 150, seed=1)
+    data = load_preferences([db], log=_quiet)
+    assert data.n_pairs == 150 and data.has_true_returns and data.frame_shape == (48, 48, 3)
+    cfg = TrainConfig(epochs=8, batch=16, lr=1e-3, patience=8, seed=0)
+    res = train_reward_model(data, cfg, tmp_path / "out" / "r.pt", progress=False, log=_quiet)
+    assert res.best.test_accuracy > 0.9
+    assert res.best.oracle_agreement > 0.9 and res.best.return_corr > 0.8
+    rm = load_reward_model(res.path, game="seaquest", n_actions=18)
+    assert rm.metrics["test_accuracy"] == pytest.approx(res.best.test_accuracy)
+    assert rm.norm_std > 0 and rm.has_norm_stats
+    # the model learned the rule per step, not only per segment: squares score higher
+    frames, rewards = square_frames(np.random.default_rng(5), 200)
+    pred = rm.predict(frames, np.zeros(200, dtype=np.int64))
+    assert pred[rewards == 1].mean() > pred[rewards == 0].mean()
+
+
+def test_labels_are_read_with_skips_reported(square_db):
+    db, rels = square_db
+    _label(db, [(rels[0], rels[1], FIRST_BETTER), (rels[2], rels[3], CANT_TELL), (rels[4], rels[5], EQUAL),
+                (rels[6], "07/00000001.dat", SECOND_BETTER), (rels[1], rels[0], SECOND_BETTER)])  # fmt: skip
+    (db / rels[7]).write_bytes(b"garbage")
+    _label(db, [(rels[7], rels[8], FIRST_BETTER)])
+    lines: list[str] = []
+    data = load_preferences([db], log=lines.append)
+    # (0,1) relabelled as (1,0) "second better" -> mu 0 for the pair (1, 0): the last answer wins
+    assert data.n_pairs == 2 and sorted(data.mu.tolist()) == [0.0, 0.5]
+    assert data.skipped == {"cant_tell": 1, "missing": 1, "unreadable": 1}
+    assert any("1 can't tell left out" in s and "1 left out: segment file missing" in s
+               and "1 left out: segment file unreadable" in s for s in lines)  # fmt: skip
+    frames, actions, owner = decode_segments(data, [0, 1])
+    assert (
+        frames.shape == (20, 48, 48, 3) and actions.shape == (20,) and owner.tolist() == [0] * 10 + [1] * 10
+    )
+
+
+def test_no_labels(square_db):
+    db, _ = square_db
+    with pytest.raises(UserError, match="has no labels"):
+        load_preferences([db], log=_quiet)
+    (db / "labels.jsonl").write_text("")
+    with pytest.raises(UserError, match="no labels in"):
+        load_preferences([db], log=_quiet)
+    with pytest.raises(UserError, match="DB not found"):
+        load_preferences([db / "nope"], log=_quiet)
+
+
+def test_only_ties_or_cant_tell(square_db):
+    db, rels = square_db
+    _label(db, [(rels[0], rels[1], CANT_TELL), (rels[2], rels[3], CANT_TELL)])
+    with pytest.raises(UserError, match='no usable labels.*2 are "can\'t tell"'):
+        load_preferences([db], log=_quiet)
+    _label(db, [(rels[4], rels[5], EQUAL), (rels[6], rels[7], EQUAL)])
+    with pytest.raises(UserError, match="all 2 usable labels .* are ties"):
+        load_preferences([db], log=_quiet)
+
+
+def test_all_segments_missing(square_db):
+    db, rels = square_db
+    _label(db, [(rels[0], rels[1], FIRST_BETTER), (rels[2], rels[3], SECOND_BETTER)])
+    for r in rels[:4]:
+        (db / r).unlink()
+    with pytest.raises(UserError, match=r"2 have missing segment files \(4 files\)"):
+        load_preferences([db], log=_quiet)
+
+
+def test_mixed_games_and_env_mismatch(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ra = make_square_db(a, n_segments=4, steps=5)
+    rb = make_square_db(b, n_segments=4, steps=5, env_id="BreakoutNoFrameskip-v4")
+    _label(a, [(ra[0], ra[1], FIRST_BETTER), (ra[2], ra[3], SECOND_BETTER)])
+    _label(b, [(rb[0], rb[1], FIRST_BETTER)])
+    with pytest.raises(UserError, match="mix games"):
+        load_preferences([a, b], log=_quiet)
+    with pytest.raises(UserError, match="does not match"):
+        load_preferences([a], env="BreakoutNoFrameskip-v4", log=_quiet)
+
+
+def test_legacy_db_trains_with_oracle_metrics_na(tmp_path):
+    """The book's DB: labels.json and uncompressed pickles of EpisodeStep, no true rewards."""
+    db = tmp_path / "legacy"
+    rng = np.random.default_rng(0)
+    rels, returns = [], []
+    for i in range(12):
+        frames, rewards = square_frames(rng, 6, p=float(rng.uniform(0, 0.9)))
+        rel = f"{i % 2:02d}/{100 + i:08d}.dat"
+        write_legacy_segment(db / rel, frames, rng.integers(0, 18, 6))
+        rels.append(rel)
+        returns.append(rewards.sum())
+    lines = []
+    for _ in range(30):
+        i, j = rng.choice(12, 2, replace=False)
+        lab = 1 if returns[i] > returns[j] else 2 if returns[j] > returns[i] else 0
+        lines.append(json.dumps({"sample1": rels[i], "sample2": rels[j], "label": lab}))
+    (db / "labels.json").write_text("\n".join(lines) + "\n")
+    log: list[str] = []
+    data = load_preferences([db], log=log.append)
+    assert not data.has_true_returns and data.env_id == "SeaquestNoFrameskip-v4" and data.n_actions == 18
+    assert any("legacy" in s for s in log)
+    assert all(b[:4] == b"\x28\xb5\x2f\xfd" for b in data.blobs)  # kept compressed in memory
+    res = train_reward_model(data, TrainConfig(epochs=2, batch=8, patience=2), tmp_path / "r.pt",
+                             progress=False, log=log.append)  # fmt: skip
+    assert np.isnan(res.best.oracle_agreement) and np.isnan(res.best.return_corr)
+    assert any("n/a (segments carry no true rewards)" in s for s in log)
+    assert load_reward_model(res.path).env_id == "SeaquestNoFrameskip-v4"
+
+
+def test_split_is_seeded_and_keeps_both_sides():
+    a = split_pairs(10, 0.2, np.random.default_rng(3))
+    b = split_pairs(10, 0.2, np.random.default_rng(3))
+    assert all((x == y).all() for x, y in zip(a, b, strict=True))
+    assert len(a[1]) == 2 and len(np.intersect1d(*a)) == 0
+    tr, te = split_pairs(2, 0.2, np.random.default_rng(0))
+    assert len(tr) == 1 and len(te) == 1
+    with pytest.raises(UserError, match="--test-ratio"):
+        split_pairs(10, 1.0, np.random.default_rng(0))
+
+
+def test_micro_batches_bound_frames_and_accumulate_exactly(square_db):
+    """Gradient accumulation over micro-batches equals the gradient of the whole batch."""
+    db, _ = square_db
+    oracle_label_db(db, 30, seed=2)
+    data = load_preferences([db], log=_quiet)
+    pairs = np.arange(12)
+    mbs = micro_batches(data, pairs, micro_frames=40)
+    assert np.concatenate(mbs).tolist() == pairs.tolist()
+    for mb in mbs:
+        segs = np.unique(np.concatenate([data.first[mb], data.second[mb]]))
+        assert len(mb) == 1 or data.lengths[segs].sum() <= 40
+    torch.manual_seed(0)
+    model = RewardModel(18, data.frame_shape).eval()  # eval: no dropout / batch statistics
+    dev = torch.device("cpu")
+
+    def grad_of(chunks: list[np.ndarray]) -> torch.Tensor:
+        model.zero_grad()
+        for mb in chunks:
+            r1, r2 = _pair_returns(model, data, mb, dev)
+            loss, _ = preference_loss(r1, r2, torch.from_numpy(data.mu[mb]))
+            (loss * len(mb) / len(pairs)).backward()
+        return model.conv[0].weight.grad.clone()
+
+    torch.testing.assert_close(grad_of(mbs), grad_of([pairs]), rtol=1e-4, atol=1e-6)
+
+
+def test_bad_hyper_parameters(square_db, tmp_path):
+    db, _ = square_db
+    oracle_label_db(db, 10, seed=0)
+    data = load_preferences([db], log=_quiet)
+    with pytest.raises(UserError, match="--batch must be at least 1"):
+        train_reward_model(data, TrainConfig(batch=0), tmp_path / "r.pt", progress=False, log=_quiet)
+    with pytest.raises(UserError, match="--lr must be positive"):
+        train_reward_model(data, TrainConfig(lr=0), tmp_path / "r.pt", progress=False, log=_quiet)
+
+
+def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
+    db, _ = square_db
+    oracle_label_db(db, 40, seed=0)
+    data = load_preferences([db], log=_quiet)
+    res = train_reward_model(data, TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, downscale=1),
+                             tmp_path / "r.pt", progress=False, log=_quiet)  # fmt: skip
+    assert res.best.disagreement > 0
+    assert load_reward_model(res.path).ensemble == 2
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "03_reward_train.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_trains_and_writes_model_and_tensorboard(square_db, tmp_path):
+    db, _ = square_db
+    oracle_label_db(db, 60, seed=3)
+    r = _cli("-n", "t", "-o", str(tmp_path / "saves"), str(db), "--epochs", "2", "--batch", "16", "--lr", "1e-3",
+             "--runs-dir", str(tmp_path / "runs"), "--no-progress", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "saves" / "reward-t.pt").is_file()
+    assert "oracle agreement" in r.stdout and "best model:" in r.stdout
+    assert any((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert load_reward_model(tmp_path / "saves" / "reward-t.pt", game="seaquest").metrics["epoch"] in (
+        0.0,
+        1.0,
+    )
+
+
+@pytest.mark.slow
+def test_cli_bad_inputs_exit_2_with_one_line(square_db, tmp_path):
+    db, rels = square_db
+    r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), cwd=tmp_path)
+    assert (
+        r.returncode == 2
+        and r.stderr.strip().startswith("error:")
+        and len(r.stderr.strip().splitlines()) == 1
+    )
+    assert "no labels" in r.stderr
+    _label(db, [(rels[0], rels[1], EQUAL), (rels[2], rels[3], EQUAL)])
+    r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), cwd=tmp_path)
+    assert r.returncode == 2 and "ties" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    if not torch.cuda.is_available():
+        r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), "--dev", "cuda", cwd=tmp_path)
+        assert r.returncode == 2 and "no CUDA GPU" in r.stderr

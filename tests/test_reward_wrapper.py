@@ -1,0 +1,190 @@
+"""RewardModelWrapper: batched predictions, normalisation, clipping, errors, pass-through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lib.envs import VecStep
+from lib.errors import UserError
+from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm
+
+SEAQUEST = "SeaquestNoFrameskip-v4"
+
+
+class FakeVec:
+    """AtariVec-like env with small random frames; rewards count the steps."""
+
+    def __init__(
+        self, n_envs: int = 4, size: int = 48, game: str = "seaquest", n_actions: int = 18, seed: int = 0
+    ):
+        self.n_envs, self.game, self.env_id, self.n_actions = n_envs, game, SEAQUEST, n_actions
+        self.action_meanings = tuple(f"A{i}" for i in range(n_actions))
+        self.rng = np.random.default_rng(seed)
+        self.size = size
+        self.frames = self._new_frames()
+        self.extra_attribute = "inner"
+        self.sent: list[np.ndarray] = []
+        self.closed = False
+
+    def _new_frames(self) -> np.ndarray:
+        return self.rng.integers(0, 256, (self.n_envs, self.size, self.size, 3), dtype=np.uint8)
+
+    def reset(self) -> np.ndarray:
+        self.frames = self._new_frames()
+        return np.zeros((self.n_envs, 4, 84, 84), np.uint8)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self.sent.append(np.asarray(actions).copy())
+        self.frames[:] = 0  # like a C++ env reusing its buffer: the wrapper must have copied
+
+    def step_wait(self) -> VecStep:
+        self.frames = self._new_frames()
+        n = self.n_envs
+        true = np.ones(n, np.float32)
+        obs = np.zeros((n, 4, 84, 84), np.uint8)
+        z = np.zeros(n, bool)
+        return VecStep(obs, true.copy(), true, z, z, z, obs, np.full(n, 3, np.int32))
+
+    def step(self, actions: np.ndarray) -> VecStep:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _model_file(tmp_path: Path, k: int = 1, size: int = 48, game: str = "seaquest", n_actions: int = 18,
+                stats: tuple[float, float] | None = (0.0, 1.0), name: str = "r.pt") -> Path:  # fmt: skip
+    torch.manual_seed(0)
+    models = [RewardModel(n_actions, (size, size, 3)).eval() for _ in range(k)]
+    ck = reward_checkpoint(models, SEAQUEST if game == "seaquest" else "BreakoutNoFrameskip-v4", game, None,
+                           norm_mean=stats[0] if stats else None, norm_std=stats[1] if stats else None)  # fmt: skip
+    path = tmp_path / name
+    save_reward_checkpoint(ck, path)
+    return path
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_batched_step_equals_per_env_predictions(tmp_path, k: int):
+    path = _model_file(tmp_path, k=k)
+    env = FakeVec(n_envs=5)
+    w = RewardModelWrapper(env, path, norm_window=1000)
+    rm = load_reward_model(path)
+    w.reset()
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        frames = env.frames.copy()
+        actions = rng.integers(0, 18, 5)
+        st = w.step(actions)
+        single = np.array([rm.predict(frames[i : i + 1], actions[i : i + 1])[0] for i in range(5)])
+        assert st.pred_rewards.dtype == np.float32 and st.pred_rewards.shape == (5,)
+        np.testing.assert_allclose(st.pred_rewards, single, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(st.true_rewards, np.ones(5, np.float32))  # the true score is kept
+        np.testing.assert_array_equal(env.sent[-1], actions)
+    s = w.stats()
+    assert {"norm_mean", "norm_std", "pred_mean", "disagreement", "infer_ms_per_step"} <= set(s)
+    assert (s["disagreement"] > 0) == (k > 1)
+
+
+def test_rewards_are_normalised_and_clipped(tmp_path):
+    path = _model_file(tmp_path, stats=None)  # no stored stats: the window is used from step 1
+    w = RewardModelWrapper(FakeVec(n_envs=8), path, norm_window=64, clip=1.0)
+    w.reset()
+    raws, outs = [], []
+    for _ in range(20):
+        st = w.step(np.zeros(8, np.int64))
+        raws.append(st.pred_rewards)
+        outs.append(st.rewards)
+    raw, out = np.concatenate(raws[-8:]), np.concatenate(outs[-8:])  # the last 64 = the window
+    expected = np.clip((raw - raw.mean()) / raw.std(), -1, 1)
+    np.testing.assert_allclose(out[-8:], expected[-8:], rtol=1e-4, atol=1e-5)
+    assert np.abs(out).max() <= 1.0
+    assert w.stats()["norm_std"] == pytest.approx(raw.std(), rel=1e-5)
+
+
+def test_running_norm_window_prior_and_guard():
+    n = RunningNorm(window=10, prior=(5.0, 2.0), warmup=4)
+    np.testing.assert_allclose(n.normalise(np.array([7.0, 3.0])), [1.0, -1.0])  # prior while warming up
+    n.normalise(np.array([1.0, 1.0]))  # 4 seen: window stats from now on
+    assert n.mean == pytest.approx(3.0)
+    n.normalise(np.arange(25, dtype=float))  # more than the window: the last 10 values
+    assert n.mean == pytest.approx(np.arange(15, 25).mean()) and n.count == 29
+    const = RunningNorm(window=5)
+    out = const.normalise(np.full(4, 0.3))
+    assert const.std < MIN_STD and np.all(out == 0.0)  # constant model: centred, not divided by ~0
+    wrap = RunningNorm(window=4)
+    for v in range(7):  # ring buffer wraps around
+        wrap.normalise(np.array([float(v)]))
+    assert wrap.mean == pytest.approx(np.mean([3, 4, 5, 6]))
+
+
+def test_stored_stats_normalise_the_first_steps(tmp_path):
+    path = _model_file(tmp_path, stats=(0.5, 0.25))
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=10_000)
+    st = w.step(np.zeros(4, np.int64))
+    np.testing.assert_allclose(st.rewards, (st.pred_rewards - 0.5) / 0.25, rtol=1e-5)
+
+
+def test_pass_through_and_forwarding(tmp_path):
+    env = FakeVec()
+    w = RewardModelWrapper(env, _model_file(tmp_path))
+    assert (w.n_envs, w.game, w.env_id, w.n_actions) == (4, "seaquest", SEAQUEST, 18)
+    assert w.action_meanings == env.action_meanings and w.extra_attribute == "inner"
+    assert w.reset().shape == (4, 4, 84, 84)
+    assert w.frames is env.frames
+    with pytest.raises(AttributeError):
+        _ = w.no_such_attribute
+    w.close()
+    assert env.closed
+
+
+def test_constructor_errors_are_one_line(tmp_path):
+    env = FakeVec()
+    msgs = []
+    for bad in (
+        tmp_path / "missing.pt",
+        _model_file(tmp_path, game="breakout", name="breakout.pt"),
+        _model_file(tmp_path, n_actions=6, name="six.pt"),
+        _model_file(tmp_path, size=64, name="big.pt"),
+    ):
+        with pytest.raises(UserError) as e:
+            RewardModelWrapper(env, bad)
+        msgs.append(str(e.value))
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError) as e:
+        RewardModelWrapper(env, corrupt)
+    msgs.append(str(e.value))
+    assert "not found" in msgs[0]
+    assert "trained on BreakoutNoFrameskip-v4" in msgs[1]
+    assert "has 6 actions, the env has 18" in msgs[2]
+    assert "takes frames (64, 64, 3)" in msgs[3]
+    assert "corrupt" in msgs[4]
+    assert all("\n" not in m for m in msgs)
+
+
+@pytest.mark.slow
+def test_real_atari_env(tmp_path):
+    """Full-resolution model on real SeaQuest frames: one batched forward per step."""
+    from lib.envs import AtariVec
+
+    env = AtariVec(n_envs=3, seed=0)
+    torch.manual_seed(0)
+    ck = reward_checkpoint(
+        [RewardModel(env.n_actions).eval()], env.env_id, env.game, env.action_meanings, 0.0, 1.0
+    )
+    save_reward_checkpoint(ck, tmp_path / "r.pt")
+    w = RewardModelWrapper(env, tmp_path / "r.pt")
+    rm = load_reward_model(tmp_path / "r.pt")
+    w.reset()
+    for _ in range(3):
+        frames, actions = env.frames.copy(), np.array([0, 1, 2])
+        st = w.step(actions)
+        np.testing.assert_allclose(st.pred_rewards, rm.predict(frames, actions), rtol=1e-4, atol=1e-6)
+        assert st.obs.shape == (3, 4, 84, 84)
+    env.close()
