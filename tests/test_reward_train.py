@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from reward_synth import make_square_db, square_frames, write_legacy_segment
 
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
@@ -24,7 +25,6 @@ from lib.reward_train import (
     split_pairs,
     train_reward_model,
 )
-from tests.reward_synth import make_square_db, square_frames, write_legacy_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 
