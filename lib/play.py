@@ -90,6 +90,17 @@ def policy_env_id(model: str | os.PathLike, env: str | None) -> str:
     return ck_env
 
 
+def check_bare_actions(model: str | os.PathLike, venv: AtariVec) -> None:
+    """A bare state dict (the book's format) knows no game, but its policy head tells the action
+    count: say so plainly when it does not fit the env instead of a state-dict size mismatch."""
+    head = read_checkpoint(model, "model").get("policy.2.weight")  # (n_actions, 512)
+    if isinstance(head, torch.Tensor) and head.ndim == 2 and head.shape[0] != venv.n_actions:
+        raise UserError(
+            f"model {model} is a bare state dict with {head.shape[0]} actions, {venv.env_id} has "
+            f"{venv.n_actions}: pass -e with the game it was trained on"
+        )
+
+
 def prepare_video_dir(path: str | os.PathLike) -> Path:
     """Create the video directory and prove it is writable (root ignores permission bits, so a
     real file is written and removed). UserError with one line when it is not."""
@@ -199,6 +210,7 @@ def play(
     n_envs = min(episodes, MAX_PARALLEL)
     venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=min(2, n_envs))
     try:
+        check_bare_actions(model, venv)
         net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions)
         net.to(dev).eval()
         rm = load_reward(reward, venv.game, venv.n_actions, str(dev)) if reward is not None else None

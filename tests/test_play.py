@@ -8,6 +8,7 @@ games stay cheap. Subprocess tests (marked slow) run the script as a user would.
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -295,54 +296,88 @@ def test_cli_reward_view_past_100_steps(models: dict[str, Path], tmp_path: Path)
     assert orange[:, 200:].sum() > 50  # the prediction line reaches across the (scrolling) plot
 
 
-def _bad_inputs(models: dict[str, Path], tmp: Path) -> dict[str, list[str | Path]]:
+def _bad_inputs(models: dict[str, Path], tmp: Path) -> dict[str, tuple[list[str | Path], str]]:
+    """case -> (arguments, a piece of the one-line error that says what is wrong)."""
     (tmp / "a_file").write_text("not a dir")
+    policy = ["-m", models["policy"]]
     return {
-        "missing model": ["-m", tmp / "nope.pt"],
-        "corrupt model": ["-m", models["corrupt"]],
-        "model for another game": ["-m", models["breakout"], "-e", "SeaquestNoFrameskip-v4"],
-        "bare state dict of another game": ["-m", models["breakout_bare"]],
-        "reward model given as policy": ["-m", models.get("reward", models["corrupt"])],
-        "reward model for another game": [
-            "-m",
-            models["policy"],
-            "--reward",
-            models.get("reward_breakout", ""),
-        ],
-        "missing reward model": ["-m", models["policy"], "--reward", tmp / "nope.pt"],
-        "policy given as reward model": ["-m", models["policy"], "--reward", models["policy"]],
-        "video dir is a file": ["-m", models["policy"], "-r", tmp / "a_file"],
-        "video dir under a file": ["-m", models["policy"], "-r", tmp / "a_file" / "videos"],
+        "missing model": (["-m", tmp / "nope.pt"], "model file not found"),
+        "corrupt model": (["-m", models["corrupt"]], "is corrupt or not a PyTorch checkpoint"),
+        "model for another game": (
+            ["-m", models["breakout"], "-e", "SeaquestNoFrameskip-v4"],
+            "was trained on BreakoutNoFrameskip-v4",
+        ),
+        "bare state dict of another game": (
+            ["-m", models["breakout_bare"]],
+            "bare state dict with 4 actions",
+        ),
+        "reward model given as policy": (["-m", models.get("reward", "")], "is a reward model, not a policy"),
+        "reward model for another game": (
+            [*policy, "--reward", models.get("reward_breakout", "")],
+            "was trained on BreakoutNoFrameskip-v4",
+        ),
+        "missing reward model": ([*policy, "--reward", tmp / "nope.pt"], "reward model file not found"),
+        "policy given as reward model": (
+            [*policy, "--reward", models["policy"]],
+            "is a policy, not a reward model",
+        ),
+        "video dir is a file": ([*policy, "-r", tmp / "a_file"], "is a file, not a directory"),
+        "video dir under a file": ([*policy, "-r", tmp / "a_file" / "videos"], "cannot write videos"),
     }
+
+
+BAD_INPUTS = [
+    "missing model",
+    "corrupt model",
+    "model for another game",
+    "bare state dict of another game",
+    pytest.param("reward model given as policy", marks=needs_reward_model),
+    pytest.param("reward model for another game", marks=needs_reward_model),
+    "missing reward model",
+    "policy given as reward model",
+    "video dir is a file",
+    "video dir under a file",
+]
+
+
+def _with_video_dir(args: list[str | Path], tmp: Path) -> tuple[list[str | Path], Path]:
+    videos = tmp / "videos"
+    return (args if "-r" in args else [*args, "-r", videos]), videos
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_one_line_exit_2(
+    models: dict[str, Path],
+    tmp_path: Path,
+    case: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The script's own main in this process (no interpreter start-up): exit 2, one line."""
+    args, expected = _bad_inputs(models, tmp_path)[case]
+    args, videos = _with_video_dir(args, tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *map(str, args), "--max-steps", "5"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exc.value.code == 2, case
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not videos.exists() or not any(videos.iterdir())  # nothing recorded before the check
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case",
-    [
-        "missing model",
-        "corrupt model",
-        "model for another game",
-        "bare state dict of another game",
-        pytest.param("reward model given as policy", marks=needs_reward_model),
-        pytest.param("reward model for another game", marks=needs_reward_model),
-        "missing reward model",
-        "policy given as reward model",
-        "video dir is a file",
-        "video dir under a file",
-    ],
+    "case", ["corrupt model", pytest.param("reward model for another game", marks=needs_reward_model)]
 )
 def test_cli_bad_input_one_line_exit_2(models: dict[str, Path], tmp_path: Path, case: str) -> None:
-    args = _bad_inputs(models, tmp_path)[case]
-    videos = tmp_path / "videos"
-    if "-r" not in args:
-        args = [*args, "-r", videos]
+    """The same as a user sees it: a real process, its exit code and stderr."""
+    args, expected = _bad_inputs(models, tmp_path)[case]
+    args, _ = _with_video_dir(args, tmp_path)
     r = run_play(*args, "--max-steps", "5")
     assert r.returncode == 2, (case, r.stdout, r.stderr)
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), r.stderr
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], r.stderr
     assert "Traceback" not in r.stderr
-    assert not videos.exists() or not any(videos.iterdir())  # nothing recorded before the check
 
 
 @pytest.mark.slow
