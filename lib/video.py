@@ -115,7 +115,7 @@ class RewardStrip:
         cur = self.pred[-1] if n else 0.0
         cv2.putText(img, "pred", (3, 10), _FONT, 0.8, _PRED, 1, cv2.LINE_AA)
         cv2.putText(img, f"{cur:+.2f}", (36, 10), _FONT, 0.8, _PRED, 1, cv2.LINE_AA)
-        cv2.putText(img, "true", (96, 10), _FONT, 0.8, _TRUE, 1, cv2.LINE_AA)
+        cv2.putText(img, "true reward", (92, 10), _FONT, 0.8, _TRUE, 1, cv2.LINE_AA)
         text = f"step {n}  score {self.score:g}"
         (tw, _), _ = cv2.getTextSize(text, _FONT, 0.8, 1)
         cv2.putText(img, text, (self.width - tw - 3, 10), _FONT, 0.8, _TEXT, 1, cv2.LINE_AA)
