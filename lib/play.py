@@ -29,6 +29,7 @@ from lib.model import POLICY_FORMAT, load_policy, read_checkpoint
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
 REWARD_FORMAT = "rlhf-atari-reward"  # lib/reward_model.py's checkpoint format (not imported: optional)
+PROGRESS_EVERY = 5000  # vector steps between progress lines
 MAX_PARALLEL = 8  # games played side by side; more only adds memory and open ffmpeg processes
 
 
@@ -268,6 +269,7 @@ def _play_loop(
     resets = 0
     base_seed = venv.seed
     t0 = time.monotonic()
+    vec_steps = 0
 
     def start(i: int) -> None:
         nonlocal started
@@ -309,6 +311,11 @@ def _play_loop(
                 raw = np.asarray(rm.predict(frames, actions[active]), dtype=np.float32).reshape(-1)
                 preds = norm(raw)
             step = venv.step(actions)
+            vec_steps += 1
+            if vec_steps % PROGRESS_EVERY == 0:  # a good policy's game runs for minutes
+                log(
+                    f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s"
+                )
             obs = step.obs
             for k, i in enumerate(np.flatnonzero(active)):
                 run = slots[i]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import lib.play
 from lib.envs import AtariVec
 from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
@@ -111,6 +112,8 @@ def test_full_game_recorded_to_mp4_decodes_back(models: dict[str, Path], tmp_pat
     assert meta["size"] == (160 * SCALE, 210 * SCALE)
     assert len(frames) == res.steps  # one frame per agent step, none dropped or duplicated
     assert meta["duration"] == pytest.approx(res.steps / 15, abs=0.2)
+    data = res.video.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")  # +faststart: a browser plays while loading
 
     # The first video frame is the game's first frame (same seed -> same no-op start), give or
     # take H.264's loss; a frame of another game start would be far off.
@@ -132,6 +135,18 @@ def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) ->
     assert [r.index for r in a] == [1, 2]
     assert a[0].steps != a[1].steps  # two different games, not one played twice
     assert all(r.end == "game over" and r.video is None for r in a)
+
+
+def test_slot_reused_after_game_over(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One env slot: the second game starts in the env the first one ended in (same-step reset).
+    monkeypatch.setattr(lib.play, "MAX_PARALLEL", 1)
+    res = play(models["policy"], episodes=2, video_dir=tmp_path, seed=4, log=lambda _: None)
+    assert [(r.index, r.end) for r in res] == [(1, "game over"), (2, "game over")]
+    assert res[0].steps != res[1].steps
+    for r in res:
+        assert len(decode(r.video)[1]) == r.steps
 
 
 def test_max_steps_cuts_games_and_starts_fresh_ones(models: dict[str, Path]) -> None:
