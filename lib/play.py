@@ -225,11 +225,11 @@ def play(
         if rm is not None:
             stats = norm_stats(rm)
             how_norm = (
-                f"mean {stats[0]:.3g}, std {stats[1]:.3g}"
+                f"normalised with its training stats: mean {stats[0]:.3g}, std {stats[1]:.3g}"
                 if stats
-                else "nothing: the model has no stats, raw values"
+                else "raw predictions: the model has no normalisation stats"
             )
-            log(f"reward view: {reward} (normalised with {how_norm})")
+            log(f"reward view: {reward} ({how_norm})")
         rng = np.random.default_rng(seed)
         # One intra-op thread: forwards of <= 8 observations gain nothing from more, and the ALE
         # threads and ffmpeg need the cores. With 2 OpenMP threads on a busy 2-core machine a
