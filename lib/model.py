@@ -90,9 +90,11 @@ def read_checkpoint(path: str | os.PathLike, what: str = "model") -> dict[str, A
         raise UserError(f"{what} path is a directory, expected a .pt file: {path}")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint ({first[:120]})") from None
+    except pickle.UnpicklingError:
+        # weights_only refused something in it: it holds more than tensors and plain data.
+        raise UserError(f"{what} {path} is corrupt or not a safe PyTorch checkpoint (weights only)") from None
+    except (RuntimeError, EOFError, ValueError, OSError, AttributeError):
+        raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
     if not isinstance(ck, dict):
         raise UserError(f"{what} {path} is not a checkpoint dict")
     return ck
@@ -133,7 +135,7 @@ def load_policy(
         state, ck_shape, ck_actions = ck, tuple(obs_shape), n_actions
         ck = {"state_dict": state}
     else:
-        raise UserError(f"model {path} is not a policy checkpoint (a reward model? use it with -r)")
+        raise UserError(f"model {path} is not a policy checkpoint (is it a reward model?)")
     net = AtariA2C(ck_shape, ck_actions)
     try:
         net.load_state_dict(state)
