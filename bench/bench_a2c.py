@@ -37,6 +37,33 @@ def env_only(n_envs: int, steps: int) -> float:
     return steps / dt
 
 
+def sync_vector_env(n_envs: int, steps: int) -> float:
+    """gymnasium's SyncVectorEnv with the usual Python wrapper stack, for comparison."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+
+    def make() -> gym.Env:
+        env = gym.make("SeaquestNoFrameskip-v4")
+        env = gym.wrappers.AtariPreprocessing(
+            env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
+        )
+        return gym.wrappers.FrameStackObservation(env, 4)
+
+    env = gym.vector.SyncVectorEnv(
+        [make for _ in range(n_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for _ in range(steps // n_envs):
+        env.step(rng.integers(0, 18, n_envs))
+    dt = time.perf_counter() - t0
+    env.close()
+    return steps / dt
+
+
 def train_run(
     tmp: Path, name: str, steps: int, dev: str, record_prob: float | None
 ) -> tuple[float, float, Path | None]:
