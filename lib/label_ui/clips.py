@@ -15,6 +15,7 @@ settings; a changed segment gets a new clip.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -30,6 +31,7 @@ from lib.segments import SegmentError, load_segment
 CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then ignored
 SCALE = 2
 CRF = 18
+NICENESS = 10
 
 
 def ffmpeg_exe() -> str:
@@ -55,10 +57,13 @@ def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) ->
         "-pix_fmt", "yuv420p", "-threads", "1", "-movflags", "+faststart", "-an",
         "-f", "mp4", "-y", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, input=np.ascontiguousarray(frames).tobytes(), capture_output=True, check=False)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with contextlib.suppress(OSError):  # encoding is background work: the browser and the UI go first
+        os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
+    _, stderr = proc.communicate(np.ascontiguousarray(frames).tobytes())
     if proc.returncode != 0:
         raise RuntimeError(
-            f"ffmpeg failed ({proc.returncode}): {proc.stderr.decode(errors='replace').strip()[-300:]}"
+            f"ffmpeg failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-300:]}"
         )
 
 
@@ -100,7 +105,8 @@ class ClipStore:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.encode_seconds: list[float] = []
         self._inflight: dict[Path, asyncio.Future[Path]] = {}
-        self._sem = asyncio.Semaphore(max_parallel or max(1, min(2, os.cpu_count() or 1)))
+        # Leave a core to the browser and the event loop: on 2 cores one encode at a time.
+        self._sem = asyncio.Semaphore(max_parallel or max(1, min(2, (os.cpu_count() or 1) - 1)))
 
     def cache_path(self, segment_path: Path) -> Path:
         """Where the clip of this segment file (as it is now) is cached."""

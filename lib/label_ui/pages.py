@@ -177,6 +177,9 @@ async def label_page(state: AppState, tab: TabSession) -> None:
     # -- view updates ------------------------------------------------------------------------
 
     def build_list() -> None:
+        if len(rows) == len(tab.items):  # a new list of the same length: reuse the rows
+            update_view()
+            return
         pair_list.clear()
         rows.clear()
         with pair_list:
@@ -291,27 +294,32 @@ async def label_page(state: AppState, tab: TabSession) -> None:
 
     # -- actions -----------------------------------------------------------------------------
 
-    async def save(item: PairItem, label: Label) -> bool:
+    async def save(item: PairItem, label: Label) -> str | None:
+        """Append the label durably (in a thread); returns what went wrong, or None.
+
+        No UI here: it may run as a task of its own, where NiceGUI has no page context."""
         db = state.dbs[item.db]
         try:
             await run.io_bound(db.labels.append, label)
         except (OSError, ValueError) as e:
-            ui.notify(f"Could not save the answer to {db.root}/labels.jsonl: {e}", type="negative", timeout=0)
-            return False
-        return True
+            return f"Could not save the answer to {db.root}/labels.jsonl: {e}"
+        return None
 
     async def answer(value: int) -> None:
         done = tab.answer(value)
         if done is None:
             return
         item, label = done
+        # Save while the next pair is put on show: the next pair does not wait for fsync.
+        saving = asyncio.ensure_future(save(item, label))
         # Labels other tabs or processes wrote meanwhile: never offer such a pair as the next one.
         await refresh_dbs(state)
         if tab.item is not None and not tab.still_open(tab.item):
             tab.select_next()
-        # Save and show the next pair at the same time: the next pair does not wait for fsync.
-        ok, _ = await asyncio.gather(save(item, label), show_current())
-        if not ok:
+        await show_current()
+        error = await saving
+        if error:
+            ui.notify(error, type="negative", timeout=0)
             tab.answer_failed(item)
             await show_current()
 
@@ -321,7 +329,10 @@ async def label_page(state: AppState, tab: TabSession) -> None:
             ui.notify("Nothing to undo in this tab")
             return
         item, label = done
-        if await save(item, label):
+        error = await save(item, label)
+        if error:
+            ui.notify(error, type="negative", timeout=0)
+        else:
             ui.notify(f"Undone: pair {tab.current + 1 if tab.current is not None else ''} is open again")
         await show_current()
 
@@ -467,9 +478,9 @@ async def labels_page(state: AppState) -> None:
                 ui.button(KEY_OF[value], on_click=partial(change, d, lab, value)) \
                     .props(f"dense no-caps {'unelevated' if value == lab.label else 'outline'}") \
                     .mark(f"edit-{n}-{KEY_OF[value]}").tooltip(f"change to: {LABEL_NAMES[value]}")  # fmt: skip
-            ui.button(icon="play_arrow", on_click=partial(view_pair, d, lab)).props("dense flat").mark(
-                f"view-{n}"
-            )
+            ui.button(icon="play_arrow", on_click=partial(view_pair, d, lab)).props(
+                'dense flat aria-label="play this pair"'
+            ).mark(f"view-{n}")
 
     async def change(d: DbState, lab: Label, value: int) -> None:
         if value == lab.label:

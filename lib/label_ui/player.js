@@ -70,6 +70,7 @@
 
   async function show(ids, urls) {
     const my = ++seq;
+    const calledAt = performance.now();
     const vids = ids.map((id) => document.getElementById(id));
     if (vids.some((v) => !v)) return false;
     vids.forEach(attach);
@@ -88,7 +89,7 @@
     vids.forEach((v) => { v.playbackRate = rate; });
     restartAll();
     requestAnimationFrame(() => {
-      timing.shown.push({ seq: my, at: performance.now(), keyAt: timing.lastKeyAt, key: timing.lastKey, urls });
+      timing.shown.push({ seq: my, at: performance.now(), calledAt, keyAt: timing.lastKeyAt, key: timing.lastKey, urls });
       if (timing.shown.length > 1000) timing.shown.shift();
     });
     return true;

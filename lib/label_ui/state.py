@@ -288,23 +288,35 @@ class TabSession:
         self.items: list[PairItem] = []
         self.current: int | None = None
         self.history: list[Answer] = []
+        self.prepared: list[PairItem] | None = None  # the next list, made near the end of this one
         self.seen: set[tuple[int, PairKey]] = set()  # every pair this tab was given
         self.show_seq = 0
 
     # --- the list ---------------------------------------------------------------------------
 
     def resample(self) -> int:
-        """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool."""
+        """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool.
+
+        The new list is the one ``upcoming`` prepared (and prefetched) near the end of the old
+        one, when there is one: the first pair of a new list then shows as fast as any other."""
         self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
-        self.items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen)
-        self.seen.update((it.db, it.key) for it in self.items)
+        if self.prepared is not None:
+            self.items, self.prepared = self.prepared, None
+        else:
+            self.items = self._sample()
         self.current = None
         self.select_next(start=0)
         return len(self.items)
 
+    def _sample(self) -> list[PairItem]:
+        items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen)
+        self.seen.update((it.db, it.key) for it in items)
+        return items
+
     def close(self) -> None:
         """The tab is gone: its open pairs go back to the pool."""
         self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
+        self.app.release(self.tab_id, self.prepared or [])
 
     @property
     def answered(self) -> int:
@@ -353,7 +365,8 @@ class TabSession:
         return None
 
     def upcoming(self, n: int = 2) -> list[PairItem]:
-        """The next ``n`` open pairs after the current one: what to prefetch."""
+        """The next ``n`` open pairs after the current one: what to prefetch. Near the end of the
+        list they come from the next list, prepared here."""
         out: list[PairItem] = []
         if self.current is None:
             return out
@@ -362,8 +375,10 @@ class TabSession:
             if it.status == "open" and it is not self.item:
                 out.append(it)
                 if len(out) == n:
-                    break
-        return out
+                    return out
+        if self.prepared is None:
+            self.prepared = self._sample()
+        return out + self.prepared[: n - len(out)]
 
     # --- answers ----------------------------------------------------------------------------
 
