@@ -6,8 +6,10 @@ speed. Frames are scaled 2x (nearest neighbour) before encoding: H.264 keeps col
 resolution (yuv420p), and at 2x the thin Atari sprites keep their colours. ~10-20 KB a clip.
 
 The encoder is the ffmpeg binary inside the ``imageio-ffmpeg`` wheel, run as a subprocess, so
-the work happens outside the Python process (no GIL): a thread (``run.io_bound``) is enough
-to keep the event loop free. Clips are cached as files under ``cache_dir`` (outside every
+the work happens outside the Python process (no GIL): a thread is enough to keep the event loop
+free. That thread comes from ``asyncio.to_thread`` rather than NiceGUI's ``run.io_bound``, which
+turns a cancellation into a ``None`` result: a shutdown during an encode must cancel cleanly.
+Encodes run at a lower CPU priority (nice 10). Clips are cached as files under ``cache_dir`` (outside every
 segment directory), keyed by the segment's absolute path, size, mtime and the encoding
 settings; a changed segment gets a new clip.
 """
@@ -88,15 +90,15 @@ def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:
 class ClipStore:
     """Clips of segments on disk, made on first use; one encode per clip even when many ask at once.
 
-    ``ensure`` is awaited on the event loop; the encode itself runs in ``run_blocking`` (NiceGUI's
-    ``run.io_bound`` in the app) and at most ``max_parallel`` encodes run at a time.
+    ``ensure`` is awaited on the event loop; the encode itself runs in ``run_blocking`` (a thread)
+    and at most ``max_parallel`` encodes run at a time.
     """
 
     def __init__(
         self,
         cache_dir: Path,
         fps: float,
-        run_blocking: Callable[..., Awaitable],
+        run_blocking: Callable[..., Awaitable] = asyncio.to_thread,
         max_parallel: int | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir)
@@ -140,10 +142,9 @@ class ClipStore:
     async def _encode(self, segment_path: Path, out: Path) -> Path:
         async with self._sem:
             if not out.is_file():
-                seconds = await self.run_blocking(encode_clip_file, segment_path, out, self.fps)
-                if seconds is None:  # NiceGUI's run.io_bound gives None when the app shuts down
-                    raise RuntimeError("clip encoding was cancelled")
-                self.encode_seconds.append(seconds)
+                self.encode_seconds.append(
+                    await self.run_blocking(encode_clip_file, segment_path, out, self.fps)
+                )
         return out
 
 

@@ -118,7 +118,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     if args.oracle is None and not is_loopback(args.host) and token is None:
         raise UserError(
             f"refusing to listen on {args.host} without a token: anyone who can reach it could read and change "
-            f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and use ssh -L {args.port}:127.0.0.1:{args.port}"
+            f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and reach it with ssh -L {args.port}:127.0.0.1:{args.port} <server>"
         )
     cache_dir = args.cache_dir.resolve()
     for db in dbs:

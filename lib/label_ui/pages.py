@@ -252,6 +252,8 @@ async def label_page(state: AppState, tab: TabSession) -> None:
                 *(state.clips.ensure(db.segment_path(rel)) for rel in (item.a, item.b)),
                 return_exceptions=True,
             )
+            if any(isinstance(r, asyncio.CancelledError) for r in results):
+                return  # the server is shutting down
             failed = [
                 (rel, r) for rel, r in zip((item.a, item.b), results, strict=True) if isinstance(r, Exception)
             ]

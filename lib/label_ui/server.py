@@ -12,7 +12,7 @@ import sys
 
 from fastapi import HTTPException
 from fastapi.responses import FileResponse
-from nicegui import app, helpers, run, ui
+from nicegui import app, helpers, ui
 
 from lib.label_ui.auth import TokenMiddleware
 from lib.label_ui.clips import ClipStore, prune_cache
@@ -27,7 +27,7 @@ def build_app(cfg: LabelConfig) -> AppState:
     dbs = [DbState.open(i, path) for i, path in enumerate(cfg.dbs)]
     state = AppState(dbs, pairs=cfg.pairs, seed=cfg.seed, labeler=cfg.labeler)
     prune_cache(cfg.cache_dir)
-    state.clips = ClipStore(cfg.cache_dir, cfg.fps, run.io_bound)
+    state.clips = ClipStore(cfg.cache_dir, cfg.fps)
 
     async def clip_route(db: int, env: str, name: str) -> FileResponse:
         rel = f"{env}/{name.removesuffix('.mp4')}.dat"
@@ -66,14 +66,17 @@ def serve(cfg: LabelConfig) -> None:
             f"Open http://{shown}:{cfg.port}/label" + ("  (asks for the token once)" if cfg.token else ""),
             flush=True,
         )
-    ui.run(
-        make_root(state),
-        host=cfg.host,
-        port=cfg.port,
-        title="RLHF labels",
-        favicon="🏷️",
-        reload=False,
-        show=False,
-        show_welcome_message=False,
-        uvicorn_logging_level="warning",
-    )
+    try:
+        ui.run(
+            make_root(state),
+            host=cfg.host,
+            port=cfg.port,
+            title="RLHF labels",
+            favicon="🏷️",
+            reload=False,
+            show=False,
+            show_welcome_message=False,
+            uvicorn_logging_level="warning",
+        )
+    except KeyboardInterrupt:  # Ctrl-C: every answer is on disk already (fsync per answer)
+        print("stopped", file=sys.stderr)
