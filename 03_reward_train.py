@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train K models on bootstrap samples; predict their mean, log their disagreement")  # fmt: skip
     p.add_argument("--input", choices=("full", "half"), default="full",
                    help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper")  # fmt: skip
-    p.add_argument("--micro-frames", type=int, default=200,
+    p.add_argument("--micro-frames", type=int, default=100,
                    help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory")  # fmt: skip
     p.add_argument("--env", default=None,
                    help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)")  # fmt: skip

@@ -19,6 +19,7 @@ measures agreement on segments never trained on.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import resource
@@ -318,7 +319,7 @@ class TrainConfig:
     patience: int = 4
     noise: bool = False
     ensemble: int = 1
-    micro_frames: int = 200
+    micro_frames: int = 100
     downscale: int = 1
     device: str = "cpu"
 
@@ -405,7 +406,7 @@ def predict_segment_returns(
     data: PreferenceData,
     segs: np.ndarray,
     device: torch.device,
-    chunk_frames: int = 512,
+    chunk_frames: int = 64,
 ) -> tuple[np.ndarray, tuple[float, float, int]]:
     """Eval-mode returns of segments ``segs`` by each member: (K, S) float64, and the (sum, sum of
     squares, count) of the ensemble-mean per-step predictions (for normalisation stats)."""
@@ -494,6 +495,26 @@ def norm_stats(
     return mean, math.sqrt(max(s2 / max(count, 1) - mean * mean, 0.0))
 
 
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for reuse (Linux only; returns False elsewhere).
+
+    Training allocates and frees the same ~20 MB activation tensors for every micro-batch. By
+    default glibc gives such memory back to the OS and the next micro-batch page-faults it in
+    again: measured 0.5-0.9 ms of system time a frame next to ~1.1 ms of compute. With the mmap
+    threshold at its maximum (32 MB; every tensor of a 100-frame micro-batch is smaller) and no
+    trimming, freed memory is reused; the cost is that RSS stays at its peak until exit.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1
+        ok &= libc.mallopt(m_trim_threshold, 1 << 30) == 1
+        ok &= libc.mallopt(m_top_pad, 64 << 20) == 1
+        return bool(ok)
+    except (OSError, AttributeError):
+        return False
+
+
 def _fmt(v: float, pct: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
@@ -530,6 +551,7 @@ def train_reward_model(
             raise UserError(f"{name} must be at least {lo}, got {v}")
     if cfg.lr <= 0:
         raise UserError(f"--lr must be positive, got {cfg.lr}")
+    keep_freed_memory()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng)

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Benchmark of stage 3: reward-model training speed and memory, inference cost, and the cost of
+RewardModelWrapper per agent step. Prints a table: figure | value | unit | setting.
+
+    python bench/bench_reward.py [--labels 1000] [--segments 2000] [--dev cpu]
+
+The training rows run ``03_reward_train.py`` as a user would (one epoch on ``--labels`` oracle
+labels over a DB of ``--segments`` real SeaQuest segments played with random actions) and read
+the process's peak RSS. The book's figures to compare with: ~0.45 s per labeled pair per epoch
+and 8 GB peak with 40 labels (12-15 GB at batch 64); its wrapper calls the model once per env per
+frame with batch size 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lib.envs import AtariVec  # noqa: E402
+from lib.oracle import oracle_label_db  # noqa: E402
+from lib.recorder import EpisodeRecorderWrapper  # noqa: E402
+from lib.reward_model import (  # noqa: E402
+    RewardModel,
+    load_reward_model,
+    reward_checkpoint,
+    save_reward_checkpoint,
+)
+from lib.reward_wrapper import RewardModelWrapper  # noqa: E402
+from lib.segments import list_segments  # noqa: E402
+
+BOOK_S_PER_PAIR = 0.45
+
+
+def record_db(db: Path, n_segments: int, seed: int = 0) -> int:
+    """A DB of real SeaQuest segments played with random actions (16 envs)."""
+    env = AtariVec("SeaquestNoFrameskip-v4", 16, seed=seed)
+    rec = EpisodeRecorderWrapper(env, db, record_prob=0.05, rng=np.random.default_rng(seed))
+    rec.reset()
+    rng = np.random.default_rng(seed)
+    while rec.segments_written < n_segments:
+        for _ in range(50):
+            rec.step(rng.integers(0, env.n_actions, env.n_envs))
+    rec.close()
+    return len(list_segments(db))
+
+
+def train_run(db: Path, out: Path, runs: Path, *extra: str) -> tuple[float, float, str]:
+    """03_reward_train.py for one epoch; returns (s per pair per epoch, peak RSS MB, stdout)."""
+    cmd = [str(ROOT / "03_reward_train.py"), "-n", "bench", "-o", str(out), str(db), "--epochs", "1",
+           "--runs-dir", str(runs), "--no-progress", *extra]  # fmt: skip
+    code = (
+        "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
+        "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
+        "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    r = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0 or "PEAK_RSS_KB" not in r.stdout or "best model" not in r.stdout:
+        raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
+    ms = float(re.search(r", (\d+) ms/pair", r.stdout).group(1))
+    peak = int(re.search(r"PEAK_RSS_KB (\d+)", r.stdout).group(1)) / 1024
+    return ms / 1000, peak, r.stdout
+
+
+def time_it(fn, repeat: int = 7) -> float:  # noqa: ANN001
+    """Best-of-``repeat`` seconds of ``fn()`` after one warm-up (the machine may be shared)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def inference_rows(tmp: Path) -> list[tuple[str, str, str, str]]:
+    rows = []
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (16, 210, 160, 3), dtype=np.uint8)
+    actions = rng.integers(0, 18, 16)
+    ft, at = torch.from_numpy(frames), torch.from_numpy(actions)
+    for downscale, label in ((1, "full 210x160"), (2, "half 105x80")):
+        m = RewardModel(18, downscale=downscale).eval()
+        path = tmp / f"r{downscale}.pt"
+        save_reward_checkpoint(
+            reward_checkpoint([m], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0), path
+        )
+        rm = load_reward_model(path)
+        lean = time_it(lambda rm=rm: rm.predict(frames, actions))
+        rows.append(("reward inference", f"{lean / 16 * 1000:.3f}", "ms/frame",
+                     f"{label}, batch 16, folded BN, channels-last, inference mode"))  # fmt: skip
+        if downscale == 1:
+
+            def plain(m: RewardModel = m) -> None:
+                with torch.no_grad():
+                    m(ft, at)
+
+            def book(m: RewardModel = m) -> None:
+                with torch.no_grad():
+                    for i in range(16):
+                        m(ft[i : i + 1], at[i : i + 1])
+
+            rows.append(("reward inference", f"{time_it(plain) / 16 * 1000:.3f}", "ms/frame",
+                         f"{label}, batch 16, eval-mode model as trained (no folding)"))  # fmt: skip
+            rows.append(("reward inference", f"{time_it(book, 3) / 16 * 1000:.3f}", "ms/frame",
+                         f"{label}, batch 1 per env (the book's wrapper)"))  # fmt: skip
+    return rows
+
+
+def wrapper_rows(tmp: Path, steps: int = 300) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for downscale, label in ((1, "full"), (2, "half")):
+        path = tmp / f"r{downscale}.pt"
+        res = {}
+        for mode in ("plain", "wrapped"):
+            env = AtariVec("SeaquestNoFrameskip-v4", 16, seed=0)
+            e = RewardModelWrapper(env, path) if mode == "wrapped" else env
+            e.reset()
+            rng = np.random.default_rng(0)
+            acts = rng.integers(0, 18, (steps, 16))
+            for a in acts[:20]:
+                e.step(a)
+            best = float("inf")
+            for rep in range(3):
+                t0 = time.perf_counter()
+                for a in acts[20 + rep * 90 : 20 + (rep + 1) * 90]:
+                    e.step(a)
+                best = min(best, (time.perf_counter() - t0) / 90)
+            res[mode] = best
+            env.close()
+        rows.append(
+            ("vector env step", f"{res['plain'] * 1000:.2f}", "ms/step", "16 SeaQuest envs, no reward model")
+        )
+        rows.append(("RewardModelWrapper step", f"{res['wrapped'] * 1000:.2f}", "ms/step",
+                     f"16 envs, {label}-resolution model, forward overlapped with the env step"))  # fmt: skip
+        rows.append(("wrapper extra cost", f"{(res['wrapped'] - res['plain']) * 1000:.2f}", "ms/step",
+                     f"{label}-resolution, per agent step of 16 envs (A2C-relative speed: bench_a2c)"))  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--labels", type=int, default=1000, help="oracle labels for the training rows")
+    ap.add_argument("--segments", type=int, default=2000, help="segments in the benchmark DB")
+    ap.add_argument("--dev", default="cpu", help="device for the training rows")
+    args = ap.parse_args()
+    rows: list[tuple[str, str, str, str]] = []
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        rows += inference_rows(tmp)
+        rows += wrapper_rows(tmp)
+        db = tmp / "db"
+        t0 = time.perf_counter()
+        n = record_db(db, args.segments)
+        print(f"recorded {n} segments in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        summary = oracle_label_db(db, args.labels, seed=0)
+        setting = f"{summary.labeled} labels over {n} segments, 1 epoch, {args.dev}, {threads} threads"
+        for batch, inp in ((64, "full"), (args.labels, "full"), (64, "half")):
+            s, peak, _ = train_run(db, tmp / "saves", tmp / "runs", "--batch", str(batch), "--input", inp,
+                                   "--dev", args.dev)  # fmt: skip
+            rows.append(("reward training", f"{s:.3f}", "s/labeled pair/epoch",
+                         f"{inp} res, --batch {batch}, {setting}"))  # fmt: skip
+            rows.append(
+                (
+                    "  vs the book's 0.45 s",
+                    f"{BOOK_S_PER_PAIR / s:.1f}",
+                    "x faster",
+                    f"{inp} res, --batch {batch}",
+                )
+            )
+            rows.append(("reward training peak memory", f"{peak:,.0f}", "MB RSS",
+                         f"{inp} res, --batch {batch}, {setting}"))  # fmt: skip
+
+    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
+    print("\n## bench_reward (stage 3)")
+    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
+    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
+    for f, v, u, s in rows:
+        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Quality benchmark of the reward model: does it order segments as the true score does?
+
+1. record a DB with a short A2C run (``01_a2c.py --db-path``), or reuse one with ``--db``;
+2. set aside ``--holdout`` of its segments, never trained on;
+3. oracle-label ``--labels`` random pairs of the other segments (the higher true return wins);
+4. train with ``03_reward_train.py`` (once per ``--inputs`` entry: full and/or half resolution);
+5. report the oracle agreement on ALL held-out pairs with different true returns (segments the
+   model never saw), next to the agreement on the trainer's own test split (pairs held out,
+   their segments not) and the correlation of predicted with true returns.
+
+    python bench/quality.py [--steps 120000] [--labels 300] [--inputs full,half] [--db DB]
+
+Target: at least 85% agreement on at least 100 held-out pairs. Prints a table: figure | value |
+unit | setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lib.oracle import oracle_label_db  # noqa: E402
+from lib.reward_model import load_reward_model  # noqa: E402
+from lib.segments import list_segments, load_segment  # noqa: E402
+
+
+def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> None:
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", "quality", "--db-path", str(db), "--max-steps", str(steps),
+           "--record-prob", str(record_prob), "--test-every", "0", "--seed", str(seed),
+           "--save", str(work / "a2c"), "--runs-dir", str(work / "runs")]  # fmt: skip
+    print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def heldout_agreement(model_path: Path, db: Path, segs: list[str]) -> tuple[float, int, float]:
+    """(agreement, pairs, Pearson r) of the model's predicted returns over all pairs of ``segs``
+    whose true returns differ."""
+    rm = load_reward_model(model_path)
+    pred, true = [], []
+    for rel in segs:
+        seg = load_segment(db / rel)
+        pred.append(float(rm.predict(seg.frames, seg.actions).sum()))
+        true.append(seg.true_return)
+    p, t = np.array(pred), np.array(true)
+    ok = n = 0
+    for i, j in itertools.combinations(range(len(segs)), 2):
+        if t[i] != t[j]:
+            n += 1
+            ok += (p[i] > p[j]) == (t[i] > t[j])
+    corr = float(np.corrcoef(p, t)[0, 1]) if np.std(t) > 0 and np.std(p) > 0 else float("nan")
+    return (ok / n if n else float("nan")), n, corr
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", help="reuse this recorded DB instead of recording one (it is not modified)")
+    ap.add_argument("--steps", type=int, default=120_000, help="agent steps of the recording A2C run")
+    ap.add_argument("--record-prob", type=float, default=0.004, help="recording probability of that run")
+    ap.add_argument("--labels", type=int, default=300, help="oracle labels to train on")
+    ap.add_argument("--holdout", type=float, default=0.25, help="share of segments never trained on")
+    ap.add_argument("--inputs", default="full,half", help="comma-separated --input values to compare")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the recording, split and labels")
+    ap.add_argument("--keep", help="keep the work directory here (DB, labels, models)")
+    ap.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: extra 03_reward_train.py flags")
+    args = ap.parse_args()
+    extra = [a for a in args.train_args if a != "--"]
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlhf-quality-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[str, str, str, str]] = []
+    try:
+        db = Path(args.db) if args.db else work / "db"
+        if not args.db:
+            t0 = time.perf_counter()
+            record(db, work, args.steps, args.record_prob, args.seed)
+            rows.append(("recording run", f"{time.perf_counter() - t0:.0f}", "s",
+                         f"01_a2c.py {args.steps:,} steps, --record-prob {args.record_prob}"))  # fmt: skip
+        segs = list_segments(db)
+        rng = np.random.default_rng(args.seed)
+        perm = rng.permutation(len(segs))
+        n_hold = int(round(len(segs) * args.holdout))
+        hold = sorted(segs[i] for i in perm[:n_hold])
+        train_db = work / "train-db"
+        shutil.rmtree(train_db, ignore_errors=True)
+        for i in perm[n_hold:]:
+            (train_db / segs[i]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(db / segs[i], train_db / segs[i])
+        summary = oracle_label_db(train_db, args.labels, seed=args.seed)
+        returns = [load_segment(db / s).true_return for s in segs]
+        rows.append(("DB", f"{len(segs)}", "segments",
+                     f"{np.mean(np.array(returns) > 0):.0%} with points, mean return {np.mean(returns):.1f}"))  # fmt: skip
+        ties = summary.counts.get(0, 0)
+        rows.append(("oracle labels", f"{summary.labeled}", "pairs",
+                     f"over {len(segs) - n_hold} training-pool segments, {ties} ties"))  # fmt: skip
+        for inp in [s.strip() for s in args.inputs.split(",") if s.strip()]:
+            out = work / "saves"
+            cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", f"q-{inp}", "-o", str(out), str(train_db),
+                   "--input", inp, "--runs-dir", str(work / "runs"), "--no-progress", *extra]  # fmt: skip
+            print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            dt = time.perf_counter() - t0
+            sys.stderr.write(r.stdout[-3000:] + r.stderr[-1000:])
+            if r.returncode != 0:
+                raise SystemExit(f"training failed: {r.stderr.strip().splitlines()[-1:]}")
+            path = out / f"reward-q-{inp}.pt"
+            m = load_reward_model(path).metrics
+            agree, n_pairs, corr = heldout_agreement(path, db, hold)
+            setting = f"--input {inp} {' '.join(extra)}".strip()
+            rows.append(("held-out oracle agreement", f"{100 * agree:.1f}", "%",
+                         f"{setting}: {n_pairs} pairs of {len(hold)} never-trained segments"))  # fmt: skip
+            rows.append(("held-out return correlation", f"{corr:.3f}", "Pearson r", setting))
+            ta = m.get("oracle_agreement")
+            rows.append(("test-split oracle agreement", "n/a" if ta is None else f"{100 * ta:.1f}", "%",
+                         f"{setting}: {int(m.get('oracle_pairs') or 0)} held-out pairs, best epoch {int(m['epoch'])}"))  # fmt: skip
+            rows.append(
+                ("training time", f"{dt:.0f}", "s", f"{setting}, {1000 * m['s_per_pair']:.0f} ms/pair/epoch")
+            )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
+    print("\n## quality (reward model vs the true score)")
+    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
+    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
+    for f, v, u, s in rows:
+        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
+
+
+if __name__ == "__main__":
+    main()
