@@ -90,10 +90,8 @@ def read_checkpoint(path: str | os.PathLike, what: str = "model") -> dict[str, A
         raise UserError(f"{what} path is a directory, expected a .pt file: {path}")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # weights_only refused something in it: it holds more than tensors and plain data.
-        raise UserError(f"{what} {path} is corrupt or not a safe PyTorch checkpoint (weights only)") from None
-    except (RuntimeError, EOFError, ValueError, OSError, AttributeError):
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError):
+        # UnpicklingError also covers a file that weights_only refuses to load (it would run code).
         raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
     if not isinstance(ck, dict):
         raise UserError(f"{what} {path} is not a checkpoint dict")
