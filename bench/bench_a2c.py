@@ -65,7 +65,7 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
 
 
 def train_run(
-    tmp: Path, name: str, steps: int, dev: str, record_prob: float | None
+    tmp: Path, name: str, steps: int, dev: str, record_prob: float | None, extra: tuple[str, ...] = ()
 ) -> tuple[float, float, Path | None]:
     """Run 01_a2c.py as a user would; returns (steps/s, peak RSS MB of that process, db)."""
     db = tmp / f"db-{name}" if record_prob is not None else None
@@ -73,6 +73,7 @@ def train_run(
            "--runs-dir", str(tmp / "runs"), "--max-steps", str(steps), "--test-every", "0", "--dev", dev]  # fmt: skip
     if db is not None:
         cmd += ["--db-path", str(db), "--record-prob", str(record_prob)]
+    cmd += list(extra)
     code = (
         "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
         "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
@@ -110,6 +111,19 @@ def main() -> None:
         sps, peak, _ = train_run(tmp, "plain", args.steps, args.dev, None)
         rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}"))
         rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
+        sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
+        rows.append(
+            ("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16")
+        )
+        sps, _, _ = train_run(tmp, "bf16t1", args.steps, args.dev, None, ("--bf16", "--threads", "1"))
+        rows.append(
+            (
+                "A2C training",
+                f"{sps:,.0f}",
+                "agent steps/s",
+                f"16 envs, no recording, {args.dev}, --bf16 --threads 1",
+            )
+        )
         sps, _, db = train_run(tmp, "rec", args.steps, args.dev, DEFAULT_RECORD_PROB)
         rows.append(
             ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)")
