@@ -20,6 +20,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from lib.envs import AtariVec  # noqa: E402
 from lib.recorder import DEFAULT_RECORD_PROB  # noqa: E402
 from lib.segments import encode_segment, list_segments, load_segment, save_segment  # noqa: E402
@@ -179,13 +181,7 @@ def main() -> None:
         rows.append(("segment encode", f"{enc_ms:.1f}", "ms/segment", "pickle + zstd-3 only"))
         rows.append(("segment read", f"{read_ms:.2f}", "ms/segment", "read + zstd + restricted unpickle"))
 
-    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
-    print("\n## bench_a2c (stage 1)")
-    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
-    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
-    for f, v, u, s in rows:
-        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
-    sys.stdout.flush()
+    print_table("bench_a2c (stage 1)", rows)
 
 
 if __name__ == "__main__":

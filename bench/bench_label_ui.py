@@ -21,6 +21,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from lib.label_ui.clips import encode_clip_file  # noqa: E402
 from lib.label_ui.fixtures import make_atari_db  # noqa: E402
 from lib.label_ui.harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown  # noqa: E402
@@ -128,12 +130,7 @@ def main() -> None:
         rows.append(("server memory", f"{rss0:.0f}", "MB RSS", f"after start-up; {what}"))
         rows.append(("server memory", f"{rss1:.0f}", "MB RSS", "after one label page with clips"))
 
-    w = [max(len(r[i]) for r in [*rows, ("figure", "value", "unit", "setting")]) for i in range(4)]
-    print("\n## bench_label_ui (stage 2: labeling)")
-    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
-    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
-    for f, v, u, s in rows:
-        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
+    print_table("bench_label_ui (stage 2: labeling)", rows)
     if shot is not None:
         print(f"\nscreenshot: {shot} ({shot.stat().st_size / 1024:.0f} KB)")
 

@@ -27,6 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from lib.envs import AtariVec  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.recorder import EpisodeRecorderWrapper  # noqa: E402
@@ -183,13 +185,7 @@ def main() -> None:
             rows.append(("reward training peak memory", f"{peak:,.0f}", "MB RSS",
                          f"{inp} res, --batch {batch}, {setting}"))  # fmt: skip
 
-    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
-    print("\n## bench_reward (stage 3)")
-    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
-    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
-    for f, v, u, s in rows:
-        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
-    sys.stdout.flush()
+    print_table("bench_reward (stage 3)", rows)
 
 
 if __name__ == "__main__":

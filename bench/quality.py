@@ -31,6 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.reward_model import load_reward_model  # noqa: E402
 from lib.segments import list_segments, load_segment  # noqa: E402
@@ -131,12 +133,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    w = [max(len(r[i]) for r in rows + [("figure", "value", "unit", "setting")]) for i in range(4)]
-    print("\n## quality (reward model vs the true score)")
-    print(f"| {'figure':<{w[0]}} | {'value':>{w[1]}} | {'unit':<{w[2]}} | {'setting':<{w[3]}} |")
-    print(f"|{'-' * (w[0] + 2)}|{'-' * (w[1] + 2)}|{'-' * (w[2] + 2)}|{'-' * (w[3] + 2)}|")
-    for f, v, u, s in rows:
-        print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
+    print_table("quality (reward model vs the true score)", rows)
 
 
 if __name__ == "__main__":
