@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: setup demo test test-fast bench lint format clean-demo
+.PHONY: setup demo test test-fast bench bench-quality lint format clean-demo
 
 setup: $(VENV_STAMP)
 
@@ -25,6 +25,10 @@ test-fast: $(VENV_STAMP)
 
 bench: $(VENV_STAMP)
 	@for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
+
+# Reward-model quality against the true score: records a DB, oracle-labels it, trains (~10-20 min).
+bench-quality: $(VENV_STAMP)
+	$(PY) bench/quality.py
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .
