@@ -66,6 +66,18 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
     return steps / dt
 
 
+def make_reward_model(path: Path) -> None:
+    """A fresh full-resolution reward model: its speed does not depend on its weights."""
+    import torch
+
+    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+
+    torch.manual_seed(0)
+    model = RewardModel(18)
+    ck = reward_checkpoint([model], "SeaquestNoFrameskip-v4", "seaquest", None, norm_mean=0.0, norm_std=1.0)
+    save_reward_checkpoint(ck, path)
+
+
 def train_run(
     tmp: Path, name: str, steps: int, dev: str, record_prob: float | None, extra: tuple[str, ...] = ()
 ) -> tuple[float, float, Path | None]:
@@ -121,6 +133,17 @@ def main() -> None:
         sps, peak, _ = train_run(tmp, "plain", args.steps, args.dev, None)
         rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}"))
         rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
+        plain_sps = sps
+        make_reward_model(tmp / "reward.pt")
+        sps, _, _ = train_run(tmp, "reward", args.steps, args.dev, None, ("-r", str(tmp / "reward.pt")))
+        rows.append(
+            (
+                "A2C training, -r reward model",
+                f"{sps:,.0f}",
+                "agent steps/s",
+                f"full-res reward model, 16 envs, {args.dev}: {sps / plain_sps:.2f}x plain",
+            )
+        )
         sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
         rows.append(
             ("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16")
