@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper")  # fmt: skip
     p.add_argument("--micro-frames", type=int, default=100,
                    help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory")  # fmt: skip
+    p.add_argument("--augment", type=int, default=0, metavar="PX",
+                   help="training augmentation: shift each frame randomly by up to PX pixels (0: off)")  # fmt: skip
     p.add_argument("--env", default=None,
                    help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)")  # fmt: skip
     p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
@@ -70,6 +72,7 @@ def main() -> int:
         ensemble=args.ensemble,
         micro_frames=args.micro_frames,
         downscale=2 if args.input == "half" else 1,
+        augment=args.augment,
         device=str(device),
     )
     run = f"{data.env_id}__reward__{args.name}__{args.seed}__{int(time.time())}"

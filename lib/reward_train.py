@@ -321,6 +321,7 @@ class TrainConfig:
     ensemble: int = 1
     micro_frames: int = 100
     downscale: int = 1
+    augment: int = 0
     device: str = "cpu"
 
 
@@ -387,12 +388,34 @@ def micro_batches(data: PreferenceData, pairs: np.ndarray, micro_frames: int) ->
     return out
 
 
+def random_shift(frames: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
+    """Training augmentation: each frame (F, H, W, 3) moved by up to ``pad`` pixels in x and y, the
+    uncovered border filled with the edge pixels (random shifts, as in DrQ, Kostrikov et al. 2020)."""
+    if pad <= 0:
+        return frames
+    n, h, w, _ = frames.shape
+    padded = np.pad(frames, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    dy, dx = rng.integers(0, 2 * pad + 1, size=(2, n))
+    out = np.empty_like(frames)
+    for i in range(n):
+        out[i] = padded[i, dy[i] : dy[i] + h, dx[i] : dx[i] + w]
+    return out
+
+
 def _pair_returns(
-    model: RewardModel, data: PreferenceData, pairs: np.ndarray, device: torch.device
+    model: RewardModel,
+    data: PreferenceData,
+    pairs: np.ndarray,
+    device: torch.device,
+    augment: int = 0,
+    rng: np.random.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predicted returns (R1, R2), each (P,), of the pairs: one forward over their distinct segments."""
+    """Predicted returns (R1, R2), each (P,), of the pairs: one forward over their distinct segments
+    (frames randomly shifted by up to ``augment`` pixels when > 0)."""
     segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
     frames, actions, owner = decode_segments(data, segs)
+    if augment > 0:
+        frames = random_shift(frames, augment, rng if rng is not None else np.random.default_rng())
     r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
     returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(
         0, torch.from_numpy(owner).to(device), r
@@ -549,6 +572,8 @@ def train_reward_model(
                         ("--ensemble", cfg.ensemble, 1), ("--micro-frames", cfg.micro_frames, 1)):  # fmt: skip
         if v < lo:
             raise UserError(f"{name} must be at least {lo}, got {v}")
+    if cfg.augment < 0:
+        raise UserError(f"--augment must be 0 or more pixels, got {cfg.augment}")
     if cfg.lr <= 0:
         raise UserError(f"--lr must be positive, got {cfg.lr}")
     keep_freed_memory()
@@ -600,7 +625,7 @@ def train_reward_model(
                 model, opt = models[k], opts[k]
                 opt.zero_grad(set_to_none=True)
                 for mb in micro_batches(data, batch, cfg.micro_frames):
-                    r1, r2 = _pair_returns(model, data, mb, device)
+                    r1, r2 = _pair_returns(model, data, mb, device, cfg.augment, rng)
                     mu = torch.from_numpy(data.mu[mb]).to(device)
                     loss, _ = preference_loss(r1, r2, mu, noise)
                     (loss * (len(mb) / len(batch))).backward()

@@ -22,6 +22,7 @@ from lib.reward_train import (
     decode_segments,
     load_preferences,
     micro_batches,
+    random_shift,
     split_pairs,
     train_reward_model,
 )
@@ -200,6 +201,17 @@ def test_micro_batches_bound_frames_and_accumulate_exactly(square_db):
     torch.testing.assert_close(grad_of(mbs), grad_of([pairs]), rtol=1e-4, atol=1e-6)
 
 
+def test_random_shift_moves_frames_within_the_pad():
+    frames = np.zeros((6, 20, 30, 3), np.uint8)
+    frames[:, 10, 15] = 255  # one bright pixel in the middle
+    out = random_shift(frames, 3, np.random.default_rng(0))
+    assert out.shape == frames.shape and out.dtype == np.uint8
+    for f in out:
+        ys, xs = np.nonzero(f[..., 0])
+        assert len(ys) == 1 and abs(ys[0] - 10) <= 3 and abs(xs[0] - 15) <= 3
+    assert random_shift(frames, 0, np.random.default_rng(0)) is frames
+
+
 def test_bad_hyper_parameters(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 10, seed=0)
@@ -214,7 +226,7 @@ def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
     data = load_preferences([db], log=_quiet)
-    res = train_reward_model(data, TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, downscale=1),
+    res = train_reward_model(data, TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, augment=2),
                              tmp_path / "r.pt", progress=False, log=_quiet)  # fmt: skip
     assert res.best.disagreement > 0
     assert load_reward_model(res.path).ensemble == 2
