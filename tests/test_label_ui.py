@@ -70,7 +70,7 @@ async def press(user: User, key: str) -> None:
     )  # fmt: skip
 
 
-async def until(cond: Callable[[], object], timeout: float = 5.0) -> None:
+async def until(cond: Callable[[], object], timeout: float = 15.0) -> None:
     """Wait (yielding to the app) until ``cond()`` is true."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
@@ -78,6 +78,13 @@ async def until(cond: Callable[[], object], timeout: float = 5.0) -> None:
         if loop.time() > end:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+async def see(user: User, *args: object, **kwargs: object) -> None:
+    """``user.should_see`` with patience: clips encode in worker threads, so what depends on them
+    (the pair on show, a notice about an unreadable segment) can take a while on a loaded machine.
+    NiceGUI's default of 3 tries 0.1 s apart is too short there."""
+    await user.should_see(*args, retries=150, **kwargs)
 
 
 def shown_pair(user: User) -> tuple[str, str]:
@@ -131,7 +138,7 @@ async def test_keys_answer_and_next_pair_is_selected(label_app, db: Path) -> Non
         assert [x["label"] for x in lines] == [1, 2, 0, CANT_TELL]
         assert all(x["source"] == "human" and x["time"] > 0 for x in lines)
         assert len({pair_key(*p) for p, _ in answered}) == 4  # never the same pair twice
-        await user.should_see("4 answered in this tab")
+        await see(user, "4 answered in this tab")
 
 
 async def test_buttons_undo_and_reanswer(label_app, db: Path) -> None:
@@ -147,7 +154,7 @@ async def test_buttons_undo_and_reanswer(label_app, db: Path) -> None:
         await until(lambda: shown_pair(user) == first)  # back on the undone pair
         assert label_lines(db)[1]["label"] == RETRACTED
         assert load_labels(db) == {}  # the answer is taken back, not just overwritten
-        await user.should_see("0 answered in this tab")
+        await see(user, "0 answered in this tab")
         user.find(marker="answer-2").click()
         await until(lambda: len(label_lines(db)) == 3)
         (lab,) = load_labels(db).values()
@@ -155,7 +162,7 @@ async def test_buttons_undo_and_reanswer(label_app, db: Path) -> None:
         await press(user, "u")
         await press(user, "u")  # nothing more to undo in this tab: no line, a notice
         await until(lambda: len(label_lines(db)) == 4)
-        await user.should_see("Nothing to undo in this tab")
+        await see(user, "Nothing to undo in this tab")
         assert len(label_lines(db)) == 4
 
 
@@ -167,7 +174,7 @@ async def test_resample_offers_only_new_unlabeled_pairs(label_app, db: Path) -> 
         await press(user, "1")
         await until(lambda: len(label_lines(db)) == 1)
         await press(user, "r")
-        await user.should_see("New list of 5 pairs")
+        await see(user, "New list of 5 pairs")
         after = list_texts(user, 5)
         pairs = lambda texts: {pair_key(*t.split()[1:4:2]) for t in texts}  # noqa: E731
         assert not pairs(before) & pairs(after)
@@ -180,7 +187,9 @@ async def test_tabs_have_their_own_lists_and_skip_pairs_labeled_elsewhere(label_
         await user.open("/label")
         other = second_user()
         await other.open("/label")
+        # Each tab encodes its own first clips: wait for both, not just the one opened last.
         await until(lambda: other.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         with user:
             mine = {pair_key(*t.split()[1:4:2]) for t in list_texts(user, 6)}
         with other:
@@ -189,7 +198,7 @@ async def test_tabs_have_their_own_lists_and_skip_pairs_labeled_elsewhere(label_
         # An answer in the other tab goes to the file; this tab's list is untouched.
         await press(other, "2")
         await until(lambda: len(label_lines(db)) == 1)
-        await user.should_see("0 answered in this tab")
+        await see(user, "0 answered in this tab")
         # A label written meanwhile by another process for this tab's next pair: it is skipped.
         with user:
             current = shown_pair(user)
@@ -201,8 +210,9 @@ async def test_tabs_have_their_own_lists_and_skip_pairs_labeled_elsewhere(label_
         await press(user, "0")
         await until(lambda: len(label_lines(db)) == 3)
         with user:
+            await until(lambda: shown_pair(user) != current)  # the next pair came by itself
             assert pair_key(*shown_pair(user)) != pair_key(*nxt)
-        await user.should_see("labeled elsewhere")
+        await see(user, "labeled elsewhere")
 
 
 async def test_list_runs_out_then_db_runs_out(label_app, tmp_path: Path) -> None:
@@ -214,8 +224,8 @@ async def test_list_runs_out_then_db_runs_out(label_app, tmp_path: Path) -> None
             await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
             await press(user, "1")
             await until(lambda n=n: len(label_lines(db)) == n)
-        await user.should_see("No pairs to label.")
-        await user.should_see("every pair of the 3 segments")
+        await see(user, "No pairs to label.")
+        await see(user, "every pair of the 3 segments")
         assert len(load_labels(db)) == 3
 
 
@@ -226,10 +236,10 @@ async def test_db_too_small_is_explained(label_app, tmp_path: Path, n_segments: 
     make_synthetic_db(db, n_segments)
     async with label_app("-d", str(db)) as user:
         await user.open("/label")
-        await user.should_see("No pairs to label.")
-        await user.should_see("no segments yet" if n_segments == 0 else "at least 2 readable ones are needed")
+        await see(user, "No pairs to label.")
+        await see(user, "no segments yet" if n_segments == 0 else "at least 2 readable ones are needed")
         await user.open("/")
-        await user.should_see(f"{n_segments} segments")
+        await see(user, f"{n_segments} segments")
 
 
 async def test_unreadable_segment_is_skipped_with_a_notice(label_app, tmp_path: Path) -> None:
@@ -238,14 +248,14 @@ async def test_unreadable_segment_is_skipped_with_a_notice(label_app, tmp_path: 
     (db / rels[0]).write_bytes(b"not a segment")
     async with label_app("-d", str(db), "--pairs", "3") as user:
         await user.open("/label")
-        await user.should_see("skipped unreadable segment")
+        await see(user, "skipped unreadable segment")
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         assert rels[0] not in shown_pair(user)
         await press(user, "1")  # the server keeps working
         await until(lambda: len(label_lines(db)) == 1)
         assert rels[0] not in (label_lines(db)[0]["sample1"], label_lines(db)[0]["sample2"])
         await user.open("/")
-        await user.should_see("1 unreadable")
+        await see(user, "1 unreadable")
 
 
 async def test_pause_and_speed_keys(label_app, db: Path) -> None:
@@ -253,7 +263,7 @@ async def test_pause_and_speed_keys(label_app, db: Path) -> None:
         await user.open("/label")
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         await press(user, " ")
-        await user.should_see("play (space)")
+        await see(user, "play (space)")
         await press(user, "+")
         (speed,) = user.find(marker="speed").elements
         await until(lambda: speed.value == 2.0)
@@ -270,8 +280,8 @@ async def test_torn_last_line_is_recovered_with_a_warning(label_app, db: Path) -
     )
     async with label_app("-d", str(db)) as user:
         await user.open("/")
-        await user.should_see("torn last line")
-        await user.should_see("1 labels")
+        await see(user, "torn last line")
+        await see(user, "1 labels")
         await user.open("/label")
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         await press(user, "2")
@@ -290,11 +300,11 @@ async def test_overview_counts_by_answer_and_source(label_app, db: Path) -> None
     ])  # fmt: skip
     async with label_app("-d", str(db)) as user:
         await user.open("/")
-        await user.should_see("8 segments")
-        await user.should_see("3 labels — #1 better: 1, equal: 0, #2 better: 1, can't tell: 1")
-        await user.should_see("by source — human: 2, oracle: 1")
-        await user.should_see("5 segments no label has touched yet")
-        await user.should_see("25 unlabeled pairs left")
+        await see(user, "8 segments")
+        await see(user, "3 labels — #1 better: 1, equal: 0, #2 better: 1, can't tell: 1")
+        await see(user, "by source — human: 2, oracle: 1")
+        await see(user, "5 segments no label has touched yet")
+        await see(user, "25 unlabeled pairs left")
 
 
 async def test_existing_labels_filter_and_change(label_app, db: Path) -> None:
@@ -306,19 +316,19 @@ async def test_existing_labels_filter_and_change(label_app, db: Path) -> None:
     ])  # fmt: skip
     async with label_app("-d", str(db)) as user:
         await user.open("/labels")
-        await user.should_see("3 labels")
+        await see(user, "3 labels")
         user.find(marker="filter-source").elements.pop().set_value("oracle")
-        await user.should_see("2 labels")
+        await see(user, "2 labels")
         user.find(marker="filter-answer").elements.pop().set_value("2")
-        await user.should_see("1 labels")
+        await see(user, "1 labels")
         user.find(marker="edit-0-x").click()  # change segs[4] vs segs[5] to can't tell
         await until(lambda: load_labels(db)[pair_key(segs[4], segs[5])].label == CANT_TELL)
         changed = read_label_log(db)[-1]
         assert changed.source == "human" and changed.extra.get("edited") is True
-        await user.should_see("0 labels")  # it no longer matches "oracle, #2 better"
+        await see(user, "0 labels")  # it no longer matches "oracle, #2 better"
         user.find(marker="filter-source").elements.pop().set_value("all")
         user.find(marker="filter-answer").elements.pop().set_value("all")
-        await user.should_see("3 labels")
+        await see(user, "3 labels")
 
 
 async def test_navigation_keeps_the_tab_list(label_app, db: Path) -> None:
@@ -327,9 +337,9 @@ async def test_navigation_keeps_the_tab_list(label_app, db: Path) -> None:
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         before = list_texts(user, 4)
         user.find(marker="nav-overview").click()
-        await user.should_see("unlabeled pairs left")
+        await see(user, "unlabeled pairs left")
         user.find(marker="nav-label").click()
-        await user.should_see(marker="pair-3")
+        await see(user, marker="pair-3")
         assert list_texts(user, 4) == before
 
 
