@@ -48,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=None,
                    help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)")  # fmt: skip
     p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (logs only); it is off anyway when stderr is not a terminal",
+    )
     return p
 
 

@@ -619,8 +619,9 @@ def train_reward_model(
                 perm = rng.permutation(idx)
                 batches += [(k, perm[s : s + cfg.batch]) for s in range(0, len(perm), cfg.batch)]
             loss_sum, n_seen = 0.0, 0
+            # disable=None: tqdm draws only on a terminal, so logs and pipes stay free of \r lines
             bar = tqdm(total=sum(len(b) for _, b in batches), desc=f"epoch {epoch}", unit="pair",
-                       disable=not progress, leave=False, dynamic_ncols=True)  # fmt: skip
+                       disable=None if progress else True, leave=False, dynamic_ncols=True)  # fmt: skip
             for k, batch in batches:
                 model, opt = models[k], opts[k]
                 opt.zero_grad(set_to_none=True)
