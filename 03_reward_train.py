@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epochs", type=int, default=100, help="maximum epochs (early stopping usually ends sooner)"
     )
-    p.add_argument("--batch", type=int, default=64, help="labeled pairs per optimiser step")
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
+    p.add_argument("--batch", type=int, default=16, help="labeled pairs per optimiser step (the book: 64)")
+    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (the book: 1e-4)")
     p.add_argument("--seed", type=int, default=42, help="seed of the train/test split, shuffling and weights")
     p.add_argument("--test-ratio", type=float, default=0.2, help="share of the labels held out for testing")
     p.add_argument(

@@ -309,11 +309,13 @@ def decode_segments(data: PreferenceData, ids: Sequence[int]) -> tuple[np.ndarra
 
 @dataclass
 class TrainConfig:
-    """Hyper-parameters; the defaults are the book's where it has one (batch 64, lr 1e-4, patience 4)."""
+    """Hyper-parameters. Patience 4 is the book's. Batch 16 and lr 3e-4 replace its 64 and 1e-4:
+    on bench/quality.py (300 oracle labels, 3 splits) they agreed better with the true score on
+    never-seen segments every time (+0.6 to +4.0 points) at the same cost per pair."""
 
     epochs: int = 100
-    batch: int = 64
-    lr: float = 1e-4
+    batch: int = 16
+    lr: float = 3e-4
     seed: int = 42
     test_ratio: float = 0.2
     patience: int = 4
