@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ from table import print_table  # noqa: E402  (bench/ is on sys.path when run as 
 
 from lib.labels import load_labels, pair_key  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
-from lib.reward_model import load_reward_model  # noqa: E402
+from lib.reward_model import RewardPredictor, load_reward_model  # noqa: E402
 from lib.segments import list_segments, load_segment  # noqa: E402
 
 
@@ -48,9 +49,8 @@ def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> N
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
-def predicted_returns(model_path: Path, db: Path, segs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def predicted_returns(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(predicted, true) return of each segment of ``segs``."""
-    rm = load_reward_model(model_path)
     pred, true = [], []
     for rel in segs:
         seg = load_segment(db / rel)
@@ -60,7 +60,7 @@ def predicted_returns(model_path: Path, db: Path, segs: list[str]) -> tuple[np.n
 
 
 def agreement(
-    segs: list[str], p: np.ndarray, t: np.ndarray, skip: set[tuple[str, str]] = frozenset()
+    segs: list[str], p: np.ndarray, t: np.ndarray, skip: AbstractSet[tuple[str, str]] = frozenset()
 ) -> tuple[float, int]:
     """(share, count) of the pairs of ``segs`` with different true returns, not in ``skip``, that
     the predicted returns order as the true ones do (a predicted tie counts as wrong)."""
@@ -72,10 +72,10 @@ def agreement(
     return (ok / n if n else float("nan")), n
 
 
-def heldout_agreement(model_path: Path, db: Path, segs: list[str]) -> tuple[float, int, float]:
+def heldout_agreement(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[float, int, float]:
     """(agreement, pairs, Pearson r) of the model's predicted returns over all pairs of ``segs``
     whose true returns differ."""
-    p, t = predicted_returns(model_path, db, segs)
+    p, t = predicted_returns(rm, db, segs)
     share, n = agreement(segs, p, t)
     corr = float(np.corrcoef(p, t)[0, 1]) if np.std(t) > 0 and np.std(p) > 0 else float("nan")
     return share, n, corr
@@ -121,6 +121,10 @@ def main() -> None:
         ties = summary.counts.get(0, 0)
         rows.append(("oracle labels", f"{summary.labeled}", "pairs",
                      f"over {len(segs) - n_hold} training-pool segments, {ties} ties"))  # fmt: skip
+        # The looser reading of "held-out pairs": pairs never labeled, but of segments that
+        # other (training) pairs contain.
+        pool = list_segments(train_db)
+        labeled = set(load_labels(train_db))
         for inp in [s.strip() for s in args.inputs.split(",") if s.strip()]:
             out = work / "saves"
             cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", f"q-{inp}", "-o", str(out), str(train_db),
@@ -133,17 +137,15 @@ def main() -> None:
             if r.returncode != 0:
                 raise SystemExit(f"training failed: {r.stderr.strip().splitlines()[-1:]}")
             path = out / f"reward-q-{inp}.pt"
-            m = load_reward_model(path).metrics
-            agree, n_pairs, corr = heldout_agreement(path, db, hold)
+            rm = load_reward_model(path)
+            m = rm.metrics
+            agree, n_pairs, corr = heldout_agreement(rm, db, hold)
             setting = f"--input {inp} {' '.join(extra)}".strip()
             rows.append(("held-out oracle agreement", f"{100 * agree:.1f}", "%",
                          f"{setting}: {n_pairs} pairs of {len(hold)} never-trained segments"))  # fmt: skip
             rows.append(("held-out return correlation", f"{corr:.3f}", "Pearson r", setting))
-            # The looser reading of "held-out pairs": pairs never labeled, but of segments that
-            # other (training) pairs contain.
-            pool = list_segments(train_db)
-            pp, pt = predicted_returns(path, train_db, pool)
-            share, n_unl = agreement(pool, pp, pt, skip=set(load_labels(train_db)))
+            pp, pt = predicted_returns(rm, train_db, pool)
+            share, n_unl = agreement(pool, pp, pt, skip=labeled)
             rows.append(("unlabeled-pair oracle agreement", f"{100 * share:.1f}", "%",
                          f"{setting}: {n_unl} never-labeled pairs of {len(pool)} training-pool segments"))  # fmt: skip
             ta = m.get("oracle_agreement")
