@@ -24,6 +24,7 @@ from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.model import AtariA2C, atomic_torch_save, load_policy, policy_checkpoint, read_checkpoint
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, EpisodeRecorderWrapper
+from lib.segments import check_db_game
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
 GAMMA = 0.99
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=10,
         help="full games (all lives) per evaluation, played side by side",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="start the run <name> over even though saves/<name> holds checkpoints (they are replaced)",
     )
     p.add_argument(
         "--resume",
@@ -165,6 +171,29 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise UserError(f"cannot write {what} {path}: {q} is not a writable directory")
 
 
+def _make_dir(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
+
+
+def _check_resumable(ck: dict[str, Any], path: Path) -> None:
+    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters."""
+    progress = ck.get("progress")
+    keys = ("step", "train_steps", "best_mean", "games")
+    if not (
+        isinstance(progress, dict)
+        and all(isinstance(progress.get(k), int | float) for k in keys)
+        and isinstance(ck.get("optimizer"), dict)
+        and isinstance(ck.get("scheduler"), dict)
+    ):
+        raise UserError(
+            f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
+            f"best_*.pt?): start a new run from it with -m {path}"
+        )
+
+
 def _device(name: str) -> torch.device:
     try:
         dev = torch.device(name)
@@ -198,6 +227,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--lr-decay-steps must be >= 0, got {args.lr_decay_steps}")
     if args.finetune and not (args.model or args.resume):
         raise UserError("--finetune needs a policy to start from: give -m MODEL")
+    if args.resume and args.force:
+        raise UserError("--resume continues the run, --force starts it over: give one of them")
     if args.resume and args.model:
         raise UserError("--resume continues saves/<name>/last.pt; do not also give -m")
     if not args.name or "/" in args.name or args.name in (".", ".."):
@@ -345,10 +376,17 @@ def train(args: argparse.Namespace) -> int:
         if not last_path.exists():
             raise UserError(f"--resume: no {last_path} to resume from (start the run without --resume)")
         resume_ck = read_checkpoint(last_path, "checkpoint")
+        _check_resumable(resume_ck, last_path)
+    elif not args.force and save_dir.is_dir() and any(save_dir.glob("*.pt")):
+        raise UserError(
+            f"{save_dir} already holds the run {args.name!r}: continue it with --resume, start it over "
+            f"with --force (replaces its checkpoints), or pick another -n"
+        )
     _check_writable_dir(save_dir, "checkpoint dir")
     _check_writable_dir(Path(args.runs_dir), "TensorBoard dir")
     if args.db_path:
         _check_writable_dir(Path(args.db_path), "DB dir")
+        check_db_game(args.db_path, args.env)
 
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -378,6 +416,7 @@ def train(args: argparse.Namespace) -> int:
         counters = np.asarray(resume_ck["env_steps"]) if resume_ck and "env_steps" in resume_ck else None
         if counters is not None and len(counters) != args.envs:
             counters = None
+        _make_dir(Path(args.db_path), "DB dir")
         recorder = EpisodeRecorderWrapper(
             env, args.db_path, args.record_prob, args.segment_steps, rng=rng, step_counters=counters,
             checkpoint=str(args.model) if args.model else None,
@@ -404,9 +443,8 @@ def train(args: argparse.Namespace) -> int:
         optimizer.load_state_dict(resume_ck["optimizer"])
         scheduler.load_state_dict(resume_ck["scheduler"])
 
-    save_dir.mkdir(parents=True, exist_ok=True)
-    if args.db_path:
-        Path(args.db_path).mkdir(parents=True, exist_ok=True)
+    _make_dir(save_dir, "checkpoint dir")
+    _make_dir(Path(args.runs_dir), "TensorBoard dir")
     from torch.utils.tensorboard import SummaryWriter
 
     if resume_ck is not None and resume_ck.get("tb_dir"):

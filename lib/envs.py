@@ -43,6 +43,15 @@ def _all_roms() -> list[str]:
     return sorted(roms.get_all_rom_ids())
 
 
+def game_of(env_id: str) -> str:
+    """The game of an env id read from a file: its ALE ROM id, or for a name ALE does not know
+    (a test's synthetic env, a hostile file) the name itself, lower case. Never raises."""
+    try:
+        return rom_name(env_id)
+    except UserError:
+        return env_id.strip().lower()
+
+
 def rom_name(env: str) -> str:
     """ALE ROM id for a user's ``--env``: 'SeaquestNoFrameskip-v4', 'ALE/Seaquest-v5',
     'Seaquest' and 'seaquest' all give 'seaquest'. Unknown games raise UserError."""

@@ -24,3 +24,8 @@ def run_cli(main: Callable[[], int | None]) -> None:
     except UserError as e:
         fail(str(e))
     raise SystemExit(rc or 0)
+
+
+def warn(message: str) -> None:
+    """A problem that was skipped (a broken segment, a bad label line): one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)

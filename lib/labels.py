@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import threading
 import time
-import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lib.errors import UserError, warn
+from lib.files import UnsafeFileError, open_append, read_regular
+
 LABELS_FILE = "labels.jsonl"
 LEGACY_LABELS_FILE = "labels.json"
+MAX_LABELS_BYTES = 1 << 30  # ~5 million labels; a larger file is not a label file
+Warn = Callable[[str], None]
 
 FIRST_BETTER = 1
 SECOND_BETTER = 2
@@ -63,18 +68,6 @@ class Label:
         d["time"] = self.time if self.time is not None else time.time()
         return d
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Label:
-        known = {"sample1", "sample2", "label", "time", "source"}
-        return cls(
-            sample1=str(d["sample1"]),
-            sample2=str(d["sample2"]),
-            label=int(d["label"]),
-            time=d.get("time"),
-            source=str(d.get("source", "human")),
-            extra={k: v for k, v in d.items() if k not in known},
-        )
-
 
 def pair_key(a: str, b: str) -> tuple[str, str]:
     """Order-free key of a pair: (a, b) and (b, a) are the same pair."""
@@ -89,45 +82,88 @@ def check_relpath(rel: str) -> str:
     return p.as_posix()
 
 
-def _parse_lines(path: Path) -> list[Label]:
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(x: Any, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        raise ValueError(f"{what} must be a finite number, got {str(x)[:40]}")
+    return float(x)
+
+
+def parse_label_line(raw: bytes | str) -> Label:
+    """One line of a label file -> Label; ValueError saying why for anything but a UTF-8 JSON
+    object with string paths inside the DB, a known label value, a finite numeric time and a
+    string source. The one check every reader of label files uses."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    d = json.loads(raw, parse_constant=_no_constants)
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    a, b, value = d.get("sample1"), d.get("sample2"), d.get("label")
+    if not isinstance(a, str) or not isinstance(b, str):
+        raise ValueError("sample1 and sample2 must be strings")
+    if type(value) is not int or (value not in VALID_LABELS and value != RETRACTED):
+        raise ValueError(f"unknown label value {str(value)[:40]}")
+    when = d.get("time")
+    source = d.get("source", "human")
+    if not isinstance(source, str):
+        raise ValueError("source must be a string")
+    return Label(
+        sample1=check_relpath(a),
+        sample2=check_relpath(b),
+        label=value,
+        time=None if when is None else _finite(when, "time"),
+        source=source,
+        extra={k: v for k, v in d.items() if k not in _KNOWN},
+    )
+
+
+_KNOWN = {"sample1", "sample2", "label", "time", "source"}
+
+
+def parse_label_lines(data: bytes, where: str, warn: Warn = warn) -> list[Label]:
+    """Every good line of a label file's bytes; a bad line is skipped with a warning naming its
+    line number (a torn last line after a crash says so)."""
     out: list[Label] = []
-    data = path.read_text(encoding="utf-8")
-    lines = data.split("\n")
+    lines = data.split(b"\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            lab = Label.from_json(json.loads(line))
-            check_relpath(lab.sample1)
-            check_relpath(lab.sample2)
-            if lab.label not in VALID_LABELS and lab.label != RETRACTED:
-                raise ValueError(f"unknown label value {lab.label}")
-        except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
+            out.append(parse_label_line(line))
+        except (ValueError, RecursionError) as e:
             last = all(not rest.strip() for rest in lines[i + 1 :])
-            if last:
-                warnings.warn(f"{path}:{i + 1}: skipping a torn last line ({e})", stacklevel=3)
-            else:
-                warnings.warn(f"{path}:{i + 1}: skipping a bad line ({e})", stacklevel=3)
-            continue
-        out.append(lab)
+            what = "a torn last line" if last else "a bad line"
+            warn(f"{where}:{i + 1}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
     return out
 
 
-def read_label_log(db_root: str | os.PathLike) -> list[Label]:
-    """Every line of the DB's label files in order (legacy ``labels.json`` first)."""
+def read_label_log(db_root: str | os.PathLike, warn: Warn = warn) -> list[Label]:
+    """Every line of the DB's label files in order (legacy ``labels.json`` first). A label file
+    that is a symlink or not a regular file is not read (one warning)."""
     root = Path(db_root)
     out: list[Label] = []
     for name in (LEGACY_LABELS_FILE, LABELS_FILE):
         p = root / name
-        if p.is_file():
-            out.extend(_parse_lines(p))
+        if not os.path.lexists(p):
+            continue
+        try:
+            if p.is_symlink():
+                raise UnsafeFileError(f"{p} is a symlink")
+            data = read_regular(p, MAX_LABELS_BYTES)
+        except OSError as e:
+            warn(f"{p}: not read ({e.strerror or e})")
+            continue
+        out.extend(parse_label_lines(data, str(p), warn))
     return out
 
 
-def load_labels(db_root: str | os.PathLike) -> dict[tuple[str, str], Label]:
+def load_labels(db_root: str | os.PathLike, warn: Warn = warn) -> dict[tuple[str, str], Label]:
     """The current label of every pair: the last line for a pair wins, (a,b) == (b,a)."""
     current: dict[tuple[str, str], Label] = {}
-    for lab in read_label_log(db_root):
+    for lab in read_label_log(db_root, warn):
         current.pop(lab.key, None)  # keep insertion order = order of last answer
         if lab.label != RETRACTED:
             current[lab.key] = lab
@@ -151,7 +187,11 @@ def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
     if not payload:
         return
     path = root / LABELS_FILE
-    with _write_lock, open(path, "a+b") as f:
+    try:
+        f = open_append(path)
+    except UnsafeFileError as e:
+        raise UserError(f"{e} (labels.jsonl of a DB must be a regular file)") from None
+    with _write_lock, f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             f.seek(0, os.SEEK_END)

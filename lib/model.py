@@ -10,7 +10,6 @@ shapes come from the caller.
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from lib.errors import UserError
+from lib.files import atomic_write
 
 POLICY_FORMAT = "rlhf-atari-policy"
 
@@ -74,11 +74,9 @@ def policy_checkpoint(
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save to a temp file then rename: a crash never leaves a half checkpoint."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint,
+    and two runs saving at once never share a temp file."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def read_checkpoint(path: str | os.PathLike, what: str = "model") -> dict[str, Any]:
@@ -90,8 +88,10 @@ def read_checkpoint(path: str | os.PathLike, what: str = "model") -> dict[str, A
         raise UserError(f"{what} path is a directory, expected a .pt file: {path}")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError):
-        # UnpicklingError also covers a file that weights_only refuses to load (it would run code).
+    except Exception:
+        # Whatever a broken or foreign file makes torch.load raise (UnpicklingError also covers
+        # a file that weights_only refuses to load because it would run code; a text file can
+        # give KeyError), it is the same message.
         raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
     if not isinstance(ck, dict):
         raise UserError(f"{what} {path} is not a checkpoint dict")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.errors import UserError
+from lib.errors import UserError, warn
 from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, load_labels, pair_key
-from lib.segments import SegmentError, list_segments, load_segment
+from lib.segments import SegmentError, list_segments, read_segment
 
 
 def sample_unlabeled_pairs(
@@ -79,8 +79,9 @@ def oracle_label_db(db_root: str | os.PathLike, n_pairs: int, seed: int | None =
         nonlocal bad
         if rel not in returns:
             try:
-                seg = load_segment(root / rel)
-            except SegmentError:
+                seg = read_segment(root, rel)
+            except SegmentError as e:
+                warn(f"skipped: {e}")
                 bad += 1
                 returns[rel] = None
                 return None

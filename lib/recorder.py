@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from lib.envs import VecStep
-from lib.segments import Segment, SegmentWriter
+from lib.segments import Segment, SegmentWriter, claim_db, list_segments
 
 DEFAULT_SEGMENT_STEPS = 50
 # About 2,500 segments over a 10M-step run: 10M * p / (1 + 50 p) ~= 2,500.
@@ -32,12 +32,10 @@ def existing_step_counters(db_root: str | os.PathLike, n_envs: int) -> np.ndarra
     """The highest step counter already used in each env's directory (0 when none): a new run
     into the same DB continues from there, so it never overwrites a segment."""
     out = np.zeros(n_envs, dtype=np.int64)
-    root = Path(db_root)
-    for i in range(n_envs):
-        d = root / f"{i:02d}"
-        if d.is_dir():
-            steps = [int(f.stem) for f in d.iterdir() if f.suffix == ".dat" and f.stem.isdigit()]
-            out[i] = max(steps, default=0)
+    for rel in list_segments(db_root, warn=None):
+        env, step = rel.removesuffix(".dat").split("/")
+        if int(env) < n_envs:
+            out[int(env)] = max(out[int(env)], int(step))
     return out
 
 
@@ -60,6 +58,7 @@ class EpisodeRecorderWrapper:
             raise ValueError(f"segment_steps must be >= 1, got {segment_steps}")
         self.env = env
         self.db_path = Path(db_path)
+        claim_db(self.db_path, env.env_id, tuple(env.action_meanings))
         self.record_prob = record_prob
         self.segment_steps = segment_steps
         self.rng = rng or np.random.default_rng()

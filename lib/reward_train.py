@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from lib.envs import DEFAULT_ENV, rom_name
-from lib.errors import UserError
+from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
 from lib.reward_model import (
     NOISE_EPS,
@@ -43,7 +43,14 @@ from lib.reward_model import (
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.segments import _ZSTD_MAGIC, SegmentError, decode_segment, encode_segment, resolve_in_db
+from lib.segments import (
+    _ZSTD_MAGIC,
+    SegmentError,
+    check_same_game,
+    decode_segment,
+    encode_segment,
+    read_segment_bytes,
+)
 
 Log = Callable[[str], None]
 
@@ -141,10 +148,12 @@ def load_preferences(
     }
     legacy_segments = 0
 
+    for db in dbs:
+        if not Path(db).is_dir():
+            raise UserError(f"DB not found: {db}")
+    check_same_game(list(dbs), "training on")
     for di, db in enumerate(dbs):
         root = Path(db)
-        if not root.is_dir():
-            raise UserError(f"DB not found: {root}")
         if not (root / LABELS_FILE).is_file() and not (root / LEGACY_LABELS_FILE).is_file():
             raise UserError(f"DB {root} has no labels ({LABELS_FILE}): label pairs with 02_label_ui.py first")
         labels = load_labels(root)
@@ -263,14 +272,13 @@ def load_preferences(
 def _read_segment(root: Path, rel: str) -> tuple[bytes, dict[str, Any]] | str:
     """Read one segment file: (compressed bytes, metadata), or "missing" / "unreadable". Decodes it
     once to check it and read its metadata; keeps only the compressed bytes."""
-    try:
-        path = resolve_in_db(root, rel)
-        data = path.read_bytes()
-    except (ValueError, OSError):
+    if not os.path.lexists(root / rel):
         return "missing"
     try:
-        seg = decode_segment(data, str(path))
-    except SegmentError:
+        data = read_segment_bytes(root, rel)
+        seg = decode_segment(data, f"{root}/{rel}")
+    except SegmentError as e:
+        warn(f"skipped: {e}")
         return "unreadable"
     if data[:4] != _ZSTD_MAGIC:
         data = encode_segment(seg, level=1)  # legacy: an uncompressed 5 MB pickle; keep it small
@@ -595,7 +603,15 @@ def train_reward_model(
         [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
     )
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if out_path.parent.exists() and not out_path.parent.is_dir():
+        raise UserError(f"output directory {out_path.parent} is a file: give a directory with -o")
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output directory {out_path.parent}: {e.strerror or e}") from None
+    # The best model so far goes to a side file; reward-NAME.pt is replaced only when training
+    # ends, so a crash or kill mid-run never costs the model that was there before.
+    partial_path = out_path.with_name(out_path.stem + ".partial.pt")
     has_oracle = data.has_true_returns
     log(f"training on {len(train)} pairs, testing on {len(test)} ({data.n_segments} segments, "
         f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(models[0].input_shape)}, "
@@ -668,7 +684,7 @@ def train_reward_model(
                 ]
                 ck = reward_checkpoint(models, norm_mean=ev["step_mean"], norm_std=ev["step_std"],
                                        metrics=em.as_dict(), epoch=epoch, **meta, **extra)  # fmt: skip
-                save_reward_checkpoint(ck, out_path)
+                save_reward_checkpoint(ck, partial_path)
             else:
                 since_best += 1
                 if since_best >= cfg.patience:
@@ -679,8 +695,8 @@ def train_reward_model(
         log("interrupted: keeping the best model so far")
     if best is None or best_states is None:
         raise UserError("interrupted before the first epoch finished: no model saved")
-    # Final normalisation stats with the best weights, over the test segments and a sample of
-    # the training segments: what the wrapper and 04_play.py normalise with before their own
+    # Final normalisation stats with the best weights, over a sample of up to 256 labeled
+    # segments: what the wrapper and 04_play.py normalise with before their own
     # running window fills.
     for m, sd in zip(models, best_states, strict=True):
         m.load_state_dict(sd)
@@ -689,7 +705,10 @@ def train_reward_model(
     mean, std = norm_stats(models, data, sample, device)
     ck = reward_checkpoint(models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch,
                            **meta, **extra)  # fmt: skip
-    save_reward_checkpoint(ck, out_path)
+    prev = install_checkpoint(ck, out_path)
+    partial_path.unlink(missing_ok=True)
+    if prev is not None:
+        log(f"the previous {out_path.name} is kept as {prev}")
     peak_cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return TrainResult(
         path=out_path,
@@ -703,6 +722,23 @@ def train_reward_model(
         peak_cuda_mb=peak_cuda,
         stopped=stopped,
     )
+
+
+def install_checkpoint(ck: dict[str, Any], out_path: Path) -> Path | None:
+    """Write ``ck`` to ``out_path``, keeping what was there as ``<stem>.prev.pt`` (returned). The old
+    file is hard-linked before the new one is renamed over it: at no moment is there no model."""
+    prev = None
+    if out_path.is_file() and not out_path.is_symlink():
+        prev = out_path.with_name(out_path.stem + ".prev.pt")
+        tmp = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(out_path, tmp)
+        except OSError:  # a file system without hard links: copy
+            tmp.write_bytes(out_path.read_bytes())
+        os.replace(tmp, prev)
+    save_reward_checkpoint(ck, out_path)
+    return prev
 
 
 def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, step: int) -> None:

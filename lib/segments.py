@@ -1,26 +1,36 @@
 """The segment DB: the contract between the stages.
 
-Layout: ``<db>/<env:02d>/<step:08d>.dat``, one file per segment of consecutive agent steps.
-A file is a zstd-compressed pickle of a plain dict (numpy arrays and builtins only, see
-``Segment.to_record``), written atomically (temp file + rename), so a crash or Ctrl-C never
-leaves half a segment behind.
+Layout: ``<db>/<env:02d>/<step:08d>.dat``, one file per segment of consecutive agent steps, and
+``<db>/db.json`` naming the DB's game. A segment file is a zstd-compressed pickle of PLAIN data
+only (dict, list, str, bytes, int, float, bool, None; ``Segment.to_record``): every array is a
+``{"dtype", "shape", "data"}`` dict that the loader rebuilds itself with ``np.frombuffer``. Files
+are written atomically (temp file + rename), so a crash or Ctrl-C never leaves half a segment.
 
-Reading never uses plain ``pickle.loads``: a DB may come from someone else and pickle runs
-code. ``load_segment`` goes through ``_SafeUnpickler``, which allows only numpy arrays and
-dtypes, a few builtins and the book's legacy ``EpisodeStep`` class. The book's (Lapan, ch. 19)
-uncompressed segments -- a list of ``lib.rlhf.EpisodeStep(obs, act)`` -- load too; they carry
-no rewards, so ``Segment.rewards`` is ``None`` for them.
+Reading: a DB may come from a stranger, so nothing in a file chooses code or memory layout.
+- New files (format 2) are unpickled with NO global allowed at all.
+- Files of format 1 (numpy arrays pickled by numpy) and the book's legacy files (Lapan, ch. 19:
+  an uncompressed pickle of a list of ``lib.rlhf.EpisodeStep(obs, act)``, no rewards) go through
+  a strict path: the numpy globals they name are replaced by inert records, and our code rebuilds
+  each array from validated parts (a plain numeric dtype, a shape, a payload of exactly the right
+  length). No object or structured dtype, offset or stride from the file is ever used; a
+  restricted unpickler that hands numpy's own ``_reconstruct`` or ``ndarray`` to a file is NOT
+  safe (object arrays over raw bytes, negative offsets).
+- File and decompressed sizes are bounded; only regular files inside the DB whose names match
+  ``NN/SSSSSSSS.dat`` are read (``read_segment``). Anything unexpected is a ``SegmentError``
+  naming the file, which every reader skips with a warning.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
+import json
+import math
 import os
 import pickle
 import queue
-import tempfile
+import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,22 +38,30 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from lib.errors import UserError, warn
+from lib.files import UnsafeFileError, atomic_write, inside, read_regular
+
 FORMAT_NAME = "rlhf-atari-segment"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ZSTD_LEVEL = 3
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# A 50-step SeaQuest segment is ~5 MB decoded, 20-50 KB compressed; these bounds leave room for
+# segments 20x longer and refuse files that would exhaust memory.
+MAX_FILE_BYTES = 128 << 20
+MAX_RAW_BYTES = 128 << 20
+MAX_STEPS = 100_000
+MAX_FRAME_SIDE = 1024
+MAX_ACTIONS = 256
+# NN/SSSSSSSS.dat: ASCII digits only (str.isdigit would accept other scripts' digits).
+SEGMENT_NAME = re.compile(r"[0-9]{2,3}/[0-9]{8,12}\.dat")
+DB_INFO_FILE = "db.json"
+DB_INFO_FORMAT = "rlhf-atari-db"
+
+Warn = Callable[[str], None]
 
 
 class SegmentError(Exception):
     """A segment file that cannot be read: the message names the file and the reason."""
-
-
-@dataclass(frozen=True)
-class EpisodeStep:
-    """The book's legacy per-step record (``lib.rlhf.EpisodeStep``): obs (H, W, 3) uint8, act."""
-
-    obs: np.ndarray
-    act: int
 
 
 @dataclass(frozen=True)
@@ -98,153 +116,400 @@ class Segment:
         return float(self.rewards.sum())
 
     def to_record(self) -> dict[str, Any]:
-        """The plain dict that is pickled: only numpy arrays and builtins."""
-        return {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "frames": self.frames,
-            "actions": self.actions,
-            "rewards": self.rewards,
-            "dones": self.dones,
-            "game_over": self.game_over,
-            "lives": self.lives,
-            "env_id": self.env_id,
-            "action_meanings": list(self.action_meanings) if self.action_meanings else None,
-            "env_index": self.env_index,
-            "step": self.step,
-            "checkpoint": self.checkpoint,
-            "time": self.time,
-            "meta": dict(self.meta),
-        }
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> Segment:
-        meanings = rec.get("action_meanings")
-        return cls(
-            frames=np.asarray(rec["frames"], dtype=np.uint8),
-            actions=np.asarray(rec["actions"], dtype=np.int64),
-            rewards=None if rec.get("rewards") is None else np.asarray(rec["rewards"], dtype=np.float32),
-            dones=None if rec.get("dones") is None else np.asarray(rec["dones"], dtype=bool),
-            game_over=None if rec.get("game_over") is None else np.asarray(rec["game_over"], dtype=bool),
-            lives=None if rec.get("lives") is None else np.asarray(rec["lives"], dtype=np.int32),
-            env_id=rec.get("env_id"),
-            action_meanings=tuple(meanings) if meanings else None,
-            env_index=rec.get("env_index"),
-            step=rec.get("step"),
-            checkpoint=rec.get("checkpoint"),
-            time=rec.get("time"),
-            meta=dict(rec.get("meta") or {}),
+        """The plain dict that is pickled (format 2): builtins only, arrays as dtype/shape/bytes."""
+        rec: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        for name, dtype in _ARRAY_FIELDS.items():
+            arr = getattr(self, name)
+            rec[name] = None if arr is None else _plain_array(arr, dtype)
+        rec.update(
+            env_id=self.env_id,
+            action_meanings=list(self.action_meanings) if self.action_meanings else None,
+            env_index=None if self.env_index is None else int(self.env_index),
+            step=None if self.step is None else int(self.step),
+            checkpoint=self.checkpoint,
+            time=None if self.time is None else float(self.time),
+            meta=_plain_meta(self.meta),
         )
+        return rec
 
 
-# --- safe loading -------------------------------------------------------------------------
+# Each array field and the dtype it is stored in (little-endian, whatever the machine).
+_ARRAY_FIELDS = {
+    "frames": np.dtype("|u1"),
+    "actions": np.dtype("<i8"),
+    "rewards": np.dtype("<f4"),
+    "dones": np.dtype("|b1"),
+    "game_over": np.dtype("|b1"),
+    "lives": np.dtype("<i4"),
+}
+# The only dtypes a file may name: plain numbers. Looked up here, never built from file text.
+_PLAIN_DTYPES = {
+    d.str: d
+    for d in map(np.dtype, ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f4", "<f8", "|b1"))
+}
+_NATIVE_ALIASES = {"=": "<", "|": "<"}  # numpy states: '=' native (we only run little-endian)
 
-_ALLOWED_BUILTINS = {
-    "list", "dict", "tuple", "set", "frozenset", "int", "float", "complex", "str", "bytes",
-    "bytearray", "bool", "slice", "range",
-}  # fmt: skip
 
-_NUMPY_ALLOWED = {
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
+def _plain_array(arr: np.ndarray, dtype: np.dtype) -> dict[str, Any]:
+    a = np.ascontiguousarray(np.asarray(arr).astype(dtype, copy=False))
+    # PickleBuffer: the array's bytes go into the pickle as one BYTEARRAY8, without a copy.
+    return {"dtype": dtype.str, "shape": list(a.shape), "data": pickle.PickleBuffer(a)}
+
+
+def _plain_meta(meta: Any) -> dict[str, Any]:
+    """Metadata kept from a record: string keys with str / int / float / bool / None values."""
+    if not isinstance(meta, dict):
+        return {}
+    return {
+        k: v
+        for k, v in list(meta.items())[:64]
+        if isinstance(k, str) and (v is None or isinstance(v, str | int | float | bool))
+    }
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+class _Refuse(pickle.Unpickler):
+    """Unpickles plain data only: any global (class or function) at all is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load '{module}.{name}' (a segment holds plain data only)")
+
+
+class _Record:
+    """An inert record of what a format-1 or legacy pickle asked numpy (or the book's class) to
+    build: ``kind``, the call's arguments and the state later set on it. Nothing runs."""
+
+    kind: str = ""
+    args: tuple[Any, ...] = ()
+    state: Any = None
+
+    def __init__(self, kind: str, args: tuple[Any, ...]) -> None:
+        self.kind, self.args = kind, args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+class _DtypeRecord(_Record):
+    def __init__(self, *args: Any) -> None:
+        super().__init__("dtype", args)
+
+
+class _StepRecord(_Record):
+    """The book's ``lib.rlhf.EpisodeStep``: a dataclass (class + instance dict) or a named tuple."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__("step", args)
+
+
+_NDARRAY = "numpy.ndarray"  # a plain string: calling it is a TypeError, i.e. a corrupt segment
+
+
+def _recorder(kind: str) -> Callable[..., _Record]:
+    return lambda *args: _Record(kind, args)
+
+
+def _latin1(s: Any, encoding: Any = "latin1") -> bytes:
+    # How protocol-2 pickles spell bytes: _codecs.encode(str, "latin1"). Pure and bounded.
+    if not isinstance(s, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("unexpected _codecs.encode call")
+    return s.encode("latin-1")
+
+
+_NUMPY_CORE = ("numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric")
+_RECORDS = {
+    "_reconstruct": _recorder("reconstruct"),
+    "_frombuffer": _recorder("frombuffer"),
+    "scalar": _recorder("scalar"),
 }
 
 
-def _numpy_global(module: str, name: str) -> Any:
-    # numpy < 2 pickles as numpy.core.*, numpy >= 2 as numpy._core.*: accept both, but only
-    # the array reconstruction helpers and the dtype classes (numpy.dtypes.UInt8DType, ...).
-    if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name in ("_reconstruct", "scalar"):
-        from numpy._core import multiarray
+class _Strict(pickle.Unpickler):
+    """For format-1 and legacy files: the few globals they name become inert records."""
 
-        return getattr(multiarray, name)
-    if module in ("numpy.core.numeric", "numpy._core.numeric") and name == "_frombuffer":
-        from numpy._core import numeric
-
-        return numeric._frombuffer
-    if module == "numpy.dtypes" and name.endswith("DType"):
-        import numpy.dtypes
-
-        return getattr(numpy.dtypes, name)
-    if (module, name) in _NUMPY_ALLOWED:
-        return _NUMPY_ALLOWED[(module, name)]
-    return None
-
-
-class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _ALLOWED_BUILTINS:
-            import builtins
-
-            return getattr(builtins, name)
-        if module.startswith("numpy"):
-            obj = _numpy_global(module, name)
-            if obj is not None:
-                return obj
-        if name == "EpisodeStep" and module.endswith("rlhf"):
-            return EpisodeStep
-        if module == "collections" and name == "OrderedDict":
-            import collections
-
-            return collections.OrderedDict
+        if module in _NUMPY_CORE and name in _RECORDS:
+            return _RECORDS[name]
+        if (module, name) == ("numpy", "ndarray"):
+            return _NDARRAY
+        if (module, name) == ("numpy", "dtype"):
+            return _DtypeRecord
+        if name == "EpisodeStep" and module.split(".")[-1] == "rlhf":
+            return _StepRecord
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1
         raise pickle.UnpicklingError(f"refusing to load '{module}.{name}' (not allowed in a segment)")
 
 
-def safe_loads(data: bytes) -> Any:
-    """Unpickle bytes allowing only what segments contain; anything else raises UnpicklingError."""
-    return _SafeUnpickler(io.BytesIO(data)).load()
+def _unpickle(cls: type[pickle.Unpickler], data: bytes) -> Any:
+    return cls(io.BytesIO(data)).load()
+
+
+def _dtype(spec: Any) -> np.dtype:
+    """A plain numeric dtype from its name (format 2) or a numpy dtype record (format 1, legacy)."""
+    if isinstance(spec, str) and spec in _PLAIN_DTYPES:
+        return _PLAIN_DTYPES[spec]
+    if isinstance(spec, _DtypeRecord) and spec.args and isinstance(spec.args[0], str):
+        code, state = spec.args[0], spec.state
+        order = "|"
+        if state is not None:
+            # numpy's dtype state: (version, byte order, subarray, names, fields, elsize, alignment, flags)
+            if not (isinstance(state, tuple) and len(state) == 8 and state[2:5] == (None, None, None)):
+                raise ValueError("a dtype with fields or a sub-array")
+            order = state[1]
+        if order not in ("<", "|", "="):
+            raise ValueError(f"dtype byte order {order!r}")
+        for prefix in ("|", "<"):
+            if prefix + code in _PLAIN_DTYPES:
+                return _PLAIN_DTYPES[prefix + code]
+    raise ValueError(f"not a plain numeric dtype: {_describe(spec)}")
+
+
+def _describe(x: Any) -> str:
+    text = repr(x.args[:1]) if isinstance(x, _Record) else repr(x)
+    return text[:60]
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, tuple | list) or len(shape) > 4:
+        raise ValueError(f"bad shape {_describe(shape)}")
+    out = []
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_STEPS:
+            raise ValueError(f"bad shape {_describe(shape)}")
+        out.append(d)
+    return tuple(out)
+
+
+def _build(dtype: np.dtype, shape: Any, data: Any, order: str = "C") -> np.ndarray:
+    """The one place arrays are made from file content: exact byte count, our dtype, no offset."""
+    shape = _shape(shape)
+    if not isinstance(data, bytes | bytearray):
+        raise ValueError("array payload is not bytes")
+    if order not in ("C", "F"):
+        raise ValueError(f"array order {order!r}")
+    need = math.prod(shape) * dtype.itemsize
+    if len(data) != need:
+        raise ValueError(f"array payload has {len(data):,} bytes, its shape {shape} needs {need:,}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order=order)
+
+
+def _array(x: Any) -> np.ndarray | None:
+    """An array field of any format: None, a format-2 dict, or a format-1 numpy record."""
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        if set(x) != {"dtype", "shape", "data"}:
+            raise ValueError("array record needs exactly dtype, shape and data")
+        return _build(_dtype(x["dtype"]), x["shape"], x["data"])
+    if isinstance(x, _Record) and x.kind == "frombuffer" and len(x.args) == 4:
+        data, dtype, shape, order = x.args
+        return _build(_dtype(dtype), shape, data, order)
+    if isinstance(x, _Record) and x.kind == "reconstruct" and x.args[:1] == (_NDARRAY,):
+        st = x.state
+        if not (isinstance(st, tuple) and len(st) == 5 and isinstance(st[3], bool)):
+            raise ValueError("bad array state")
+        _, shape, dtype, fortran, data = st
+        if isinstance(data, str):
+            data = data.encode("latin-1")  # protocol 0/1 pickles of Python 2 era
+        return _build(_dtype(dtype), shape, data, "F" if fortran else "C")
+    raise ValueError(f"not an array: {_describe(x)}")
+
+
+def _scalar(x: Any, kinds: tuple[type, ...]) -> Any:
+    """A metadata value: a builtin of ``kinds`` (never bool for int), or a numpy scalar record."""
+    if isinstance(x, _Record) and x.kind == "scalar" and len(x.args) == 2:
+        x = _build(_dtype(x.args[0]), (), x.args[1]).item()
+    if x is None or (isinstance(x, kinds) and not (isinstance(x, bool) and bool not in kinds)):
+        return x
+    raise ValueError(f"unexpected value {_describe(x)}")
+
+
+def _text(x: Any, limit: int = 4096) -> str | None:
+    x = _scalar(x, (str,))
+    if x is not None and len(x) > limit:
+        raise ValueError("a text field is too long")
+    return x
+
+
+def _checked(fields: dict[str, Any]) -> Segment:
+    """A Segment from decoded parts, every shape, range and type checked."""
+    frames = fields["frames"]
+    if frames is None or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+        raise ValueError("frames must be (T, H, W, 3) uint8")
+    t, h, w = frames.shape[:3]
+    if not (t >= 1 and 1 <= h <= MAX_FRAME_SIDE and 1 <= w <= MAX_FRAME_SIDE):
+        raise ValueError(f"frames of shape {frames.shape}")
+    arrays: dict[str, np.ndarray | None] = {"frames": frames}
+    for key in ("actions", "rewards", "dones", "game_over", "lives"):
+        a = fields.get(key)
+        if a is not None and a.shape != (t,):
+            raise ValueError(f"{key} has shape {a.shape}, frames {t} steps")
+        arrays[key] = a
+    if arrays["actions"] is None or arrays["actions"].dtype.kind not in "iub":
+        raise ValueError("actions must be integers")
+    meanings = fields.get("action_meanings")
+    if meanings is not None:
+        if not isinstance(meanings, list | tuple) or not 0 < len(meanings) <= MAX_ACTIONS:
+            raise ValueError("action_meanings must be a list of names")
+        meanings = tuple(_text(m, 64) for m in meanings)
+    actions = arrays["actions"].astype(np.int64)
+    if len(actions) and not (actions.min() >= 0 and actions.max() < MAX_ACTIONS):
+        raise ValueError(f"actions outside 0..{MAX_ACTIONS - 1}")
+    rewards = arrays["rewards"]
+    if rewards is not None:
+        rewards = rewards.astype(np.float32)
+        if not np.isfinite(rewards).all():
+            raise ValueError("rewards that are not finite numbers")
+    lives = arrays["lives"]
+    if lives is not None:
+        if lives.dtype.kind not in "iu" or (len(lives) and not (lives.min() >= 0 and lives.max() < 1 << 16)):
+            raise ValueError("lives must be small non-negative integers")
+        lives = lives.astype(np.int32)
+    flags = {k: None if arrays[k] is None else arrays[k] != 0 for k in ("dones", "game_over")}
+    env_index = _scalar(fields.get("env_index"), (int,))
+    step = _scalar(fields.get("step"), (int,))
+    when = _scalar(fields.get("time"), (int, float))
+    if when is not None and not math.isfinite(when):
+        raise ValueError("time is not a finite number")
+    return Segment(
+        frames=frames,
+        actions=actions,
+        rewards=rewards,
+        dones=flags["dones"],
+        game_over=flags["game_over"],
+        lives=lives,
+        env_id=_text(fields.get("env_id"), 200),
+        action_meanings=meanings,
+        env_index=env_index,
+        step=step,
+        checkpoint=_text(fields.get("checkpoint")),
+        time=None if when is None else float(when),
+        meta=_plain_meta(fields.get("meta")),
+    )
+
+
+def _from_record(rec: Any, version: int) -> Segment:
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT_NAME or rec.get("version") != version:
+        raise ValueError(f"not a format-{version} segment record")
+    fields = {k: v for k, v in rec.items() if isinstance(k, str)}
+    for key in _ARRAY_FIELDS:
+        fields[key] = _array(rec.get(key))
+    return _checked(fields)
+
+
+def _from_legacy(obj: Any) -> Segment:
+    # The book: a list of EpisodeStep(obs=(210, 160, 3) uint8 array, act=int); no rewards.
+    if not isinstance(obj, list) or not 0 < len(obj) <= MAX_STEPS:
+        raise ValueError(f"not a segment (unexpected content {type(obj).__name__})")
+    frames, actions = [], []
+    for s in obj:
+        st = s.state if isinstance(s, _StepRecord) else None
+        if isinstance(st, tuple) and len(st) == 2 and st[0] is None:  # (None, slots) of a slotted dataclass
+            st = st[1]
+        if st is None and isinstance(s, _StepRecord) and len(s.args) == 2:  # a named tuple
+            st = {"obs": s.args[0], "act": s.args[1]}
+        if not isinstance(st, dict) or "obs" not in st or "act" not in st:
+            raise ValueError("not a list of the book's EpisodeStep records")
+        frames.append(_array(st["obs"]))
+        actions.append(_scalar(st["act"], (int,)))
+    if any(a is None for a in actions):
+        raise ValueError("a step without an action")
+    first = frames[0]
+    if first is None or any(f is None or f.shape != first.shape or f.dtype != first.dtype for f in frames):
+        raise ValueError("steps with different frame shapes")
+    fields = {"frames": np.stack(frames), "actions": np.asarray(actions, dtype=np.int64)}
+    seg = _checked(fields)
+    return Segment(frames=seg.frames, actions=seg.actions, meta={"legacy": True})
+
+
+def _decompress(data: bytes) -> bytes:
+    """zstd, streamed, stopping past MAX_RAW_BYTES: a frame header that lies about its size costs
+    nothing."""
+    out, total = [], 0
+    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as r:
+        while True:
+            chunk = r.read(1 << 20)
+            if not chunk:
+                break
+            out.append(chunk)
+            total += len(chunk)
+            if total > MAX_RAW_BYTES:
+                raise ValueError(f"decompresses to more than {MAX_RAW_BYTES:,} bytes")
+    return b"".join(out)
 
 
 def decode_segment(data: bytes, name: str = "<bytes>") -> Segment:
-    """Decode a segment file's bytes (ours: zstd pickle of a dict; legacy: pickle of steps)."""
+    """Decode a segment file's bytes (format 2, format 1 or the book's legacy pickle).
+
+    Raises SegmentError naming ``name`` for anything else, whatever the bytes are."""
     try:
+        if len(data) > MAX_FILE_BYTES:
+            raise ValueError(f"{len(data):,} bytes, more than {MAX_FILE_BYTES:,}")
         if data[:4] == _ZSTD_MAGIC:
-            data = zstandard.ZstdDecompressor().decompress(data)
-        obj = safe_loads(data)
+            raw = _decompress(data)
+            try:
+                return _from_record(_unpickle(_Refuse, raw), FORMAT_VERSION)
+            except pickle.UnpicklingError as e:
+                if "refusing to load" not in str(e):
+                    raise
+            return _from_record(_unpickle(_Strict, raw), 1)  # format 1: numpy pickled its arrays
+        return _from_legacy(_unpickle(_Strict, data))
     except pickle.UnpicklingError as e:
         raise SegmentError(f"{name}: not a valid segment ({e})") from None
-    except (EOFError, zstandard.ZstdError, ValueError, TypeError, AttributeError, IndexError) as e:
-        raise SegmentError(f"{name}: truncated or corrupt segment ({type(e).__name__}: {e})") from None
-    try:
-        if isinstance(obj, dict) and obj.get("format") == FORMAT_NAME:
-            return Segment.from_record(obj)
-        if isinstance(obj, list) and obj and all(isinstance(s, EpisodeStep) for s in obj):
-            frames = np.stack([np.asarray(s.obs, dtype=np.uint8) for s in obj])
-            actions = np.array([int(s.act) for s in obj], dtype=np.int64)
-            return Segment(frames=frames, actions=actions, meta={"legacy": True})
-    except (ValueError, TypeError, KeyError) as e:
-        raise SegmentError(f"{name}: malformed segment ({e})") from None
-    raise SegmentError(f"{name}: not a segment (unexpected content {type(obj).__name__})")
+    except RecursionError:
+        raise SegmentError(f"{name}: corrupt segment (nested too deeply)") from None
+    except MemoryError:
+        raise SegmentError(f"{name}: corrupt segment (declares a size that does not fit in memory)") from None
+    except Exception as e:  # any other error raised by bytes from a file is a corrupt file
+        raise SegmentError(f"{name}: corrupt segment ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def load_segment(path: str | os.PathLike) -> Segment:
-    """Read one segment file; raises SegmentError (naming the file) when it can't be read."""
-    path = Path(path)
+    """Read one segment file (a regular file of bounded size); SegmentError naming it otherwise.
+    Readers of a DB use ``read_segment``, which also keeps to the DB."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path, MAX_FILE_BYTES)
+    except UnsafeFileError as e:
+        raise SegmentError(str(e)) from None
     except OSError as e:
-        raise SegmentError(f"{path}: cannot read ({e.strerror})") from None
+        raise SegmentError(f"{path}: cannot read ({e.strerror or e})") from None
     return decode_segment(data, str(path))
 
 
-def encode_segment(segment: Segment, level: int = ZSTD_LEVEL) -> bytes:
-    raw = pickle.dumps(segment.to_record(), protocol=pickle.HIGHEST_PROTOCOL)
-    return zstandard.ZstdCompressor(level=level).compress(raw)
+def segment_path(db_root: str | os.PathLike, rel: str) -> Path:
+    """The file of segment ``rel`` (``NN/SSSSSSSS.dat``) of a DB; SegmentError when the name is
+    not a segment name or the file (symlinks resolved) lies outside the DB."""
+    if not isinstance(rel, str) or not SEGMENT_NAME.fullmatch(rel):
+        raise SegmentError(f"{str(rel)[:80]!r} is not a segment name (NN/SSSSSSSS.dat)")
+    path = Path(db_root) / rel
+    if not inside(db_root, path):
+        raise SegmentError(f"{path}: leads outside the DB {db_root}")
+    return path
 
 
-def _atomic_write(path: Path, data: bytes, fsync: bool = True) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".part")
+def read_segment(db_root: str | os.PathLike, rel: str) -> Segment:
+    """The one way readers (oracle, page, trainer, play) read a DB's segment: a name that matches
+    ``NN/SSSSSSSS.dat``, a regular file inside the DB, bounded size. SegmentError otherwise."""
+    return load_segment(segment_path(db_root, rel))
+
+
+def read_segment_bytes(db_root: str | os.PathLike, rel: str) -> bytes:
+    """The raw (still compressed) bytes of a DB's segment, with ``read_segment``'s checks."""
+    path = segment_path(db_root, rel)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        return read_regular(path, MAX_FILE_BYTES)
+    except UnsafeFileError as e:
+        raise SegmentError(str(e)) from None
+    except OSError as e:
+        raise SegmentError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def encode_segment(segment: Segment, level: int = ZSTD_LEVEL) -> bytes:
+    raw = pickle.dumps(segment.to_record(), protocol=5)
+    return zstandard.ZstdCompressor(level=level).compress(raw)
 
 
 def segment_relpath(env_index: int, step: int) -> str:
@@ -257,22 +522,78 @@ def save_segment(db_root: str | os.PathLike, segment: Segment, fsync: bool = Tru
     if segment.env_index is None or segment.step is None:
         raise ValueError("segment needs env_index and step to be saved in a DB")
     path = Path(db_root) / segment_relpath(segment.env_index, segment.step)
-    _atomic_write(path, encode_segment(segment), fsync=fsync)
+    atomic_write(path, encode_segment(segment), fsync=fsync)
     return path
 
 
-def list_segments(db_root: str | os.PathLike) -> list[str]:
-    """All segment paths of a DB, relative to its root (``NN/SSSSSSSS.dat``), sorted."""
+# --- the DB's directory -----------------------------------------------------------------------
+
+
+@dataclass
+class DbListing:
+    """What ``scan_db`` found: segment names (sorted), and entries it ignored with the reason."""
+
+    segments: list[str]
+    ignored: dict[str, str] = field(default_factory=dict)
+
+    def warning(self, root: str | os.PathLike) -> str | None:
+        """One line about the ignored entries (None when there are none)."""
+        if not self.ignored:
+            return None
+        shown = ", ".join(f"{k} ({v})" for k, v in list(self.ignored.items())[:3])
+        more = f" and {len(self.ignored) - 3} more" if len(self.ignored) > 3 else ""
+        return f"{root}: ignored {len(self.ignored)} entries that are not segments: {shown}{more}"
+
+
+def scan_db(db_root: str | os.PathLike) -> DbListing:
+    """The segments of a DB: regular files named ``NN/SSSSSSSS.dat`` that stay inside it.
+
+    Other names, symlinks leading outside the DB, FIFOs, devices and directories in the place of a
+    segment are left out and listed in ``ignored``. Nothing is opened."""
     root = Path(db_root)
-    out = []
-    for d in sorted(root.iterdir()) if root.is_dir() else []:
-        if d.is_dir() and d.name.isdigit():
-            out.extend(
-                f"{d.name}/{f.name}"
-                for f in sorted(d.iterdir())
-                if f.suffix == ".dat" and not f.name.startswith(".")
-            )
-    return out
+    listing = DbListing([])
+    if not root.is_dir():
+        return listing
+    real_root = os.path.realpath(root)
+    for d in sorted(os.scandir(root), key=lambda e: e.name):
+        if not d.is_dir() or not re.fullmatch(r"[0-9]{2,3}", d.name):
+            continue  # db.json, labels, other files of the DB: not segments, not worth a warning
+        try:
+            entries = sorted(os.scandir(d.path), key=lambda e: e.name)
+        except OSError as e:
+            listing.ignored[d.name] = e.strerror or "unreadable directory"
+            continue
+        for f in entries:
+            rel = f"{d.name}/{f.name}"
+            if f.name.startswith("."):
+                continue  # a writer's temp file
+            if not SEGMENT_NAME.fullmatch(rel):
+                listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = (
+                    "not named NN/SSSSSSSS.dat"
+                )
+                continue
+            try:
+                if (d.is_symlink() or f.is_symlink()) and not inside(real_root, f.path):
+                    listing.ignored[rel] = "symlink leading outside the DB"
+                    continue
+                if not f.is_file():  # follows an inside symlink; FIFOs, devices, dirs are not files
+                    listing.ignored[rel] = "not a regular file"
+                    continue
+            except OSError as e:
+                listing.ignored[rel] = e.strerror or "unreadable"
+                continue
+            listing.segments.append(rel)
+    return listing
+
+
+def list_segments(db_root: str | os.PathLike, warn: Warn | None = warn) -> list[str]:
+    """All segment names of a DB (``NN/SSSSSSSS.dat``), sorted; what ``scan_db`` ignored is said
+    in one warning (``warn=None``: silently)."""
+    listing = scan_db(db_root)
+    line = listing.warning(db_root)
+    if line and warn is not None:
+        warn(line)
+    return listing.segments
 
 
 def resolve_in_db(db_root: str | os.PathLike, rel: str) -> Path:
@@ -282,6 +603,111 @@ def resolve_in_db(db_root: str | os.PathLike, rel: str) -> Path:
     if root != p and root not in p.parents:
         raise ValueError(f"path {rel!r} is outside the DB {root}")
     return p
+
+
+# --- db.json: the DB's game -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DbInfo:
+    """``<db>/db.json``: which game a DB holds (written by its first recording run)."""
+
+    game: str
+    env_id: str
+    action_meanings: tuple[str, ...]
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": DB_INFO_FORMAT,
+            "version": self.version,
+            "game": self.game,
+            "env_id": self.env_id,
+            "action_meanings": list(self.action_meanings),
+        }
+
+
+def read_db_info(db_root: str | os.PathLike, warn: Warn | None = warn) -> DbInfo | None:
+    """The DB's ``db.json``, or None when it has none (older DBs, the book's) or it is broken
+    (then with a warning)."""
+    path = Path(db_root) / DB_INFO_FILE
+    if not os.path.lexists(path):
+        return None
+    try:
+        if path.is_symlink():
+            raise UnsafeFileError("a symlink")
+        d = json.loads(read_regular(path, 1 << 16).decode("utf-8"))
+        meanings = d.get("action_meanings") or []
+        if not (
+            isinstance(d, dict)
+            and d.get("format") == DB_INFO_FORMAT
+            and isinstance(d.get("game"), str)
+            and isinstance(d.get("env_id"), str)
+            and isinstance(meanings, list)
+            and all(isinstance(m, str) for m in meanings)
+        ):
+            raise ValueError("not a DB description")
+        return DbInfo(d["game"], d["env_id"], tuple(meanings), int(d.get("version", 0)))
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        if warn is not None:
+            warn(f"{path}: ignored ({type(e).__name__}: {str(e)[:120]})")
+        return None
+
+
+def write_db_info(db_root: str | os.PathLike, info: DbInfo) -> None:
+    atomic_write(Path(db_root) / DB_INFO_FILE, (json.dumps(info.to_json(), indent=1) + "\n").encode())
+
+
+def db_game(db_root: str | os.PathLike, warn: Warn | None = warn) -> tuple[str, str] | None:
+    """(game, env id) of a DB: from ``db.json``, else from the first readable segment that names
+    its env, else None (the book's DBs name no game)."""
+    from lib.envs import game_of
+
+    info = read_db_info(db_root, warn)
+    if info is not None:
+        return info.game, info.env_id
+    for rel in list_segments(db_root, warn=None)[:20]:
+        try:
+            env_id = read_segment(db_root, rel).env_id
+        except SegmentError:
+            continue
+        if env_id:
+            return game_of(env_id), env_id
+    return None
+
+
+def check_same_game(dbs: list[str | os.PathLike], what: str) -> str | None:
+    """UserError naming both games when ``dbs`` hold different games; returns the game (or None)."""
+    seen: tuple[str, str, str] | None = None
+    for db in dbs:
+        g = db_game(db)
+        if g is None:
+            continue
+        if seen is not None and g[0] != seen[0]:
+            raise UserError(f"{what} DBs of different games: {seen[2]} holds {seen[1]}, {db} holds {g[1]}")
+        seen = seen or (g[0], g[1], str(db))
+    return seen[0] if seen else None
+
+
+def check_db_game(db_root: str | os.PathLike, env_id: str) -> None:
+    """Before recording into a DB: UserError naming both games when it holds another game."""
+    from lib.envs import game_of
+
+    got = db_game(db_root) if Path(db_root).is_dir() else None
+    if got is not None and got[0] != game_of(env_id):
+        raise UserError(
+            f"DB {db_root} holds {got[1]} segments, this run plays {env_id}: record into another --db-path"
+        )
+
+
+def claim_db(db_root: str | os.PathLike, env_id: str, action_meanings: tuple[str, ...]) -> None:
+    """Before recording into a DB: ``check_db_game``, then write its ``db.json`` if it has none."""
+    from lib.envs import game_of
+
+    check_db_game(db_root, env_id)
+    if read_db_info(db_root, warn=None) is None:
+        game = game_of(env_id)
+        write_db_info(db_root, DbInfo(game, env_id, tuple(action_meanings)))
 
 
 class SegmentWriter:
@@ -294,7 +720,6 @@ class SegmentWriter:
     def __init__(self, db_root: str | os.PathLike, max_queue: int = 64):
         self.db_root = Path(db_root)
         self.written = 0
-        self.bytes_written = 0
         self.errors: list[str] = []
         self._q: queue.Queue[Segment | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="segment-writer", daemon=True)
@@ -306,9 +731,8 @@ class SegmentWriter:
             if seg is None:
                 return
             try:
-                path = save_segment(self.db_root, seg)
+                save_segment(self.db_root, seg)
                 self.written += 1
-                self.bytes_written += path.stat().st_size
             except OSError as e:
                 self.errors.append(f"cannot write segment into {self.db_root}: {e}")
 

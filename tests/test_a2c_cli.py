@@ -138,3 +138,50 @@ def test_help_explains_every_flag():
                  "--seed", "--record-prob", "--segment-steps", "--test-every", "--test-episodes", "--resume", "--reward"):  # fmt: skip
         assert flag in r.stdout
     assert os.environ.get("NO_SUCH_VAR") is None
+
+
+@pytest.mark.parametrize(
+    "case, args, message",
+    [
+        (
+            "run exists",
+            ["-n", "taken"],
+            "saves/taken already holds the run 'taken': continue it with --resume",
+        ),
+        ("text file as model", ["-m", "notes.txt"], "model notes.txt is corrupt or not a PyTorch checkpoint"),
+        (
+            "resume a copied best",
+            ["-n", "copied", "--resume"],
+            "saves/copied/last.pt is not a resumable checkpoint",
+        ),
+        ("db under /proc", ["--db-path", "/proc/forbidden/db"], "cannot create DB dir /proc/forbidden/db"),
+        ("resume and force", ["--resume", "--force"], "give one of them"),
+    ],
+)
+def test_mistakes_with_files_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):
+    """In-process (no subprocess): train() raises UserError before it writes anything."""
+    from lib.a2c import build_parser, train
+    from lib.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("e\n" * 200)  # torch.load of a text file raised KeyError: 101
+    for name in ("taken", "copied"):
+        (tmp_path / "saves" / name).mkdir(parents=True)
+        atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest",
+                                            ("NOOP",) * 18, step=5), tmp_path / "saves" / name / "last.pt")  # fmt: skip
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs", *args]
+    with pytest.raises(UserError) as e:
+        train(build_parser().parse_args(argv))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_force_starts_a_run_over(tmp_path):
+    args = ("-n", "again", "--envs", "2", "--max-steps", "64", "--test-every", "0")
+    assert a2c(tmp_path, *args).returncode == 0
+    r = a2c(tmp_path, *args)
+    assert r.returncode == 2 and "already holds the run" in r.stderr
+    r = a2c(tmp_path, *args, "--force")
+    assert r.returncode == 0, r.stderr

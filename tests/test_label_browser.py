@@ -112,3 +112,33 @@ def test_token_is_asked_once_then_the_page_works(atari_db: Path, tmp_path: Path)
         page.goto(f"{server.url}/")  # asked once: the next page opens without the form
         assert page.locator("#token").count() == 0
         page.get_by_text("Label new data").first.wait_for()
+
+
+def _get(url: str, **headers: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=20) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def test_only_its_own_host_names_and_origins_are_served(atari_db: Path, tmp_path: Path) -> None:
+    """DNS rebinding: a page of another site that resolves its name to 127.0.0.1 sends that name
+    as Host; cross-site scripts send their Origin. Both are refused; the server's names work."""
+    args = ("-d", str(atari_db), "--cache-dir", str(tmp_path / "clips"), "--public-host", "labels.example")
+    with LabelServer(*args) as server:
+        port = server.port
+        url = f"{server.url}/label"
+        assert _get(url, Host=f"127.0.0.1:{port}")[0] == 200
+        assert _get(url, Host=f"localhost:{port}")[0] == 200
+        assert _get(url, Host=f"labels.example:{port}")[0] == 200
+        status, body = _get(url, Host=f"rebind.attacker.example:{port}")
+        assert status == 403 and "--public-host" in body
+        assert _get(url, Origin="http://attacker.example")[0] == 403
+        assert _get(url, Origin=f"http://localhost:{port}")[0] == 200
+        socketio = f"{server.url}/_nicegui_ws/socket.io/?EIO=4&transport=polling"
+        assert _get(socketio, Origin="http://attacker.example")[0] == 403
+        assert _get(socketio, Origin=f"http://127.0.0.1:{port}")[0] == 200

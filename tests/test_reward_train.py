@@ -129,7 +129,7 @@ def test_mixed_games_and_env_mismatch(tmp_path):
     rb = make_square_db(b, n_segments=4, steps=5, env_id="BreakoutNoFrameskip-v4")
     _label(a, [(ra[0], ra[1], FIRST_BETTER), (ra[2], ra[3], SECOND_BETTER)])
     _label(b, [(rb[0], rb[1], FIRST_BETTER)])
-    with pytest.raises(UserError, match="mix games"):
+    with pytest.raises(UserError, match="training on DBs of different games"):
         load_preferences([a, b], log=_quiet)
     with pytest.raises(UserError, match="does not match"):
         load_preferences([a], env="BreakoutNoFrameskip-v4", log=_quiet)

@@ -17,7 +17,7 @@ import hmac
 import html
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
@@ -107,3 +107,47 @@ class TokenMiddleware:
         response = RedirectResponse(quote(nxt, safe="/?=&"), status_code=303)
         response.set_cookie(COOKIE, self.expected, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
         return response
+
+
+def _host_name(value: str) -> str:
+    """'Example.org:8080' -> 'example.org', '[::1]:8080' -> '::1' (a Host header's name part)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HostCheckMiddleware:
+    """ASGI middleware against DNS rebinding and cross-site websockets: a request is served only
+    when its Host header names this server (the bound address, localhost, or a ``--public-host``)
+    and, when it carries an Origin (browsers send one with websockets, socket.io and POSTs),
+    that Origin's host is one of those names too. Anything else gets 403 (or a closed websocket)."""
+
+    def __init__(self, app: Any, allowed: set[str]) -> None:
+        self.app = app
+        self.allowed = {_host_name(h) for h in allowed}
+
+    def why_refused(self, scope: dict[str, Any]) -> str | None:
+        headers = {k: v.decode("latin-1") for k, v in scope.get("headers", []) if k in (b"host", b"origin")}
+        host = _host_name(headers.get(b"host", ""))
+        if host not in self.allowed:
+            return f"this server does not answer to the host name {host!r}"
+        origin = headers.get(b"origin")
+        if origin is not None:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or (parts.hostname or "") not in self.allowed:
+                return f"requests from the page {origin[:80]!r} are not accepted"
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            why = self.why_refused(scope)
+            if why is not None:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                names = ", ".join(sorted(self.allowed))
+                text = f"{why}: it answers to {names} (start it with --public-host NAME to add one)"
+                await PlainTextResponse(text, status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -9,7 +9,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.errors import UserError
+from lib.errors import UserError, warn
+from lib.files import read_regular
+from lib.labels import LABELS_FILE
+from lib.segments import check_same_game
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +33,11 @@ class LabelConfig:
     oracle: int | None = None
     seed: int | None = None
     labeler: str | None = None
+    public_hosts: tuple[str, ...] = ()
+
+    def allowed_hosts(self) -> set[str]:
+        """Host names the server answers to: its address, loopback names, and --public-host."""
+        return {self.host, "localhost", "127.0.0.1", "::1", *self.public_hosts}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--pairs", type=int, default=20, help="length of each tab's list of pairs (default 20)")
     p.add_argument(
-        "--token", default=None, help=f"ask every browser for this token once (default: ${TOKEN_ENV} if set)"
+        "--token",
+        default=None,
+        help=f"ask every browser for this token once; visible to other users in ps, so prefer ${TOKEN_ENV} "
+        "or --token-file",
     )
+    p.add_argument("--token-file", type=Path, default=None, metavar="FILE",
+                   help="read the token from the first line of FILE")  # fmt: skip
+    p.add_argument("--public-host", action="append", default=[], metavar="NAME",
+                   help="a host name browsers use to reach the server besides its address and localhost "
+                   "(e.g. the machine's DNS name with --host 0.0.0.0); others are refused (DNS rebinding)")  # fmt: skip
     p.add_argument(
         "--fps",
         type=float,
@@ -102,6 +118,12 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         if path.resolve() in {p.resolve() for p in dbs}:
             raise UserError(f"DB {d} is given twice")
         dbs.append(path)
+    check_same_game(dbs, "labeling")
+    for path in dbs:
+        labels = path / LABELS_FILE
+        if labels.is_symlink() or (labels.exists() and not labels.is_file()):
+            what = "a symlink" if labels.is_symlink() else "not a regular file"
+            raise UserError(f"{labels} is {what}: refusing to write labels through it (make it a plain file)")
     if args.pairs < 1:
         raise UserError(f"--pairs must be at least 1, got {args.pairs}")
     if not 0 < args.port < 65536:
@@ -110,7 +132,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
     if args.oracle is not None and args.oracle < 1:
         raise UserError(f"--oracle must be at least 1 pair, got {args.oracle}")
-    token = args.token if args.token is not None else environ.get(TOKEN_ENV) or None
+    token = _token(args, environ)
     if token is not None and len(token) < 8:
         raise UserError(
             "--token must have at least 8 characters (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
@@ -127,6 +149,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
             raise UserError(
                 f"--cache-dir {args.cache_dir} is inside the DB {db}: put clips outside segment directories"
             )
+    if args.token is not None:
+        warn(f"--token is visible to every user of this machine (ps); prefer ${TOKEN_ENV} or --token-file")
     return LabelConfig(
         dbs=tuple(dbs),
         host=args.host,
@@ -138,7 +162,28 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         oracle=args.oracle,
         seed=args.seed,
         labeler=args.labeler,
+        public_hosts=tuple(args.public_host),
     )
+
+
+def _token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str | None:
+    """The token from --token (with a warning: ps shows it), --token-file, or the environment."""
+    if args.token is not None and args.token_file is not None:
+        raise UserError("give the token once: --token or --token-file")
+    if args.token is not None:
+        return args.token
+    if args.token_file is not None:
+        try:
+            text = read_regular(args.token_file, 4096).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(
+                f"cannot read --token-file {args.token_file}: {getattr(e, 'strerror', None) or e}"
+            ) from None
+        token = text.splitlines()[0].strip() if text.strip() else ""
+        if not token:
+            raise UserError(f"--token-file {args.token_file} is empty")
+        return token
+    return environ.get(TOKEN_ENV) or None
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -23,9 +23,19 @@ from pathlib import Path
 from nicegui import background_tasks, run, ui
 from nicegui.events import KeyEventArguments
 
+from lib.errors import UserError
 from lib.label_ui.state import ANSWER_KEYS, AppState, DbState, PairItem, TabSession
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, LABEL_NAMES, SECOND_BETTER, Label
 from lib.segments import SegmentError
+
+
+def _when(t: float | None) -> str:
+    """A label's time for people; "?" when absent or out of the calendar's range (a hand-edited file)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "?"
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
 
 PLAYER_JS = Path(__file__).with_name("player.js").read_text(encoding="utf-8")
 ANSWERS = (FIRST_BETTER, EQUAL, SECOND_BETTER, CANT_TELL)  # the order of the buttons
@@ -303,7 +313,7 @@ async def label_page(state: AppState, tab: TabSession) -> None:
         db = state.dbs[item.db]
         try:
             await run.io_bound(db.labels.append, label)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, UserError) as e:
             return f"Could not save the answer to {db.root}/labels.jsonl: {e}"
         return None
 
@@ -468,7 +478,7 @@ async def labels_page(state: AppState) -> None:
                 _label_row(n, d, lab)
 
     def _label_row(n: int, d: DbState, lab: Label) -> None:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(lab.time)) if lab.time else "?"
+        when = _when(lab.time)
         prefix = f"{d.name} · " if len(state.dbs) > 1 else ""
         with ui.row().classes("items-center gap-2 w-full border-b py-1").mark(f"label-row-{n}"):
             ui.label(f"{prefix}{lab.sample1} vs {lab.sample2}").classes("font-mono text-xs w-80")
@@ -491,7 +501,7 @@ async def labels_page(state: AppState) -> None:
         new = Label(lab.sample1, lab.sample2, value, time=time.time(), source="human", extra=extra)
         try:
             await run.io_bound(d.labels.append, new)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, UserError) as e:
             ui.notify(f"Could not save the change: {e}", type="negative", timeout=0)
             return
         ui.notify(f"{lab.sample1} vs {lab.sample2}: {LABEL_NAMES[value]}")

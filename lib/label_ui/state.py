@@ -12,10 +12,8 @@ meanwhile, undo -- are easy to test and to read.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +27,12 @@ from lib.labels import (
     VALID_LABELS,
     Label,
     append_labels,
-    check_relpath,
     load_labels,
     pair_key,
+    parse_label_lines,
 )
 from lib.oracle import sample_unlabeled_pairs
-from lib.segments import list_segments
+from lib.segments import list_segments, segment_path
 
 PairKey = tuple[str, str]
 
@@ -63,18 +61,14 @@ class LabelIndex:
             self._load()
 
     def _load(self) -> None:
-        size = self.path.stat().st_size if self.path.is_file() else 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            labels = load_labels(self.root)
-        self.warnings.extend(str(w.message) for w in caught)
-        self.labels = labels
+        size = self.path.stat().st_size if self.path.is_file() and not self.path.is_symlink() else 0
+        self.labels = load_labels(self.root, warn=self.warnings.append)
         self._offset = size
 
     def refresh(self) -> int:
         """Apply whole lines appended since the last read; returns how many were read."""
         with self._lock:
-            if not self.path.is_file():
+            if not self.path.is_file() or self.path.is_symlink():
                 return 0
             with open(self.path, "rb") as f:
                 f.seek(0, 2)
@@ -85,25 +79,13 @@ class LabelIndex:
                 f.seek(self._offset)
                 data = f.read(size - self._offset)
             end = data.rfind(b"\n") + 1  # a line still being written is read next time
-            n = 0
-            for raw in data[:end].split(b"\n"):
-                if not raw.strip():
-                    continue
-                try:
-                    lab = Label.from_json(json.loads(raw))
-                    check_relpath(lab.sample1)
-                    check_relpath(lab.sample2)
-                    if lab.label not in VALID_LABELS and lab.label != RETRACTED:
-                        raise ValueError(f"unknown label value {lab.label}")
-                except (json.JSONDecodeError, UnicodeDecodeError, KeyError, ValueError, TypeError) as e:
-                    self.warnings.append(f"{self.path}: skipping a bad line ({e})")
-                    continue
+            new = parse_label_lines(data[:end], str(self.path), warn=self.warnings.append)
+            for lab in new:
                 self.labels.pop(lab.key, None)
                 if lab.label != RETRACTED:
                     self.labels[lab.key] = lab
-                n += 1
             self._offset += end
-            return n
+            return len(new)
 
     def append(self, label: Label) -> None:
         """Write one label durably (lock, append, flush, fsync) and apply it. Blocking: run in a thread."""
@@ -145,7 +127,7 @@ class DbState:
 
     def rescan(self) -> None:
         """Pick up segments written since start (a training run may still be recording)."""
-        self.segments = list_segments(self.root)
+        self.segments = list_segments(self.root, warn=None)  # ignored entries were said at start
         self._segment_set = set(self.segments)
 
     def has_segment(self, rel: str) -> bool:
@@ -153,7 +135,9 @@ class DbState:
         return rel in self._segment_set
 
     def segment_path(self, rel: str) -> Path:
-        return self.root / check_relpath(rel)
+        """The file of one of this DB's segments; SegmentError if the name or the file is not a
+        segment inside the DB (``lib.segments.segment_path``)."""
+        return segment_path(self.root, rel)
 
     def usable_segments(self) -> list[str]:
         return [s for s in self.segments if s not in self.bad] if self.bad else self.segments

@@ -1,0 +1,136 @@
+"""Files a user hands over are untrusted; files we write must survive a crash. One owner for both.
+
+- ``read_regular``: read a file only if it is a regular file of bounded size. Opened with
+  ``O_NONBLOCK`` so a FIFO never hangs the reader; ``/dev/zero`` or a FIFO is refused by ``fstat``,
+  not by its name, so a symlink to one is refused too.
+- ``inside``: whether a path, symlinks resolved, stays inside a directory (a DB).
+- ``open_append``: open a file for appending without following a symlink and only if it is a
+  regular file (``labels.jsonl``: a symlink there would let a DB write wherever it points).
+- ``atomic_write``: write a temp file with a unique name beside the target, fsync, rename, fsync
+  the directory. The file gets the permissions the user's umask gives (``mkstemp`` alone makes
+  0600 files, which another account sharing a DB cannot read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+class UnsafeFileError(OSError):
+    """A path that is not a regular file, leaves its directory, is a symlink where none is allowed,
+    or is larger than allowed. The message says which."""
+
+
+def _read_umask() -> int:
+    # /proc/self/status has it without changing it (os.umask can only be read by setting it).
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+UMASK = _read_umask()
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; UnsafeFileError otherwise (OSError
+    when it cannot be opened at all)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFileError(f"{path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise UnsafeFileError(f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+        chunks, total = [], 0
+        while True:  # the size may change under us: never read more than allowed
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:
+                raise UnsafeFileError(f"{path}: grew past the {max_bytes:,} bytes allowed while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether ``path`` (symlinks resolved) is ``root`` or lies under it (also resolved)."""
+    r = os.path.realpath(root)
+    p = os.path.realpath(path)
+    return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
+
+
+def open_append(path: str | os.PathLike) -> BinaryIO:
+    """Open ``path`` for reading and appending (created if missing, with the umask's permissions).
+
+    Refuses with UnsafeFileError when ``path`` is a symlink or not a regular file (a FIFO, a
+    device): never writes through a link. The caller closes the returned file."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFileError(f"{path} is a symlink: refusing to write through it") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader
+            raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+b")
+
+
+def atomic_write(
+    path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fsync: bool = True
+) -> None:
+    """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` atomically:
+    a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
+    either the old file or the new one, never half of one. Parent directories are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~UMASK)
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, bytes | bytearray | memoryview):
+                f.write(data)
+            else:
+                data(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if fsync:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    # The rename is durable only once the directory entry is: fsync the directory (POSIX).
+    with contextlib.suppress(OSError):
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
