@@ -269,3 +269,25 @@ def test_cli_bad_inputs_exit_2_with_one_line(square_db, tmp_path):
     if not torch.cuda.is_available():
         r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), "--dev", "cuda", cwd=tmp_path)
         assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_previous_model_survives_until_training_ends_and_is_kept_as_prev(square_db, tmp_path):
+    """An interrupted or crashed run must not destroy the model that was there before."""
+    db, _ = square_db
+    oracle_label_db(db, 40, seed=1)
+    data = load_preferences([db], log=_quiet)
+    out = tmp_path / "out" / "reward-x.pt"
+    out.parent.mkdir()
+    out.write_bytes(b"the previous model")
+    seen = []
+
+    def log(line: str) -> None:
+        if line.startswith("epoch 1:"):  # mid-run: the old file is untouched, the new best is aside
+            seen.append((out.read_bytes(), (tmp_path / "out" / "reward-x.partial.pt").is_file()))
+            raise KeyboardInterrupt  # Ctrl-C: training ends with the best model so far
+
+    res = train_reward_model(data, TrainConfig(epochs=5, patience=5), out, progress=False, log=log)
+    assert seen == [(b"the previous model", True)]
+    assert res.stopped == "interrupted" and load_reward_model(out).metrics
+    assert (tmp_path / "out" / "reward-x.prev.pt").read_bytes() == b"the previous model"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["reward-x.prev.pt", "reward-x.pt"]
