@@ -38,7 +38,7 @@ from table import print_table  # noqa: E402  (bench/ is on sys.path when run as 
 from lib.labels import load_labels, pair_key  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.reward_model import RewardPredictor, load_reward_model  # noqa: E402
-from lib.segments import list_segments, load_segment  # noqa: E402
+from lib.segments import list_segments, read_segment  # noqa: E402
 
 
 def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> None:
@@ -53,7 +53,7 @@ def predicted_returns(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[n
     """(predicted, true) return of each segment of ``segs``."""
     pred, true = [], []
     for rel in segs:
-        seg = load_segment(db / rel)
+        seg = read_segment(db, rel)
         pred.append(float(rm.predict(seg.frames, seg.actions).sum()))
         true.append(seg.true_return)
     return np.array(pred), np.array(true)
@@ -115,7 +115,7 @@ def main() -> None:
             (train_db / segs[i]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(db / segs[i], train_db / segs[i])
         summary = oracle_label_db(train_db, args.labels, seed=args.seed)
-        returns = [load_segment(db / s).true_return for s in segs]
+        returns = [read_segment(db, s).true_return for s in segs]
         rows.append(("DB", f"{len(segs)}", "segments",
                      f"{np.mean(np.array(returns) > 0):.0%} with points, mean return {np.mean(returns):.1f}"))  # fmt: skip
         ties = summary.counts.get(0, 0)

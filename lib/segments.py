@@ -596,15 +596,6 @@ def list_segments(db_root: str | os.PathLike, warn: Warn | None = warn) -> list[
     return listing.segments
 
 
-def resolve_in_db(db_root: str | os.PathLike, rel: str) -> Path:
-    """The absolute path of ``rel`` inside the DB; ValueError if it would leave the DB."""
-    root = Path(db_root).resolve()
-    p = (root / rel).resolve()
-    if root != p and root not in p.parents:
-        raise ValueError(f"path {rel!r} is outside the DB {root}")
-    return p
-
-
 # --- db.json: the DB's game -------------------------------------------------------------------
 
 

@@ -484,3 +484,36 @@ def test_token_from_environment(db: Path) -> None:
 
     cfg = parse_config(["-d", str(db), "--host", "0.0.0.0"], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
     assert cfg.token == "from-the-env" and cfg.host == "0.0.0.0"
+
+
+def test_token_from_a_file_and_a_warning_for_the_command_line(db: Path, tmp_path: Path, capsys) -> None:
+    from lib.label_ui.config import parse_config
+
+    (tmp_path / "token").write_text("from-a-file-123\nignored second line\n")
+    cfg = parse_config(
+        ["-d", str(db), "--host", "0.0.0.0", "--token-file", str(tmp_path / "token")], environ={}
+    )
+    assert cfg.token == "from-a-file-123" and capsys.readouterr().err == ""
+    cfg = parse_config(["-d", str(db), "--token", "on-the-command-line"], environ={})
+    assert cfg.token == "on-the-command-line"
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --token is visible to every user") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_labels_file_that_is_not_a_plain_file_is_refused(db: Path, tmp_path: Path, capsys, kind: str) -> None:
+    import os
+
+    target = tmp_path / "profile"
+    target.write_text("# a shell start-up file\n")
+    if kind == "symlink":
+        os.symlink(target, db / "labels.jsonl")
+    else:
+        os.mkfifo(db / "labels.jsonl")
+    for extra in ([], ["--oracle", "3"]):
+        with pytest.raises(SystemExit) as e:
+            main(["-d", str(db), "--cache-dir", str(tmp_path / "c"), *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "labels.jsonl is" in err and err.count("\n") == 1, err
+    assert target.read_text() == "# a shell start-up file\n"

@@ -291,3 +291,13 @@ def test_previous_model_survives_until_training_ends_and_is_kept_as_prev(square_
     assert res.stopped == "interrupted" and load_reward_model(out).metrics
     assert (tmp_path / "out" / "reward-x.prev.pt").read_bytes() == b"the previous model"
     assert sorted(p.name for p in out.parent.iterdir()) == ["reward-x.prev.pt", "reward-x.pt"]
+
+
+def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
+    db, _ = square_db
+    oracle_label_db(db, 10, seed=1)
+    (tmp_path / "afile").write_text("not a directory")
+    data = load_preferences([db], log=_quiet)
+    with pytest.raises(UserError, match="output directory .*afile is a file: give a directory with -o"):
+        train_reward_model(data, TrainConfig(epochs=1), tmp_path / "afile" / "reward-x.pt", log=_quiet)
+    assert (tmp_path / "afile").read_text() == "not a directory"

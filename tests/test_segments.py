@@ -14,8 +14,8 @@ from lib.segments import (
     SegmentError,
     list_segments,
     load_segment,
-    resolve_in_db,
     save_segment,
+    segment_path,
 )
 
 
@@ -120,6 +120,10 @@ def test_garbage_and_missing_files(tmp_path):
 
 
 def test_paths_must_stay_inside_the_db(tmp_path):
-    assert resolve_in_db(tmp_path, "03/00000001.dat") == (tmp_path / "03/00000001.dat").resolve()
-    with pytest.raises(ValueError, match="outside"):
-        resolve_in_db(tmp_path, "../etc/passwd")
+    assert segment_path(tmp_path, "03/00000001.dat") == tmp_path / "03/00000001.dat"
+    with pytest.raises(SegmentError, match="not a segment name"):
+        segment_path(tmp_path, "../etc/passwd")
+    (tmp_path / "03").mkdir()
+    os.symlink("/etc/passwd", tmp_path / "03" / "00000002.dat")
+    with pytest.raises(SegmentError, match="leads outside the DB"):
+        segment_path(tmp_path, "03/00000002.dat")
