@@ -60,7 +60,7 @@ def main() -> int:
     args = build_parser().parse_args()
     from torch.utils.tensorboard import SummaryWriter
 
-    from lib.reward_model import resolve_device
+    from lib.model import resolve_device
     from lib.reward_train import TrainConfig, load_preferences, summary_lines, train_reward_model
 
     device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs

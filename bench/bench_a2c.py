@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmark of stage 1: env stepping, A2C training speed with and without recording, and the
-segment format. Prints a table: figure | value | unit | setting.
+"""Benchmark of stage 1: env stepping and A2C training speed, plain, with a reward model, in bf16
+and while recording segments (the segment format itself: bench_segments.py). Prints a table:
+figure | value | unit | setting.
 
     python bench/bench_a2c.py [--steps 30000] [--dev cpu]
 """
@@ -24,7 +25,6 @@ from table import print_table  # noqa: E402  (bench/ is on sys.path when run as 
 
 from lib.envs import AtariVec  # noqa: E402
 from lib.recorder import DEFAULT_RECORD_PROB  # noqa: E402
-from lib.segments import encode_segment, list_segments, read_segment, save_segment  # noqa: E402
 
 
 def env_only(n_envs: int, steps: int) -> float:
@@ -64,6 +64,16 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
     dt = time.perf_counter() - t0
     env.close()
     return steps / dt
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX); without it torch emulates
+    bf16 autocast and a --bf16 run is many times slower (a 40k-step run took over 10 minutes)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def make_reward_model(path: Path) -> None:
@@ -144,19 +154,29 @@ def main() -> None:
                 f"full-res reward model, 16 envs, {args.dev}: {sps / plain_sps:.2f}x plain",
             )
         )
-        sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
-        rows.append(
-            ("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16")
-        )
-        sps, _, _ = train_run(tmp, "bf16t1", args.steps, args.dev, None, ("--bf16", "--threads", "1"))
-        rows.append(
-            (
-                "A2C training",
-                f"{sps:,.0f}",
-                "agent steps/s",
-                f"16 envs, no recording, {args.dev}, --bf16 --threads 1",
+        if args.dev != "cpu" or cpu_has_bf16():
+            sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
+            rows.append(
+                ("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16")
             )
-        )
+            sps, _, _ = train_run(tmp, "bf16t1", args.steps, args.dev, None, ("--bf16", "--threads", "1"))
+            rows.append(
+                (
+                    "A2C training",
+                    f"{sps:,.0f}",
+                    "agent steps/s",
+                    f"16 envs, no recording, {args.dev}, --bf16 --threads 1",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    "A2C training, --bf16",
+                    "skipped",
+                    "",
+                    "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow",
+                )
+            )
         sps, _, db = train_run(tmp, "rec", args.steps, args.dev, DEFAULT_RECORD_PROB)
         rows.append(
             ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)")
@@ -167,49 +187,6 @@ def main() -> None:
             ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={p100:g} (100x default)")
         )
         rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", f"recording at p={p100:g}"))
-
-        segs = list_segments(db)
-        sizes = [(db / s).stat().st_size for s in segs]
-        rows.append(
-            (
-                "segment size",
-                f"{np.mean(sizes) / 1024:,.1f}",
-                "KB/segment",
-                f"mean of {len(segs)} real 50-step segments (raw 5,040 KB)",
-            )
-        )
-        loaded = [read_segment(db, s) for s in segs[:20]]
-        t0 = time.perf_counter()
-        for _ in range(3):
-            for s in segs[:20]:
-                read_segment(db, s)
-        read_ms = (time.perf_counter() - t0) / (3 * min(20, len(segs))) * 1000
-        out = tmp / "w"
-        t0 = time.perf_counter()
-        for seg in loaded:
-            save_segment(out, seg)
-        write_ms = (time.perf_counter() - t0) / len(loaded) * 1000
-        t0 = time.perf_counter()
-        for seg in loaded:
-            encode_segment(seg)
-        enc_ms = (time.perf_counter() - t0) / len(loaded) * 1000
-        rows.append(
-            (
-                "segment write",
-                f"{write_ms:.1f}",
-                "ms/segment",
-                "pickle + zstd-3 + fsync + rename + dir fsync (on the writer thread)",
-            )
-        )
-        rows.append(("segment encode", f"{enc_ms:.1f}", "ms/segment", "pickle + zstd-3 only"))
-        rows.append(
-            (
-                "segment read",
-                f"{read_ms:.2f}",
-                "ms/segment",
-                "checks + read + zstd + unpickle + rebuild arrays",
-            )
-        )
 
     print_table("bench_a2c (stage 1)", rows)
 

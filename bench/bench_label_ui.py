@@ -24,8 +24,11 @@ sys.path.insert(0, str(ROOT))
 from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 from lib.label_ui.clips import encode_clip_file  # noqa: E402
-from lib.label_ui.fixtures import make_atari_db  # noqa: E402
-from lib.label_ui.harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests"))  # the label server harness and DB makers live with the tests
+from dbs import make_atari_db  # noqa: E402
+from label_harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown  # noqa: E402
+
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.segments import list_segments  # noqa: E402
 

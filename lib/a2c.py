@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,14 @@ import torch.nn.functional as F
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
-from lib.model import AtariA2C, atomic_torch_save, load_policy, policy_checkpoint, read_checkpoint
+from lib.model import (
+    AtariA2C,
+    atomic_torch_save,
+    load_policy,
+    policy_checkpoint,
+    read_checkpoint,
+    resolve_device,
+)
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.segments import check_db_game
 
@@ -155,7 +162,6 @@ class Progress:
     train_steps: int = 0
     best_mean: float = -math.inf
     games: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --- checks (before anything is written) ----------------------------------------------------
@@ -192,18 +198,6 @@ def _check_resumable(ck: dict[str, Any], path: Path) -> None:
             f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
             f"best_*.pt?): start a new run from it with -m {path}"
         )
-
-
-def _device(name: str) -> torch.device:
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown --dev {name!r}: use cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--dev cuda given but no CUDA GPU is available: use --dev cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise UserError(f"unsupported --dev {name!r}: use cpu or cuda")
-    return dev
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -363,7 +357,7 @@ def _fmt_time(sec: float) -> str:
 
 def train(args: argparse.Namespace) -> int:
     check_args(args)
-    device = _device(args.dev)
+    device = resolve_device(args.dev)
     if args.threads:
         torch.set_num_threads(args.threads)
     game = rom_name(args.env)
@@ -480,9 +474,9 @@ def train(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     collector = NStepCollector(args.envs, obs_shape, REWARD_STEPS, GAMMA)
-    clip_rewards = (
-        not args.reward
-    )  # the game score is sign-clipped (DeepMind); see lib/reward_wrapper.py for -r
+    # The game score is sign-clipped (DeepMind); a learned reward is normalised and clipped by
+    # lib/reward_wrapper.py instead.
+    clip_rewards = not args.reward
     game_score = np.zeros(args.envs)
     game_pred = np.zeros(args.envs)
     game_len = np.zeros(args.envs, dtype=np.int64)

@@ -84,10 +84,6 @@ class NStepCollector:
         self.valid = np.zeros((n_steps, n_envs), dtype=bool)
         self.t = 0
 
-    def reset(self) -> None:
-        """Forget pending transitions (after an env reset outside the normal flow)."""
-        self.valid[:] = False
-
     def add(
         self,
         obs: np.ndarray,

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lib.errors import UserError, warn
 from lib.files import UnsafeFileError, open_append, read_regular
 
@@ -208,3 +210,38 @@ def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
 
 def append_label(db_root: str | os.PathLike, label: Label) -> None:
     append_labels(db_root, [label])
+
+
+def sample_unlabeled_pairs(
+    segments: list[str],
+    taken: set[tuple[str, str]],
+    count: int,
+    rng: np.random.Generator,
+    max_tries: int | None = None,
+) -> list[tuple[str, str]]:
+    """Up to ``count`` random pairs of distinct segments, none of them in ``taken`` (order-free)
+    and none twice. Returns fewer when the DB runs out of unlabeled pairs -- never hangs."""
+    n = len(segments)
+    total = n * (n - 1) // 2
+    free = total - len(taken)
+    count = min(count, max(free, 0))
+    out: list[tuple[str, str]] = []
+    seen = set(taken)
+    if count <= 0:
+        return out
+    if (free <= 4 * count or total <= 50_000) and total <= 200_000:
+        # Small DB or nearly exhausted: enumerate what is left, then sample from it.
+        left = [(segments[i], segments[j]) for i in range(n) for j in range(i + 1, n)]
+        left = [p for p in left if pair_key(*p) not in seen]
+        idx = rng.permutation(len(left))[:count]
+        return [left[i] if rng.random() < 0.5 else left[i][::-1] for i in idx]
+    tries = max_tries or 50 * count + 1000
+    while len(out) < count and tries > 0:
+        tries -= 1
+        i, j = rng.choice(n, size=2, replace=False)
+        key = pair_key(segments[i], segments[j])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((segments[i], segments[j]))
+    return out

@@ -10,6 +10,7 @@ shapes come from the caller.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,20 @@ class AtariA2C(nn.Module):
         """Fine-tuning: keep the learned features, train only the heads."""
         for p in self.conv.parameters():
             p.requires_grad_(False)
+
+
+def resolve_device(dev: str | torch.device) -> torch.device:
+    """``--dev`` of every stage: 'cpu', 'cuda' or 'cuda:N' -> a device that exists here;
+    UserError with one line otherwise (e.g. --dev cuda on a machine without a GPU)."""
+    name = str(dev)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", name):
+        raise UserError(f"--dev must be cpu, cuda or cuda:N, got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--dev {name} given but no CUDA GPU is available here: use --dev cpu")
+    device = torch.device(name)
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--dev {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def policy_checkpoint(

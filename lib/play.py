@@ -25,7 +25,7 @@ import torch
 
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
-from lib.model import POLICY_FORMAT, load_policy, read_checkpoint
+from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
 REWARD_FORMAT = "rlhf-atari-reward"  # lib/reward_model.py's checkpoint format (not imported: optional)
@@ -66,15 +66,6 @@ class _Running:
     trues: list[float] = field(default_factory=list)
     writer: Mp4Writer | None = None
     strip: RewardStrip | None = None
-
-
-def resolve_device(dev: str) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' -> torch.device; UserError when CUDA is asked for but missing."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
-        raise UserError(f"--dev must be cpu, cuda or cuda:N, got {dev!r}")
-    if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--dev {dev}: no CUDA device is available here; use --dev cpu")
-    return torch.device(dev)
 
 
 def policy_env_id(model: str | os.PathLike, env: str | None) -> str:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.errors import UserError
-from lib.model import POLICY_FORMAT, atomic_torch_save, read_checkpoint
+from lib.model import POLICY_FORMAT, atomic_torch_save, read_checkpoint, resolve_device
 
 REWARD_FORMAT = "rlhf-atari-reward"
 REWARD_VERSION = 1
@@ -48,8 +48,8 @@ CONV_FILTERS = 16
 CONV_LAYERS = ((7, 3), (5, 2), (3, 1), (3, 1))  # (kernel, stride) of the book's 4 conv layers
 HIDDEN = 64
 DROPOUT = 0.5
-NOISE_EPS = 0.1
-INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)  # the paper's "10% of the answers are uniformly random"
+NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
+INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
 
 
 def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int, int, int]:
@@ -457,14 +457,3 @@ def load_reward_model(
     file is missing, corrupt, not a reward model, or made for another game / action count."""
     models, ck = load_reward_models(path, game=game, n_actions=n_actions)
     return RewardPredictor(models, ck, device=resolve_device(device), path=str(path))
-
-
-def resolve_device(dev: torch.device | str) -> torch.device:
-    """A torch device that really exists here; UserError otherwise (e.g. --dev cuda on a CPU box)."""
-    try:
-        device = torch.device(dev)
-    except (RuntimeError, ValueError):
-        raise UserError(f"unknown device {dev!r}: use cpu or cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--dev cuda given but no CUDA GPU is available here: use --dev cpu")
-    return device

@@ -242,7 +242,7 @@ def load_preferences(
             + ("" if env else " (pass --env to change)")
         )
     if meanings is None:
-        n_actions, meanings = game_actions(env_id)
+        _, meanings = game_actions(env_id)
     n_actions = len(meanings)
     if max_action >= n_actions:
         raise UserError(
@@ -575,7 +575,7 @@ def train_reward_model(
     """
     from tqdm import tqdm
 
-    from lib.reward_model import resolve_device
+    from lib.model import resolve_device
 
     device = resolve_device(cfg.device)
     for name, v, lo in (("--epochs", cfg.epochs, 1), ("--batch", cfg.batch, 1), ("--patience", cfg.patience, 1),

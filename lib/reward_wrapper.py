@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from lib.errors import UserError
-from lib.reward_model import RewardPredictor, load_reward_model, resolve_device
+from lib.model import resolve_device
+from lib.reward_model import RewardPredictor, load_reward_model
 
 DEFAULT_NORM_WINDOW = 10_000
 DEFAULT_CLIP = 5.0

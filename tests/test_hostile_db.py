@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db
 from numpy._core import multiarray, numeric
-from reward_synth import SEAQUEST, SEAQUEST_ACTIONS, make_square_db
 
 from lib.errors import UserError
 from lib.files import UMASK
@@ -79,28 +79,6 @@ EVIL_ARRAYS = {
 }
 
 
-class BookStep:
-    """Pickles as the book's ``lib.rlhf.EpisodeStep(obs, act)``."""
-
-    def __init__(self, obs, act):
-        self.obs, self.act = obs, act
-
-
-BookStep.__module__, BookStep.__qualname__ = "lib.rlhf", "EpisodeStep"
-
-
-def _dumps(obj, protocol=4) -> bytes:
-    import types
-
-    mod = types.ModuleType("lib.rlhf")
-    mod.EpisodeStep = BookStep
-    sys.modules["lib.rlhf"] = mod
-    try:
-        return pickle.dumps(obj, protocol=protocol)
-    finally:
-        del sys.modules["lib.rlhf"]
-
-
 def _v1_record(frames) -> dict:
     n = 50
     return {"format": FORMAT_NAME, "version": 1, "frames": frames, "actions": np.zeros(n, np.int64),
@@ -113,11 +91,11 @@ def crafted_files() -> dict[str, bytes]:
     zc = zstandard.ZstdCompressor()
     out = {}
     for name, evil in EVIL_ARRAYS.items():
-        out[f"legacy EpisodeStep wrapping {name}"] = _dumps([BookStep(evil, 0)] * 3)
-        out[f"format 1 wrapping {name}"] = zc.compress(_dumps(_v1_record(evil), protocol=5))
+        out[f"legacy EpisodeStep wrapping {name}"] = book_pickle([(evil, 0)] * 3)
+        out[f"format 1 wrapping {name}"] = zc.compress(pickle.dumps(_v1_record(evil), protocol=5))
         rec2 = Segment(np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2, np.int64)).to_record()
         rec2["frames"] = evil
-        out[f"format 2 wrapping {name}"] = zc.compress(_dumps(rec2, protocol=5))
+        out[f"format 2 wrapping {name}"] = zc.compress(pickle.dumps(rec2, protocol=5))
     good = Segment(np.zeros((2, 4, 4, 3), np.uint8), np.zeros(2, np.int64)).to_record()
     lies = {
         "dtype O": {"dtype": "|O", "shape": [2], "data": b"\x41" * 16},
@@ -157,7 +135,7 @@ def test_crafted_segment_is_only_ever_a_segment_error(name, tmp_path):
 def test_crafted_pickles_resolve_no_numpy_code(monkeypatch):
     """The strict path never calls numpy's reconstruction: break it, and legacy files still load."""
     frames = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
-    data = _dumps([BookStep(frames[0], 1), BookStep(frames[1], 2)])
+    data = book_pickle([(frames[0], 1), (frames[1], 2)])
 
     def boom(*a, **k):
         raise AssertionError("numpy code ran")
@@ -233,7 +211,7 @@ FUZZ = textwrap.dedent(
 
 @pytest.mark.slow
 def test_fuzzed_real_segment_is_a_segment_or_a_segment_error(tmp_path):
-    from lib.label_ui.fixtures import make_atari_db
+    from dbs import make_atari_db
 
     rel = make_atari_db(tmp_path / "db", 1, t=50, n_envs=1)[0]
     n = 400

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from dbs import make_synthetic_db
 from nicegui import Client, core, ui
 from nicegui.testing import User
 from nicegui.testing.user_simulation import user_simulation
 
 from lib.label_ui.cli import main
-from lib.label_ui.fixtures import make_synthetic_db
 from lib.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
 
 ROOT = Path(__file__).resolve().parents[1]

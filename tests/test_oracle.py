@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import pickle
 import subprocess
 import sys
-import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dbs import make_synthetic_db, write_legacy_segment
 
 from lib.errors import UserError
-from lib.label_ui.fixtures import make_synthetic_db
 from lib.labels import (
     EQUAL,
     FIRST_BETTER,
@@ -23,8 +20,9 @@ from lib.labels import (
     load_labels,
     pair_key,
     read_label_log,
+    sample_unlabeled_pairs,
 )
-from lib.oracle import oracle_label_db, sample_unlabeled_pairs
+from lib.oracle import oracle_label_db
 from lib.segments import load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,23 +91,12 @@ def test_oracle_on_a_db_too_small(tmp_path: Path, n_segments: int) -> None:
         oracle_label_db(db, 3)
 
 
-def test_oracle_on_a_legacy_db_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_oracle_on_a_legacy_db_is_a_clear_error(tmp_path: Path) -> None:
     """The book's segments (pickled lists of lib.rlhf.EpisodeStep) have no rewards."""
-
-    @dataclass
-    class BookStep:  # pickles as the book's lib.rlhf.EpisodeStep(obs, act)
-        obs: np.ndarray
-        act: int
-
-    BookStep.__module__, BookStep.__qualname__ = "lib.rlhf", "EpisodeStep"
-    book = types.ModuleType("lib.rlhf")
-    book.EpisodeStep = BookStep
-    monkeypatch.setitem(sys.modules, "lib.rlhf", book)
     db = tmp_path / "legacy"
-    (db / "00").mkdir(parents=True)
     for k in range(3):
-        steps = [BookStep(obs=np.full((8, 6, 3), k * 40 + t, np.uint8), act=t % 4) for t in range(5)]
-        (db / "00" / f"{k:08d}.dat").write_bytes(pickle.dumps(steps))
+        frames = np.stack([np.full((8, 6, 3), k * 40 + t, np.uint8) for t in range(5)])
+        write_legacy_segment(db / "00" / f"{k:08d}.dat", frames, np.arange(5) % 4)
     assert load_segment(db / "00" / "00000000.dat").rewards is None  # it does load, without rewards
     p = run_main("-d", str(db), "--oracle", "2")
     assert p.returncode == 2

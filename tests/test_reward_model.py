@@ -235,7 +235,7 @@ def test_load_errors_are_one_line(tmp_path):
 def test_cuda_without_gpu_is_a_user_error():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    from lib.reward_model import resolve_device
+    from lib.model import resolve_device
 
     with pytest.raises(UserError, match="no CUDA GPU"):
         resolve_device("cuda")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from reward_synth import make_square_db, square_frames, write_legacy_segment
+from dbs import make_square_db, square_frames, write_legacy_segment
 
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels

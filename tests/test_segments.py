@@ -1,5 +1,6 @@
 """The segment DB: round trip, legacy book segments, truncated files, code-running pickles."""
 
+import collections
 import os
 import pickle
 import sys
@@ -8,10 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from dbs import book_pickle
 
 from lib.segments import (
     Segment,
     SegmentError,
+    decode_segment,
     list_segments,
     load_segment,
     save_segment,
@@ -56,7 +59,7 @@ def test_round_trip(tmp_path):
 
 
 def test_legacy_book_segment_loads_without_rewards(tmp_path):
-    # The book pickles a list of lib.rlhf.EpisodeStep(obs, act): build that exact shape.
+    # The book pickles a list of lib.rlhf.EpisodeStep(obs, act): a frozen dataclass.
     mod = types.ModuleType("lib.rlhf")
 
     @dataclass(frozen=True)
@@ -75,6 +78,17 @@ def test_legacy_book_segment_loads_without_rewards(tmp_path):
         del sys.modules["lib.rlhf"]
     (tmp_path / "00").mkdir()
     (tmp_path / "00" / "00000100.dat").write_bytes(data)
+    # a plain class (instance dict) and a named tuple (constructor arguments) pickle differently
+    nt = collections.namedtuple("EpisodeStep", "obs act", module="lib.rlhf")
+    mod.EpisodeStep = nt
+    sys.modules["lib.rlhf"] = mod
+    try:
+        as_tuple = pickle.dumps([nt(np.full((4, 4, 3), 7, np.uint8), 3)])
+    finally:
+        del sys.modules["lib.rlhf"]
+    for alt in (book_pickle([(np.full((4, 4, 3), 7, np.uint8), 3)]), as_tuple):
+        seg = decode_segment(alt)
+        assert seg.actions.tolist() == [3] and seg.frames.shape == (1, 4, 4, 3) and seg.frames.max() == 7
     seg = load_segment(tmp_path / "00" / "00000100.dat")
     assert seg.frames.shape == (50, 210, 160, 3)
     assert list(seg.actions[:3]) == [0, 1, 2]

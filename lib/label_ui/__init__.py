@@ -3,7 +3,8 @@
 Modules, in the order a request meets them:
 
 - ``config``: command-line arguments and their checks (``LabelConfig``).
-- ``auth``:   the optional token (``--token``): an ASGI middleware and a plain login form.
+- ``auth``:   the Host/Origin check (DNS rebinding) and the optional token (``--token``): ASGI
+              middlewares and a plain login form.
 - ``state``:  what the server knows (``AppState``: DBs, their labels, reserved pairs) and what
               one browser tab knows (``TabSession``: its list of pairs, answers, undo).
 - ``clips``:  segment -> H.264 MP4 clip, encoded off the event loop and cached on disk.

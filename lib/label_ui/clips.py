@@ -105,7 +105,6 @@ class ClipStore:
         self.fps = fps
         self.run_blocking = run_blocking
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.encode_seconds: list[float] = []
         self._inflight: dict[Path, asyncio.Future[Path]] = {}
         # Leave a core to the browser and the event loop: on 2 cores one encode at a time.
         self._sem = asyncio.Semaphore(max_parallel or max(1, min(2, (os.cpu_count() or 1) - 1)))
@@ -142,9 +141,7 @@ class ClipStore:
     async def _encode(self, segment_path: Path, out: Path) -> Path:
         async with self._sem:
             if not out.is_file():
-                self.encode_seconds.append(
-                    await self.run_blocking(encode_clip_file, segment_path, out, self.fps)
-                )
+                await self.run_blocking(encode_clip_file, segment_path, out, self.fps)
         return out
 
 

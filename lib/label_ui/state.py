@@ -30,8 +30,8 @@ from lib.labels import (
     load_labels,
     pair_key,
     parse_label_lines,
+    sample_unlabeled_pairs,
 )
-from lib.oracle import sample_unlabeled_pairs
 from lib.segments import list_segments, segment_path
 
 PairKey = tuple[str, str]
