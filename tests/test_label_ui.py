@@ -394,8 +394,9 @@ async def test_navigation_keeps_the_tab_list(label_app, db: Path) -> None:
 
 
 async def test_server_serves_clips_of_db_segments_only(label_app, db: Path, tmp_path: Path) -> None:
-    (db / "labels.jsonl").write_text("")
-    rel = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))[0]
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    append_labels(db, [Label(segs[0], segs[1], 1)])  # a label the server must not hand out as a file
+    rel = segs[0]
     env, name = rel.split("/")
     before = sorted(p for p in db.rglob("*"))
     async with label_app("-d", str(db)) as user:

@@ -229,7 +229,13 @@ def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     res = train_reward_model(data, TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, augment=2),
                              tmp_path / "r.pt", progress=False, log=_quiet)  # fmt: skip
     assert res.best.disagreement > 0
-    assert load_reward_model(res.path).ensemble == 2
+    rm = load_reward_model(res.path)
+    assert rm.ensemble == 2
+    frames, _ = square_frames(np.random.default_rng(3), 12)
+    actions = np.arange(12) % 18
+    members = rm.predict_members(frames, actions).cpu().numpy()
+    assert members.shape == (2, 12) and not np.allclose(members[0], members[1])  # two different models
+    np.testing.assert_allclose(rm.predict(frames, actions), members.mean(0), rtol=1e-5)
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
