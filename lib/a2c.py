@@ -1,6 +1,10 @@
 """A2C on Atari (the book's settings), optionally recording segments or learning a reward model.
 
-Reads top to bottom: arguments, checks, the loss, evaluation, the training loop.
+Reads top to bottom as the roles of a run (SB3's collect / train / learn, read as CleanRL reads):
+the settings (``A2CConfig``, from the command line), the loss, the checks that run before anything
+is written (``check_run``), building the run (``build_run``: envs with the wrapper stack in one
+place, nets, optimiser, resume), one learner step (``Learner``), game statistics (``GameStats``),
+progress logging (``ProgressLog``), evaluation and checkpoints, and ``train``: the loop.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib.envs import DEFAULT_ENV, AtariVec, rom_name
+from lib.envs import DEFAULT_ENV, AtariVec, VecStep, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
+from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
     atomic_torch_save,
@@ -43,9 +50,77 @@ REWARD_STEPS = 5
 CLIP_GRAD = 0.1
 ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
+# How the run reports.
+EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training envs'
+LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
+RECENT_GAMES = 100  # the console's running mean score is over this many finished games
+LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class A2CConfig:
+    """Everything a run is told (the command line's flags, checked). Defaults are the CLI's."""
+
+    name: str
+    env: str = DEFAULT_ENV
+    dev: str = "cpu"
+    model: str | None = None
+    finetune: bool = False
+    reward: str | None = None
+    save: str | None = None
+    db_path: str | None = None
+    envs: int = 16
+    max_steps: int = 0
+    seed: int = 0
+    record_prob: float = DEFAULT_RECORD_PROB
+    segment_steps: int = DEFAULT_SEGMENT_STEPS
+    test_every: int = 100_000
+    test_episodes: int = 10
+    force: bool = False
+    resume: bool = False
+    lr: float | None = None
+    lr_decay_steps: int = 0
+    runs_dir: str = "runs"
+    bf16: bool = False
+    threads: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> A2CConfig:
+        cfg = cls(**vars(args))
+        cfg.check()
+        return cfg
+
+    @property
+    def save_dir(self) -> Path:
+        return Path(self.save or Path("saves") / self.name)
+
+    def check(self) -> None:
+        """UserError with one line for every flag value that cannot work."""
+        wrong = [
+            (self.envs < 1, f"--envs must be at least 1, got {self.envs}"),
+            (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be a probability in [0, 1], got {self.record_prob}"),
+            (self.segment_steps < 1, f"--segment-steps must be at least 1, got {self.segment_steps}"),
+            (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
+            (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
+            (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
+            (self.lr is not None and not self.lr > 0, f"--lr must be positive, got {self.lr}"),
+            (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
+            (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
+            (self.finetune and not (self.model or self.resume), "--finetune needs a policy to start from: give -m MODEL"),
+            (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
+            (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
+            (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be a plain name (no '/'), got {self.name!r}"),
+        ]  # fmt: skip
+        for bad, message in wrong:
+            if bad:
+                raise UserError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = A2CConfig  # the defaults live in one place
     p = argparse.ArgumentParser(
         prog="01_a2c.py",
         description="Train an A2C agent on an Atari game. With --db-path it records random segments of "
@@ -56,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/"
     )
     p.add_argument(
-        "--env", default=DEFAULT_ENV, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4"
+        "--env", default=d.env, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4"
     )
-    p.add_argument("--dev", default="cpu", help="torch device for the networks: cpu or cuda")
+    p.add_argument("--dev", default=d.dev, help="torch device for the networks: cpu, cuda or cuda:N")
     p.add_argument("-m", "--model", help="start from this saved policy (.pt) instead of from scratch")
     p.add_argument(
         "--finetune",
@@ -72,30 +147,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--save", help="checkpoint directory (default: saves/<name>)")
     p.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
-    p.add_argument("--envs", type=int, default=16, help="number of games played side by side")
+    p.add_argument("--envs", type=int, default=d.envs, help="number of games played side by side")
     p.add_argument(
         "--max-steps",
         type=int,
-        default=0,
+        default=d.max_steps,
         help="stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)",
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed for envs, network init and recording")
+    p.add_argument(
+        "--seed", type=int, default=d.seed, help="random seed for envs, network init and recording"
+    )
     p.add_argument(
         "--record-prob",
         type=float,
-        default=DEFAULT_RECORD_PROB,
-        help="per agent step and env, probability to start recording a segment (default gives ~2,500 segments over 10M steps)",
+        default=d.record_prob,
+        help="per agent step and env, probability to start recording a segment "
+        "(default gives ~2,500 segments over 10M steps)",
     )
     p.add_argument(
-        "--segment-steps", type=int, default=DEFAULT_SEGMENT_STEPS, help="agent steps per recorded segment"
+        "--segment-steps", type=int, default=d.segment_steps, help="agent steps per recorded segment"
     )
     p.add_argument(
-        "--test-every", type=int, default=100_000, help="evaluate every this many agent steps (0: never)"
+        "--test-every", type=int, default=d.test_every, help="evaluate every this many agent steps (0: never)"
     )
     p.add_argument(
         "--test-episodes",
         type=int,
-        default=10,
+        default=d.test_episodes,
         help="full games (all lives) per evaluation, played side by side",
     )
     p.add_argument(
@@ -111,125 +189,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr",
         type=float,
-        help=f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); decays linearly to 0 over --lr-decay-steps",
+        help=f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); "
+        "decays linearly to 0 over --lr-decay-steps",
     )
     p.add_argument(
         "--lr-decay-steps",
         type=int,
-        default=0,
+        default=d.lr_decay_steps,
         help=f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
     )
-    p.add_argument("--runs-dir", default="runs", help="TensorBoard log root")
+    p.add_argument("--runs-dir", default=d.runs_dir, help="TensorBoard log root")
     p.add_argument(
         "--bf16",
         action="store_true",
-        help="run the networks' forward passes in bfloat16 autocast (weights and loss stay float32): ~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs",
+        help="run the networks' forward passes in bfloat16 autocast (weights and loss stay float32): "
+        "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: one per core)")
-    return p
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (0: one per core)")
+    return p  # fmt: skip
 
 
-class MeanTracker:
-    """Averages noisy per-train-step scalars over ``every`` values before writing them to
-    TensorBoard; ``flush()`` writes what is left (ptan's TBMeanTracker cannot, so a short run
-    would log no loss at all)."""
-
-    def __init__(self, writer: Any, every: int = 10):
-        self.writer, self.every = writer, every
-        self._values: dict[str, list[float]] = {}
-        self._step = 0
-
-    def track(self, name: str, value: float, step: int) -> None:
-        vals = self._values.setdefault(name, [])
-        vals.append(value)
-        self._step = step
-        if len(vals) >= self.every:
-            self.writer.add_scalar(name, float(np.mean(vals)), step)
-            vals.clear()
-
-    def flush(self) -> None:
-        for name, vals in self._values.items():
-            if vals:
-                self.writer.add_scalar(name, float(np.mean(vals)), self._step)
-                vals.clear()
-
-
-@dataclass
-class Progress:
-    """Counters that survive --resume."""
-
-    step: int = 0
-    train_steps: int = 0
-    best_mean: float = -math.inf
-    games: int = 0
-
-
-# --- checks (before anything is written) ----------------------------------------------------
-
-
-def _check_writable_dir(path: Path, what: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{what} {path} exists and is not a directory")
-    q = path
-    while not q.exists():
-        q = q.parent
-    if not q.is_dir() or not os.access(q, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {what} {path}: {q} is not a writable directory")
-
-
-def _make_dir(path: Path, what: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
-
-
-def _check_resumable(ck: dict[str, Any], path: Path) -> None:
-    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters."""
-    progress = ck.get("progress")
-    keys = ("step", "train_steps", "best_mean", "games")
-    if not (
-        isinstance(progress, dict)
-        and all(isinstance(progress.get(k), int | float) for k in keys)
-        and isinstance(ck.get("optimizer"), dict)
-        and isinstance(ck.get("scheduler"), dict)
-    ):
-        raise UserError(
-            f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
-            f"best_*.pt?): start a new run from it with -m {path}"
-        )
-
-
-def check_args(args: argparse.Namespace) -> None:
-    if args.envs < 1:
-        raise UserError(f"--envs must be at least 1, got {args.envs}")
-    if not 0.0 <= args.record_prob <= 1.0:
-        raise UserError(f"--record-prob must be a probability in [0, 1], got {args.record_prob}")
-    if args.segment_steps < 1:
-        raise UserError(f"--segment-steps must be at least 1, got {args.segment_steps}")
-    if args.max_steps < 0:
-        raise UserError(f"--max-steps must be >= 0, got {args.max_steps}")
-    if args.test_every < 0:
-        raise UserError(f"--test-every must be >= 0, got {args.test_every}")
-    if args.test_episodes < 1:
-        raise UserError(f"--test-episodes must be at least 1, got {args.test_episodes}")
-    if args.lr is not None and not args.lr > 0:
-        raise UserError(f"--lr must be positive, got {args.lr}")
-    if args.threads < 0:
-        raise UserError(f"--threads must be >= 0, got {args.threads}")
-    if args.lr_decay_steps < 0:
-        raise UserError(f"--lr-decay-steps must be >= 0, got {args.lr_decay_steps}")
-    if args.finetune and not (args.model or args.resume):
-        raise UserError("--finetune needs a policy to start from: give -m MODEL")
-    if args.resume and args.force:
-        raise UserError("--resume continues the run, --force starts it over: give one of them")
-    if args.resume and args.model:
-        raise UserError("--resume continues saves/<name>/last.pt; do not also give -m")
-    if not args.name or "/" in args.name or args.name in (".", ".."):
-        raise UserError(f"--name must be a plain name (no '/'), got {args.name!r}")
-
-
-# --- the loss ---------------------------------------------------------------------------------
+# --- the loss -----------------------------------------------------------------------------------
 
 
 def a2c_loss(
@@ -276,50 +256,478 @@ def autocast(device: torch.device, enabled: bool) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def act(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One batched forward for all envs: (actions sampled from the policy, V(obs))."""
+    with torch.no_grad(), autocast(device, bf16):
+        logits, values = net(torch.from_numpy(obs).to(device))
+        actions = torch.multinomial(F.softmax(logits.float(), dim=1), 1).squeeze(1).cpu().numpy()
+    return actions, values.float().cpu().numpy()
+
+
 def _values(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool = False) -> np.ndarray:
     with torch.no_grad(), autocast(device, bf16):
         return net(torch.from_numpy(obs).to(device))[1].float().cpu().numpy()
 
 
-# --- evaluation -------------------------------------------------------------------------------
+# --- before anything is written -----------------------------------------------------------------
+
+
+def _check_writable_dir(path: Path, what: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} exists and is not a directory")
+    q = path
+    while not q.exists():
+        q = q.parent
+    if not q.is_dir() or not os.access(q, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {what} {path}: {q} is not a writable directory")
+
+
+def _make_dir(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
+
+
+def _check_resumable(ck: dict[str, Any], path: Path) -> None:
+    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters."""
+    progress = ck.get("progress")
+    keys = ("step", "train_steps", "best_mean", "games")
+    if not (
+        isinstance(progress, dict)
+        and all(isinstance(progress.get(k), int | float) for k in keys)
+        and isinstance(ck.get("optimizer"), dict)
+        and isinstance(ck.get("scheduler"), dict)
+    ):
+        raise UserError(
+            f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
+            f"best_*.pt?): start a new run from it with -m {path}"
+        )
+
+
+def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
+    """Everything about the files that can be wrong, before anything is written. Returns the
+    ``last.pt`` dict to resume from (None for a new run)."""
+    last_path = cfg.save_dir / "last.pt"
+    resume_ck: dict[str, Any] | None = None
+    if cfg.resume:
+        if not last_path.exists():
+            raise UserError(f"--resume: no {last_path} to resume from (start the run without --resume)")
+        resume_ck = read_checkpoint(last_path, "checkpoint")
+        _check_resumable(resume_ck, last_path)
+    elif not cfg.force and cfg.save_dir.is_dir() and any(cfg.save_dir.glob("*.pt")):
+        raise UserError(
+            f"{cfg.save_dir} already holds the run {cfg.name!r}: continue it with --resume, start it over "
+            f"with --force (replaces its checkpoints), or pick another -n"
+        )
+    _check_writable_dir(cfg.save_dir, "checkpoint dir")
+    _check_writable_dir(Path(cfg.runs_dir), "TensorBoard dir")
+    if cfg.db_path:
+        _check_writable_dir(Path(cfg.db_path), "DB dir")
+        check_db_game(cfg.db_path, cfg.env)
+    return resume_ck
+
+
+# --- building the run ---------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """Counters that survive --resume."""
+
+    step: int = 0
+    train_steps: int = 0
+    best_mean: float = -math.inf
+    games: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "step": self.step,
+            "train_steps": self.train_steps,
+            "best_mean": self.best_mean,
+            "games": self.games,
+        }
+
+
+@dataclass
+class Run:
+    """What a training run is made of (``build_run``) and how it saves itself."""
+
+    cfg: A2CConfig
+    device: torch.device
+    game: str
+    base_env: Any  # AtariVec: the game itself
+    env: Any  # base_env with the wrapper stack (``make_env_stack``)
+    recorder: EpisodeRecorderWrapper | None
+    eval_env: Any | None
+    net: AtariA2C
+    finetune: bool
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    lr: float
+    decay_steps: int
+    progress: Progress
+    writer: Any  # TensorBoard SummaryWriter
+    tb_dir: Path
+    resumed: bool
+    eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    def save(self, path: Path, **extra: Any) -> None:
+        ck = policy_checkpoint(self.net, self.cfg.env, self.game, self.base_env.action_meanings,
+                               step=self.progress.step, finetune=self.finetune, **extra)  # fmt: skip
+        atomic_torch_save(ck, path)
+
+    def save_last(self) -> None:
+        """``last.pt``: what --resume needs besides the weights."""
+        self.save(
+            self.cfg.save_dir / "last.pt",
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            lr=self.lr,
+            lr_decay_steps=self.decay_steps,
+            progress=self.progress.as_dict(),
+            env_steps=self.recorder.env_steps.tolist() if self.recorder else None,
+            tb_dir=str(self.tb_dir),
+        )
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()  # writes the queued segments; closes the env below it
+            for e in self.recorder.writer.errors[:3]:
+                print(f"warning: {e}", file=sys.stderr)
+        else:
+            self.env.close()
+        if self.eval_env is not None:
+            self.eval_env.close()
+
+
+def make_env_stack(
+    cfg: A2CConfig,
+    base_env: Any,
+    device: torch.device,
+    rng: np.random.Generator,
+    resume_ck: dict[str, Any] | None,
+) -> tuple[Any, EpisodeRecorderWrapper | None]:
+    """The env the learner steps, wrapper by wrapper. Order matters: the recorder sees the game's
+    own frames and true reward; the reward model then replaces the reward the learner gets."""
+    env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
+    if cfg.db_path:
+        counters = (resume_ck or {}).get("env_steps")
+        if counters is not None and len(counters) != cfg.envs:
+            counters = None  # resumed with another --envs: each env's own files tell its counter
+        _make_dir(Path(cfg.db_path), "DB dir")
+        checkpoint = str(cfg.model) if cfg.model else None
+        env = recorder = EpisodeRecorderWrapper(env, cfg.db_path, cfg.record_prob, cfg.segment_steps, rng=rng,
+                                                step_counters=counters, checkpoint=checkpoint)  # fmt: skip
+    if cfg.reward:
+        from lib.reward_wrapper import RewardModelWrapper
+
+        env = RewardModelWrapper(env, cfg.reward, device=device)
+    return env, recorder
+
+
+def _policy(cfg: A2CConfig, resume_ck: dict[str, Any] | None, env: Any) -> tuple[AtariA2C, bool, Progress]:
+    """The network to train (new, from -m, or from last.pt), whether its conv layers are frozen,
+    and the counters to continue from."""
+    game = rom_name(cfg.env)
+    if resume_ck is not None:
+        net, _ = load_policy(
+            cfg.save_dir / "last.pt", cfg.env, game, env.obs_shape, env.n_actions, ck=resume_ck
+        )
+        progress = Progress(
+            **{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")}
+        )
+        return net, bool(resume_ck.get("finetune", False)), progress
+    if cfg.model:
+        net, _ = load_policy(cfg.model, cfg.env, game, env.obs_shape, env.n_actions)
+        return net, cfg.finetune, Progress()
+    return AtariA2C(env.obs_shape, env.n_actions), False, Progress()
+
+
+def _optimiser(
+    cfg: A2CConfig, net: AtariA2C, finetune: bool, resume_ck: dict[str, Any] | None
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float, int]:
+    """Adam over the trainable parameters with the book's linear decay to 0 (counted in learner
+    steps of BATCH_SIZE transitions); a resumed run continues its own lr, schedule and moments."""
+    ck = resume_ck or {}
+    lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
+    decay_steps = ck.get("lr_decay_steps", cfg.lr_decay_steps or cfg.max_steps or LR_DECAY_STEPS)
+    optimizer = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=lr, eps=ADAM_EPS)
+    decay_iters = max(1, decay_steps // BATCH_SIZE)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
+    if resume_ck is not None:
+        optimizer.load_state_dict(resume_ck["optimizer"])
+        scheduler.load_state_dict(resume_ck["scheduler"])
+    return optimizer, scheduler, lr, decay_steps
+
+
+def hparams_table(rows: dict[str, Any]) -> str:
+    """The hyper-parameters as a markdown table (TensorBoard's Text tab), sorted by name."""
+    return "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in sorted(rows.items()))
+
+
+def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
+    """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=)`` makes a
+    vector env (``AtariVec``; tests pass a small fake)."""
+    device = resolve_device(cfg.dev)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    game = rom_name(cfg.env)
+    resume_ck = check_run(cfg)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed)
+    net, finetune, progress = _policy(cfg, resume_ck, base_env)
+    if finetune:
+        net.freeze_conv()
+    net.to(device)
+    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck)
+    eval_env = (
+        make_env(cfg.env, cfg.test_episodes, seed=cfg.seed + EVAL_SEED_OFFSET) if cfg.test_every else None
+    )
+    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck)
+
+    _make_dir(cfg.save_dir, "checkpoint dir")
+    _make_dir(Path(cfg.runs_dir), "TensorBoard dir")
+    from torch.utils.tensorboard import SummaryWriter
+
+    if resume_ck is not None and resume_ck.get("tb_dir"):
+        tb_dir = Path(resume_ck["tb_dir"])
+    else:
+        tb_dir = (
+            Path(cfg.runs_dir) / f"{cfg.name}__a2c__{game}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+    writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
+    if resume_ck is None:
+        writer.add_text("hyperparameters", hparams_table({
+            **vars(cfg), "gamma": GAMMA, "lr_used": lr, "entropy_beta": ENTROPY_BETA, "batch": BATCH_SIZE,
+            "reward_steps": REWARD_STEPS, "clip_grad": CLIP_GRAD, "adam_eps": ADAM_EPS,
+            "lr_decay_steps": decay_steps, "finetune": finetune, "n_actions": base_env.n_actions, "game": game,
+        }))  # fmt: skip
+    return Run(cfg, device, game, base_env, env, recorder, eval_env, net, finetune, optimizer, scheduler, lr,
+               decay_steps, progress, writer, tb_dir, resume_ck is not None,
+               eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET))  # fmt: skip
+
+
+# --- one learner step ---------------------------------------------------------------------------
+
+
+class MeanTracker:
+    """Averages noisy per-train-step scalars over ``every`` values before writing them to
+    TensorBoard; ``flush()`` writes what is left (ptan's TBMeanTracker cannot, so a short run
+    would log no loss at all)."""
+
+    def __init__(self, writer: Any, every: int = LOSS_MEAN_OF):
+        self.writer, self.every = writer, every
+        self._values: dict[str, list[float]] = {}
+        self._step = 0
+
+    def track(self, name: str, value: float, step: int) -> None:
+        vals = self._values.setdefault(name, [])
+        vals.append(value)
+        self._step = step
+        if len(vals) >= self.every:
+            self.writer.add_scalar(name, float(np.mean(vals)), step)
+            vals.clear()
+
+    def flush(self) -> None:
+        for name, vals in self._values.items():
+            if vals:
+                self.writer.add_scalar(name, float(np.mean(vals)), self._step)
+                vals.clear()
+
+
+class Learner:
+    """Turns transitions into A2C updates, one per BATCH_SIZE transitions.
+
+    The transitions a vector step completes bootstrap from V(obs after that step). The acting
+    forward pass of the next step computes exactly those values, so ``learn`` takes them from
+    there (``values``): the learner does one forward + backward per batch, not two forwards."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.params = [p for p in run.net.parameters() if p.requires_grad]
+        self.waiting: Transitions | None = None
+        self.ready: list[Transitions] = []
+        self.ready_boot: list[np.ndarray] = []
+        self.metrics: dict[str, float] = {}
+        self.tracker = MeanTracker(run.writer, every=LOSS_MEAN_OF)
+
+    def learn(self, values: np.ndarray) -> dict[str, float] | None:
+        """Bootstrap the waiting transitions with ``values`` (V of the current obs, per env) and take
+        an optimiser step when a batch is full; returns that step's metrics, else None."""
+        waiting, self.waiting = self.waiting, None
+        if waiting is None or not len(waiting):
+            return None
+        run = self.run
+        boot = np.zeros(len(waiting), dtype=np.float32)  # 0 where the episode terminated
+        nxt = waiting.boot_mode == BOOT_NEXT
+        boot[nxt] = values[waiting.env[nxt]]
+        fin = waiting.boot_mode == BOOT_FINAL  # truncated: the episode's own last obs
+        if fin.any():
+            boot[fin] = _values(run.net, waiting.boot_obs[fin], run.device, run.cfg.bf16)
+        self.ready.append(waiting)
+        self.ready_boot.append(boot)
+        if sum(len(t) for t in self.ready) < BATCH_SIZE:
+            return None
+        batch, boot_all = Transitions.concat(self.ready), np.concatenate(self.ready_boot)
+        self.ready, self.ready_boot = [], []
+        loss, m = a2c_loss(run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        m["losses/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD).item()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.progress.train_steps += 1
+        self.metrics = m
+        for k, v in m.items():
+            self.tracker.track(k, v, run.progress.step)
+        return m
+
+
+# --- game statistics and progress ---------------------------------------------------------------
+
+
+class GameStats:
+    """Whole games (all lives) of the training envs: true score, length, and with -r the reward
+    model's predicted return, written to TensorBoard as each game ends."""
+
+    def __init__(self, n_envs: int) -> None:
+        self.score = np.zeros(n_envs)
+        self.pred = np.zeros(n_envs)
+        self.length = np.zeros(n_envs, dtype=np.int64)
+        self.recent: deque[float] = deque(maxlen=RECENT_GAMES)
+        self.recent_pairs: deque[tuple[float, float]] = deque(maxlen=RECENT_GAMES)  # (true, predicted)
+
+    def update(self, st: VecStep, progress: Progress, writer: Any) -> None:
+        self.score += st.true_rewards
+        self.length += 1
+        if st.pred_rewards is not None:
+            self.pred += st.pred_rewards
+        for i in np.flatnonzero(st.game_over):
+            progress.games += 1
+            self.recent.append(float(self.score[i]))
+            writer.add_scalar("charts/episode_score", self.score[i], progress.step)
+            writer.add_scalar("charts/episode_length", self.length[i], progress.step)
+            if st.pred_rewards is not None:
+                writer.add_scalar("reward_model/episode_pred_return", self.pred[i], progress.step)
+                self.recent_pairs.append((float(self.score[i]), float(self.pred[i])))
+            self.score[i] = self.pred[i] = 0.0
+            self.length[i] = 0
+
+    def true_vs_pred_corr(self) -> float | None:
+        """Reward-hacking monitor: does the learned return still track the score? (None: too few games)"""
+        if len(self.recent_pairs) < 3:
+            return None
+        tr, pr = np.array(self.recent_pairs).T
+        return float(np.corrcoef(tr, pr)[0, 1]) if tr.std() > 0 and pr.std() > 0 else None
+
+
+def _fmt_time(sec: float) -> str:
+    sec = int(max(sec, 0))
+    return f"{sec // 3600}:{sec % 3600 // 60:02d}:{sec % 60:02d}"
+
+
+class ProgressLog:
+    """Every LOG_PERIOD_S: one console line and the charts/, recorder/ and reward_model/ scalars.
+    Evaluation time is left out of the speed and the ETA."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.t_start = self.t_last = time.time()
+        self.start_step = self.step_last = run.progress.step
+        self.eval_seconds = 0.0
+
+    def skip(self, seconds: float) -> None:
+        """``seconds`` of evaluation just passed: not training time."""
+        self.eval_seconds += seconds
+        self.t_last, self.step_last = time.time(), self.run.progress.step
+
+    def tick(self, games: GameStats, learner: Learner) -> None:
+        now, run = time.time(), self.run
+        if now - self.t_last < LOG_PERIOD_S:
+            return
+        step, w = run.progress.step, run.writer
+        sps = (step - self.step_last) / (now - self.t_last)
+        w.add_scalar("charts/steps_per_sec", sps, step)
+        w.add_scalar("charts/lr", run.scheduler.get_last_lr()[0], step)
+        line = f"step {step:>11,} | {sps:6,.0f} steps/s"
+        if games.recent:
+            line += f" | games {run.progress.games:,}, score(last {len(games.recent)}) {np.mean(games.recent):7.1f}"
+        if learner.metrics:
+            line += (
+                f" | loss {learner.metrics['losses/total']:.3f} ent {learner.metrics['losses/entropy']:.2f}"
+            )
+        if run.recorder is not None:
+            w.add_scalar("recorder/segments", run.recorder.segments_written, step)
+            line += f" | segments {run.recorder.segments_written:,}"
+        if run.cfg.reward:
+            for k, v in run.env.stats().items():
+                w.add_scalar(f"reward_model/{k}", v, step)
+            if (corr := games.true_vs_pred_corr()) is not None:
+                w.add_scalar("reward_model/true_vs_pred_corr", corr, step)
+        if run.cfg.max_steps:
+            rate = (step - self.start_step) / max(now - self.t_start - self.eval_seconds, 1e-6)
+            line += f" | ETA {_fmt_time((run.cfg.max_steps - step) / max(rate, 1e-6))}"
+        print(line, flush=True)
+        self.t_last, self.step_last = now, step
+
+
+# --- evaluation and checkpoints -----------------------------------------------------------------
 
 
 def evaluate(
-    net: AtariA2C, env: AtariVec, device: torch.device, stop: list[bool] | None = None, bf16: bool = False
+    net: AtariA2C,
+    env: Any,
+    device: torch.device,
+    stop: list[bool] | None = None,
+    bf16: bool = False,
+    rng: np.random.Generator | None = None,
 ) -> dict[str, float] | None:
-    """Play one full game (all lives) in each env side by side, actions sampled from the policy;
-    games are capped at ALE's 108,000 frames. Returns score and length stats (unclipped game
-    score, agent steps), or None if stopped by a signal."""
-    net.eval()
-    obs = env.reset()
-    n = env.n_envs
-    scores = np.zeros(n)
-    lengths = np.zeros(n, dtype=np.int64)
-    finished = np.zeros(n, dtype=bool)
-    while not finished.all():
-        if stop and stop[0]:
-            net.train()
-            return None
+    """Play one full game (all lives) in each env side by side with actions sampled from the
+    policy (``lib.games.play_games``, as 04_play.py plays). Returns score and length stats
+    (unclipped game score, agent steps), or None if stopped by a signal."""
+    rng = rng or np.random.default_rng()
+
+    def policy(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad(), autocast(device, bf16):
-            logits, _ = net(torch.from_numpy(obs).to(device))
-            actions = torch.multinomial(F.softmax(logits.float(), dim=1), 1).squeeze(1).cpu().numpy()
-        st = env.step(actions)
-        active = ~finished
-        scores[active] += st.true_rewards[active]
-        lengths[active] += 1
-        finished |= st.game_over
-        obs = st.obs
-    net.train()
-    return {
-        "score_mean": float(scores.mean()),
-        "score_std": float(scores.std()),
-        "score_max": float(scores.max()),
-        "length_mean": float(lengths.mean()),
-        "length_max": float(lengths.max()),
-    }
+            return select_actions(net(torch.from_numpy(obs).to(device))[0], False, rng)
+
+    net.eval()
+    try:
+        results = play_games(env, policy, env.n_envs, stop=(lambda: stop[0]) if stop else None)
+    finally:
+        net.train()
+    return None if results is None else score_stats(results)
 
 
-# --- training ---------------------------------------------------------------------------------
+def evaluate_and_save(run: Run, stop: list[bool]) -> float:
+    """An evaluation, the eval/* scalars, a best_*.pt when the mean score is the best so far, and
+    last.pt. Returns the seconds it took."""
+    t0 = time.time()
+    step = run.progress.step
+    res = evaluate(run.net, run.eval_env, run.device, stop, run.cfg.bf16, run.eval_rng)
+    if res is None:  # stopped by Ctrl-C
+        return time.time() - t0
+    for k, v in res.items():
+        run.writer.add_scalar(f"eval/{k}", v, step)
+    msg = (f"eval at {step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
+           f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]")  # fmt: skip
+    if res["score_mean"] > run.progress.best_mean:
+        run.progress.best_mean = res["score_mean"]
+        path = (
+            run.cfg.save_dir / f"best_{step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"
+        )
+        run.save(path, metrics=res)
+        if run.recorder is not None:
+            run.recorder.checkpoint = str(path)  # segments from now on name the policy that played them
+        msg += f" -> new best, saved {path}"
+    print(msg, flush=True)
+    run.save_last()
+    return time.time() - t0
+
+
+# --- the loop -----------------------------------------------------------------------------------
 
 
 class _Stopper:
@@ -345,322 +753,76 @@ class _Stopper:
             signal.signal(sig, old)
 
 
-def _hparams_table(args: argparse.Namespace, extra: dict[str, Any]) -> str:
-    rows = {**vars(args), **extra}
-    return "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in sorted(rows.items()))
-
-
-def _fmt_time(sec: float) -> str:
-    sec = int(max(sec, 0))
-    return f"{sec // 3600}:{sec % 3600 // 60:02d}:{sec % 60:02d}"
-
-
-def train(args: argparse.Namespace) -> int:
-    check_args(args)
-    device = resolve_device(args.dev)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    game = rom_name(args.env)
-    save_dir = Path(args.save or Path("saves") / args.name)
-    last_path = save_dir / "last.pt"
-
-    # Everything that can be wrong is checked before anything is written.
-    resume_ck: dict[str, Any] | None = None
-    if args.resume:
-        if not last_path.exists():
-            raise UserError(f"--resume: no {last_path} to resume from (start the run without --resume)")
-        resume_ck = read_checkpoint(last_path, "checkpoint")
-        _check_resumable(resume_ck, last_path)
-    elif not args.force and save_dir.is_dir() and any(save_dir.glob("*.pt")):
-        raise UserError(
-            f"{save_dir} already holds the run {args.name!r}: continue it with --resume, start it over "
-            f"with --force (replaces its checkpoints), or pick another -n"
-        )
-    _check_writable_dir(save_dir, "checkpoint dir")
-    _check_writable_dir(Path(args.runs_dir), "TensorBoard dir")
-    if args.db_path:
-        _check_writable_dir(Path(args.db_path), "DB dir")
-        check_db_game(args.db_path, args.env)
-
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
-    base_env = AtariVec(args.env, args.envs, seed=args.seed)
-    obs_shape, n_actions = base_env.obs_shape, base_env.n_actions
-
-    progress = Progress()
-    if resume_ck is not None:
-        net, _ = load_policy(last_path, args.env, game, obs_shape, n_actions)
-        finetune = bool(resume_ck.get("finetune", False))
-        progress = Progress(
-            **{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")}
-        )
-    elif args.model:
-        net, _ = load_policy(args.model, args.env, game, obs_shape, n_actions)
-        finetune = args.finetune
-    else:
-        net = AtariA2C(obs_shape, n_actions)
-        finetune = False
-    if finetune:
-        net.freeze_conv()
-    net.to(device)
-
-    env: Any = base_env
-    recorder: EpisodeRecorderWrapper | None = None
-    if args.db_path:
-        counters = np.asarray(resume_ck["env_steps"]) if resume_ck and "env_steps" in resume_ck else None
-        if counters is not None and len(counters) != args.envs:
-            counters = None
-        _make_dir(Path(args.db_path), "DB dir")
-        recorder = EpisodeRecorderWrapper(
-            env, args.db_path, args.record_prob, args.segment_steps, rng=rng, step_counters=counters,
-            checkpoint=str(args.model) if args.model else None,
-        )  # fmt: skip
-        env = recorder
-    if args.reward:
-        from lib.reward_wrapper import RewardModelWrapper
-
-        env = RewardModelWrapper(env, args.reward, device=device)
-    eval_env = AtariVec(args.env, args.test_episodes, seed=args.seed + 10_000) if args.test_every else None
-
-    lr = args.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE)
-    if resume_ck is not None:
-        lr = resume_ck.get("lr", lr)
-    decay_steps = args.lr_decay_steps or args.max_steps or LR_DECAY_STEPS
-    if resume_ck is not None:
-        decay_steps = resume_ck.get("lr_decay_steps", decay_steps)
-    params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS)
-    # Polynomial (power 1) decay to 0, counted in training steps of BATCH_SIZE transitions.
-    decay_iters = max(1, decay_steps // BATCH_SIZE)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
-    if resume_ck is not None:
-        optimizer.load_state_dict(resume_ck["optimizer"])
-        scheduler.load_state_dict(resume_ck["scheduler"])
-
-    _make_dir(save_dir, "checkpoint dir")
-    _make_dir(Path(args.runs_dir), "TensorBoard dir")
-    from torch.utils.tensorboard import SummaryWriter
-
-    if resume_ck is not None and resume_ck.get("tb_dir"):
-        tb_dir = Path(resume_ck["tb_dir"])
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        tb_dir = Path(args.runs_dir) / f"{args.name}__a2c__{game}__s{args.seed}__{stamp}"
-    writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
-    if resume_ck is None:
-        writer.add_text("hyperparameters", _hparams_table(args, {
-            "gamma": GAMMA, "lr_used": lr, "entropy_beta": ENTROPY_BETA, "batch": BATCH_SIZE,
-            "reward_steps": REWARD_STEPS, "clip_grad": CLIP_GRAD, "adam_eps": ADAM_EPS,
-            "lr_decay_steps": decay_steps, "finetune": finetune, "n_actions": n_actions, "game": game,
-        }))  # fmt: skip
-
-    def save(path: Path, **extra: Any) -> None:
-        ck = policy_checkpoint(
-            net, args.env, game, base_env.action_meanings, step=progress.step, finetune=finetune, **extra
-        )
-        atomic_torch_save(ck, path)
-
-    def save_last() -> None:
-        save(
-            last_path,
-            optimizer=optimizer.state_dict(),
-            scheduler=scheduler.state_dict(),
-            lr=lr,
-            lr_decay_steps=decay_steps,
-            progress={"step": progress.step, "train_steps": progress.train_steps, "best_mean": progress.best_mean,
-                      "games": progress.games},
-            env_steps=recorder.env_steps.tolist() if recorder else None,
-            tb_dir=str(tb_dir),
-        )  # fmt: skip
-
-    collector = NStepCollector(args.envs, obs_shape, REWARD_STEPS, GAMMA)
-    # The game score is sign-clipped (DeepMind); a learned reward is normalised and clipped by
-    # lib/reward_wrapper.py instead.
-    clip_rewards = not args.reward
-    game_score = np.zeros(args.envs)
-    game_pred = np.zeros(args.envs)
-    game_len = np.zeros(args.envs, dtype=np.int64)
-    recent_scores: list[float] = []
-    recent_pairs: list[tuple[float, float]] = []  # (true score, predicted return) per game, for -r
-    ready: list[Transitions] = []
-    ready_boot: list[np.ndarray] = []
-    waiting: Transitions | None = None
-    next_test = (progress.step // args.test_every + 1) * args.test_every if args.test_every else None
-    start_step = progress.step
-    t_start = t_last = time.time()
-    step_last = progress.step
-    eval_seconds = 0.0
-    last_metrics: dict[str, float] = {}
+def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> int:
+    """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are."""
+    run = build_run(cfg, make_env)
+    announce(run)
+    collector = NStepCollector(cfg.envs, run.base_env.obs_shape, REWARD_STEPS, GAMMA)
+    learner, games, log = Learner(run), GameStats(cfg.envs), ProgressLog(run)
+    clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
+    test_every = cfg.test_every
+    next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
     status = "finished"
-
-    print(
-        f"A2C on {args.env} ({game}), {args.envs} envs, {n_actions} actions, device {device}"
-        + (f", finetune from {args.model}" if finetune and args.model else "")
-        + (f", resumed at step {progress.step:,}" if resume_ck is not None else "")
-        + (f", reward model {args.reward}" if args.reward else "")
-        + (f", recording into {args.db_path} (p={args.record_prob})" if args.db_path else ""),
-        flush=True,
-    )
-    print(f"TensorBoard: tensorboard --logdir {args.runs_dir}   (this run: {tb_dir})", flush=True)
-
-    obs = env.reset()
-    net.train()
-    tracker = MeanTracker(writer, every=10)
+    obs = run.env.reset()
+    run.net.train()
     with _Stopper() as stopper:
         try:
-            while True:
+            while not (cfg.max_steps and run.progress.step >= cfg.max_steps):
                 if stopper.flag[0]:
                     status = "interrupted"
                     break
-                if args.max_steps and progress.step >= args.max_steps:
-                    break
-
-                with torch.no_grad(), autocast(device, args.bf16):
-                    logits, values = net(torch.from_numpy(obs).to(device))
-                    actions = torch.multinomial(F.softmax(logits.float(), dim=1), 1).squeeze(1).cpu().numpy()
-                values_np = values.float().cpu().numpy()
-
-                # Transitions emitted by the last step bootstrap from V(current obs), which the
-                # acting forward pass just computed: no second forward in the learner.
-                if waiting is not None and len(waiting):
-                    boot = np.zeros(len(waiting), dtype=np.float32)
-                    nxt = waiting.boot_mode == BOOT_NEXT
-                    boot[nxt] = values_np[waiting.env[nxt]]
-                    fin = waiting.boot_mode == BOOT_FINAL
-                    if fin.any():
-                        boot[fin] = _values(net, waiting.boot_obs[fin], device, args.bf16)
-                    ready.append(waiting)
-                    ready_boot.append(boot)
-                    if sum(len(t) for t in ready) >= BATCH_SIZE:
-                        batch = Transitions.concat(ready)
-                        loss, m = a2c_loss(
-                            net, batch, np.concatenate(ready_boot), device, ENTROPY_BETA, args.bf16
-                        )
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        grad_norm = torch.nn.utils.clip_grad_norm_(params, CLIP_GRAD)
-                        optimizer.step()
-                        scheduler.step()
-                        progress.train_steps += 1
-                        ready, ready_boot = [], []
-                        m["losses/grad_norm"] = grad_norm.item()
-                        last_metrics = m
-                        for k, v in m.items():
-                            tracker.track(k, v, progress.step)
-                waiting = None
-
-                st = env.step(actions)
-                rewards = np.sign(st.rewards) if clip_rewards else st.rewards
-                waiting = collector.add(
-                    obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
-                )
+                actions, values = act(run.net, obs, run.device, cfg.bf16)
+                learner.learn(values)  # the last step's transitions bootstrap from these values
+                st = run.env.step(actions)
+                rewards = np.sign(st.rewards) if clip else st.rewards
+                learner.waiting = collector.add(obs, actions, rewards, st.terminated, st.truncated, st.obs,
+                                                st.final_obs)  # fmt: skip
                 obs = st.obs
-                progress.step += args.envs
-
-                game_score += st.true_rewards
-                game_len += 1
-                if st.pred_rewards is not None:
-                    game_pred += st.pred_rewards
-                for i in np.flatnonzero(st.game_over):
-                    progress.games += 1
-                    recent_scores.append(float(game_score[i]))
-                    writer.add_scalar("charts/episode_score", game_score[i], progress.step)
-                    writer.add_scalar("charts/episode_length", game_len[i], progress.step)
-                    if st.pred_rewards is not None:
-                        writer.add_scalar("reward_model/episode_pred_return", game_pred[i], progress.step)
-                        recent_pairs.append((float(game_score[i]), float(game_pred[i])))
-                    game_score[i] = game_pred[i] = 0.0
-                    game_len[i] = 0
-                recent_scores = recent_scores[-100:]
-                recent_pairs = recent_pairs[-100:]
-
-                now = time.time()
-                if now - t_last >= 10.0:
-                    sps = (progress.step - step_last) / (now - t_last)
-                    writer.add_scalar("charts/steps_per_sec", sps, progress.step)
-                    writer.add_scalar("charts/lr", scheduler.get_last_lr()[0], progress.step)
-                    if recorder is not None:
-                        writer.add_scalar("recorder/segments", recorder.segments_written, progress.step)
-                    if args.reward:
-                        for k, v in env.stats().items():
-                            writer.add_scalar(f"reward_model/{k}", v, progress.step)
-                        if len(recent_pairs) >= 3:
-                            tr, pr = np.array(recent_pairs).T
-                            if tr.std() > 0 and pr.std() > 0:
-                                # Reward-hacking monitor: does the learned return still track the score?
-                                corr = float(np.corrcoef(tr, pr)[0, 1])
-                                writer.add_scalar("reward_model/true_vs_pred_corr", corr, progress.step)
-                    line = f"step {progress.step:>11,} | {sps:6,.0f} steps/s"
-                    if recent_scores:
-                        line += f" | games {progress.games:,}, score(last {len(recent_scores)}) {np.mean(recent_scores):7.1f}"
-                    if last_metrics:
-                        line += f" | loss {last_metrics['losses/total']:.3f} ent {last_metrics['losses/entropy']:.2f}"
-                    if recorder is not None:
-                        line += f" | segments {recorder.segments_written:,}"
-                    if args.max_steps:
-                        rate = (progress.step - start_step) / max(now - t_start - eval_seconds, 1e-6)
-                        eta = (args.max_steps - progress.step) / max(rate, 1e-6)
-                        line += f" | ETA {_fmt_time(eta)}"
-                    print(line, flush=True)
-                    t_last, step_last = now, progress.step
-
-                if next_test is not None and progress.step >= next_test:
-                    next_test += args.test_every
-                    t0 = time.time()
-                    res = evaluate(net, eval_env, device, stopper.flag, args.bf16)
-                    eval_seconds += time.time() - t0
-                    t_last = time.time()
-                    step_last = progress.step
-                    if res is None:
-                        continue
-                    for k, v in res.items():
-                        writer.add_scalar(f"eval/{k}", v, progress.step)
-                    msg = (
-                        f"eval at {progress.step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
-                        f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]"
-                    )
-                    if res["score_mean"] > progress.best_mean:
-                        progress.best_mean = res["score_mean"]
-                        name = f"best_{progress.step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"
-                        save(save_dir / name, metrics=res)
-                        if recorder is not None:
-                            recorder.checkpoint = str(save_dir / name)
-                        msg += f" -> new best, saved {save_dir / name}"
-                    print(msg, flush=True)
-                    save_last()
+                run.progress.step += cfg.envs
+                games.update(st, run.progress, run.writer)
+                log.tick(games, learner)
+                if next_test is not None and run.progress.step >= next_test:
+                    next_test += test_every
+                    log.skip(evaluate_and_save(run, stopper.flag))
         except KeyboardInterrupt:
             status = "interrupted"
         finally:
-            if recorder is not None:
-                recorder.close()
-                for e in recorder.writer.errors[:3]:
-                    print(f"warning: {e}", file=sys.stderr)
-            else:
-                env.close()
-            if eval_env is not None:
-                eval_env.close()
-            save_last()
-            tracker.flush()
-            writer.close()
-
-    elapsed = time.time() - t_start
-    print(
-        f"{status} at step {progress.step:,} after {_fmt_time(elapsed)} "
-        f"({(progress.step - start_step) / max(elapsed, 1e-6):,.0f} steps/s incl. evaluation)",
-        flush=True,
-    )
-    print(
-        f"  checkpoints: {save_dir}/ (last.pt for --resume"
-        + (", best_*.pt by eval score)" if args.test_every else ")")
-    )
-    if recorder is not None:
-        print(f"  segments:    {args.db_path} ({recorder.segments_written} written this run)")
-    print(f"  TensorBoard: {tb_dir}")
-    if recorder is not None and recorder.segments_written:
-        print(f"next: label them with  python 02_label_ui.py -d {args.db_path}")
+            run.close()
+            run.save_last()
+            learner.tracker.flush()
+            run.writer.close()
+    report(run, status, log)
     return 0
 
 
+def announce(run: Run) -> None:
+    cfg = run.cfg
+    print(
+        f"A2C on {cfg.env} ({run.game}), {cfg.envs} envs, {run.base_env.n_actions} actions, device {run.device}"
+        + (f", finetune from {cfg.model}" if run.finetune and cfg.model else "")
+        + (f", resumed at step {run.progress.step:,}" if run.resumed else "")
+        + (f", reward model {cfg.reward}" if cfg.reward else "")
+        + (f", recording into {cfg.db_path} (p={cfg.record_prob})" if cfg.db_path else ""),
+        flush=True,
+    )
+    print(f"TensorBoard: tensorboard --logdir {cfg.runs_dir}   (this run: {run.tb_dir})", flush=True)
+
+
+def report(run: Run, status: str, log: ProgressLog) -> None:
+    cfg, step = run.cfg, run.progress.step
+    elapsed = time.time() - log.t_start
+    print(f"{status} at step {step:,} after {_fmt_time(elapsed)} "
+          f"({(step - log.start_step) / max(elapsed, 1e-6):,.0f} steps/s incl. evaluation)", flush=True)  # fmt: skip
+    print(
+        f"  checkpoints: {cfg.save_dir}/ (last.pt for --resume"
+        + (", best_*.pt by eval score)" if cfg.test_every else ")")
+    )
+    if run.recorder is not None:
+        print(f"  segments:    {cfg.db_path} ({run.recorder.segments_written} written this run)")
+    print(f"  TensorBoard: {run.tb_dir}")
+    if run.recorder is not None and run.recorder.segments_written:
+        print(f"next: label them with  python 02_label_ui.py -d {cfg.db_path}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return train(args)
+    return train(A2CConfig.from_args(build_parser().parse_args(argv)))

@@ -21,6 +21,33 @@ from lib.errors import UserError
 from lib.files import atomic_write
 
 POLICY_FORMAT = "rlhf-atari-policy"
+REWARD_FORMAT = "rlhf-atari-reward"
+
+
+def checkpoint_kind(ck: dict[str, Any]) -> str:
+    """What a checkpoint dict holds: "policy" or "reward" (our formats), "bare policy" (the book's
+    A2C state dict) or "bare reward" (the book's reward-net state dict), else "unknown"."""
+    fmt = ck.get("format")
+    if fmt in (POLICY_FORMAT, REWARD_FORMAT):
+        return "policy" if fmt == POLICY_FORMAT else "reward"
+    if ck and all(isinstance(v, torch.Tensor) for v in ck.values()):
+        if "out.0.weight" in ck:
+            return "bare reward"
+        if "policy.2.weight" in ck:
+            return "bare policy"
+    return "unknown"
+
+
+def wrong_kind(path: str | os.PathLike, ck: dict[str, Any], want: str) -> UserError | None:
+    """The one message for a policy given where a reward model is wanted, and the other way round."""
+    kind = checkpoint_kind(ck).removeprefix("bare ")
+    if want == "policy" and kind == "reward":
+        return UserError(
+            f"{path} is a reward model, not a policy: pass it with --reward (-r), the policy with -m"
+        )
+    if want == "reward" and kind == "policy":
+        return UserError(f"{path} is a policy, not a reward model: pass it with -m, the reward model with -r")
+    return None
 
 
 class AtariA2C(nn.Module):
@@ -119,12 +146,14 @@ def load_policy(
     game: str | None = None,
     obs_shape: tuple[int, ...] | None = None,
     n_actions: int | None = None,
+    ck: dict[str, Any] | None = None,
 ) -> tuple[AtariA2C, dict[str, Any]]:
     """Load a policy checkpoint and check it fits the env (game, obs shape, action count).
 
     Returns (net, checkpoint dict). For a bare state dict, obs_shape and n_actions must be given.
+    ``ck``: the file's dict when the caller has read it already (``read_checkpoint``).
     """
-    ck = read_checkpoint(path, "model")
+    ck = read_checkpoint(path, "model") if ck is None else ck
     if ck.get("format") == POLICY_FORMAT:
         state = ck["state_dict"]
         ck_shape = tuple(ck["obs_shape"])
@@ -148,7 +177,7 @@ def load_policy(
         state, ck_shape, ck_actions = ck, tuple(obs_shape), n_actions
         ck = {"state_dict": state}
     else:
-        raise UserError(f"model {path} is not a policy checkpoint (is it a reward model?)")
+        raise wrong_kind(path, ck, "policy") or UserError(f"model {path} is not a policy checkpoint")
     net = AtariA2C(ck_shape, ck_actions)
     try:
         net.load_state_dict(state)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,55 +23,18 @@ import torch
 
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
-from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device
+from lib.games import EpisodeResult, play_games, select_actions
+from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device, wrong_kind
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
-REWARD_FORMAT = "rlhf-atari-reward"  # lib/reward_model.py's checkpoint format (not imported: optional)
-PROGRESS_EVERY = 5000  # vector steps between progress lines
 MAX_PARALLEL = 8  # games played side by side; more only adds memory and open ffmpeg processes
 
 
-@dataclass
-class EpisodeResult:
-    """One played game.
-
-    index:       1-based episode number (also in the video file name)
-    score:       sum of the true game rewards
-    steps:       agent steps played (4 emulator frames each)
-    end:         "game over", "frame limit" (ALE's 108,000 frames) or "max steps" (--max-steps)
-    video, gif:  recorded files, or None
-    reward_corr: Pearson correlation of the reward model's per-step prediction with the true
-                 reward; None without a reward model or when either is constant (no points scored)
-    """
-
-    index: int
-    score: float
-    steps: int
-    end: str
-    video: Path | None = None
-    gif: Path | None = None
-    reward_corr: float | None = None
-
-
-@dataclass
-class _Running:
-    """A game in progress in one env slot."""
-
-    index: int
-    score: float = 0.0
-    steps: int = 0
-    preds: list[float] = field(default_factory=list)
-    trues: list[float] = field(default_factory=list)
-    writer: Mp4Writer | None = None
-    strip: RewardStrip | None = None
-
-
-def policy_env_id(model: str | os.PathLike, env: str | None) -> str:
+def policy_env_id(model: str | os.PathLike, env: str | None, ck: dict[str, Any]) -> str:
     """The env to play: the checkpoint's own env id when it has one (then ``env`` must be the same
-    game), else ``env``, else the default. Missing/corrupt files raise UserError here."""
-    ck = read_checkpoint(model, "model")
-    if ck.get("format") == REWARD_FORMAT:
-        raise UserError(f"{model} is a reward model, not a policy: pass it with --reward, the policy with -m")
+    game), else ``env``, else the default."""
+    if (err := wrong_kind(model, ck, "policy")) is not None:
+        raise err
     ck_env = ck.get("env_id") if ck.get("format") == POLICY_FORMAT else None
     if ck_env is None:
         return env or DEFAULT_ENV
@@ -82,10 +43,10 @@ def policy_env_id(model: str | os.PathLike, env: str | None) -> str:
     return ck_env
 
 
-def check_bare_actions(model: str | os.PathLike, venv: AtariVec) -> None:
+def check_bare_actions(model: str | os.PathLike, venv: AtariVec, ck: dict[str, Any]) -> None:
     """A bare state dict (the book's format) knows no game, but its policy head tells the action
     count: say so plainly when it does not fit the env instead of a state-dict size mismatch."""
-    head = read_checkpoint(model, "model").get("policy.2.weight")  # (n_actions, 512)
+    head = ck.get("policy.2.weight")  # (n_actions, 512)
     if isinstance(head, torch.Tensor) and head.ndim == 2 and head.shape[0] != venv.n_actions:
         raise UserError(
             f"model {model} is a bare state dict with {head.shape[0]} actions, {venv.env_id} has "
@@ -121,15 +82,9 @@ def video_stem(model: str | os.PathLike, index: int) -> str:
 
 def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str) -> Any:
     """The reward model for the reward view (see lib/reward_model.py); UserError for a model of
-    another game, a corrupt file, or a missing reward-model module."""
-    try:
-        from lib.reward_model import load_reward_model
-    except ImportError as e:
-        raise UserError(f"--reward needs lib/reward_model.py, which cannot be imported ({e})") from None
-    if read_checkpoint(path, "reward model").get("format") == POLICY_FORMAT:
-        raise UserError(
-            f"{path} is a policy, not a reward model: pass it with -m, the reward model with --reward"
-        )
+    another game, a policy, or a corrupt file."""
+    from lib.reward_model import load_reward_model
+
     return load_reward_model(path, game=game, n_actions=n_actions, device=device)
 
 
@@ -161,16 +116,6 @@ def correlation(a: list[float], b: list[float]) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def select_actions(logits: torch.Tensor, greedy: bool, rng: np.random.Generator) -> np.ndarray:
-    """(B, n_actions) logits -> (B,) int64 actions: argmax, or a sample from the softmax drawn
-    with ``rng`` (reproducible with --seed on any device)."""
-    if greedy:
-        return logits.argmax(dim=1).cpu().numpy()
-    probs = torch.softmax(logits.float(), dim=1).cpu().numpy()
-    u = rng.random((len(probs), 1))
-    return np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), probs.shape[1] - 1).astype(np.int64)
-
-
 def play(
     model: str | os.PathLike,
     env: str | None = None,
@@ -198,12 +143,13 @@ def play(
     if gif and video_dir is None:
         raise UserError("--gif needs -r VIDEO_DIR")
     dev = resolve_device(device)
-    env_id = policy_env_id(model, env)
+    ck = read_checkpoint(model, "model")  # read once: missing or corrupt files fail here
+    env_id = policy_env_id(model, env, ck)
     n_envs = min(episodes, MAX_PARALLEL)
     venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=min(2, n_envs))
     try:
-        check_bare_actions(model, venv)
-        net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions)
+        check_bare_actions(model, venv, ck)
+        net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions, ck=ck)
         net.to(dev).eval()
         rm = load_reward(reward, venv.game, venv.n_actions, str(dev)) if reward is not None else None
         norm = normaliser(rm) if rm is not None else None
@@ -237,6 +183,53 @@ def play(
         venv.close()
 
 
+class _GameRecorder:
+    """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under the game
+    when a reward model is given), the predicted-vs-true reward correlation, a console line per game."""
+
+    def __init__(self, n_slots: int, vdir: Path | None, model: str | os.PathLike, with_reward: bool,
+                 gif: bool, log: Callable[[str], None]) -> None:  # fmt: skip
+        self.vdir, self.model, self.with_reward, self.gif, self.log = vdir, model, with_reward, gif, log
+        self.index = [0] * n_slots
+        self.writers: list[Mp4Writer | None] = [None] * n_slots
+        self.strips: list[RewardStrip | None] = [None] * n_slots
+        self.series: list[tuple[list[float], list[float]]] = [([], []) for _ in range(n_slots)]
+
+    def started(self, slot: int, index: int) -> None:
+        self.index[slot] = index
+        self.series[slot] = ([], [])
+        self.strips[slot] = RewardStrip() if self.with_reward and self.vdir is not None else None
+
+    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None) -> None:
+        if pred is not None:
+            self.series[slot][0].append(pred)
+            self.series[slot][1].append(reward)
+        writer, strip = self.writers[slot], self.strips[slot]
+        if writer is None and self.vdir is not None:  # sized by the game's own frames
+            height = frame.shape[0] * SCALE + (strip.height if strip else 0)
+            path = self.vdir / f"{video_stem(self.model, self.index[slot])}.mp4"
+            writer = self.writers[slot] = Mp4Writer(path, frame.shape[1] * SCALE, height, fps=GAME_FPS)
+        if writer is not None:
+            if strip is not None and pred is not None:
+                strip.add(pred, reward)
+            writer.add(compose(frame, strip.render() if strip else None))
+
+    def finished(self, slot: int, res: EpisodeResult) -> None:
+        writer, self.writers[slot] = self.writers[slot], None
+        if writer is not None:
+            res.video = writer.close()
+            if self.gif:
+                res.gif = mp4_to_gif(res.video, res.video.with_suffix(".gif"))
+        if self.with_reward:
+            res.reward_corr = correlation(*self.series[slot])
+        self.log(format_episode(res, self.with_reward))
+
+    def aborted(self) -> None:
+        for w in self.writers:
+            if w is not None:
+                w.abort()
+
+
 def _play_loop(
     venv: AtariVec,
     net: torch.nn.Module,
@@ -252,99 +245,21 @@ def _play_loop(
     rng: np.random.Generator,
     log: Callable[[str], None],
 ) -> list[EpisodeResult]:
-    """The stepping loop behind ``play``: start games in free env slots, step all envs with one
-    batched forward, record what each running game shows, finish games at game over."""
-    results: list[EpisodeResult] = []
-    slots: list[_Running | None] = [None] * venv.n_envs
-    started = 0
-    resets = 0
-    base_seed = venv.seed
-    t0 = time.monotonic()
-    vec_steps = 0
+    """``play_games`` with this policy, the reward model's normalised prediction and a recorder."""
 
-    def start(i: int) -> None:
-        nonlocal started
-        started += 1
-        run = _Running(index=started)
-        if vdir is not None:
-            strip = RewardStrip() if rm is not None else None
-            height, width = 210 * SCALE + (strip.height if strip else 0), 160 * SCALE
-            run.writer = Mp4Writer(vdir / f"{video_stem(model, run.index)}.mp4", width, height, fps=GAME_FPS)
-            run.strip = strip
-        slots[i] = run
+    def policy(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return select_actions(net(torch.as_tensor(obs, device=dev))[0], greedy, rng)
 
-    def finish(i: int, end: str) -> None:
-        run = slots[i]
-        assert run is not None
-        slots[i] = None
-        res = EpisodeResult(run.index, run.score, run.steps, end)
-        if run.writer is not None:
-            res.video = run.writer.close()
-            if gif:
-                res.gif = mp4_to_gif(res.video, res.video.with_suffix(".gif"))
-        if rm is not None:
-            res.reward_corr = correlation(run.preds, run.trues)
-        results.append(res)
-        log(format_episode(res, rm is not None))
+    def predict(frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        assert norm is not None
+        return norm(np.asarray(rm.predict(frames, actions), dtype=np.float32).reshape(-1))
 
-    obs = venv.reset()
-    try:
-        for i in range(venv.n_envs):
-            start(i)
-        while any(s is not None for s in slots):
-            active = np.array([s is not None for s in slots])
-            frames = venv.frames[active].copy()  # the frames the actions are chosen on
-            with torch.no_grad():
-                logits, _ = net(torch.as_tensor(obs, device=dev))
-            actions = select_actions(logits, greedy, rng)
-            preds = None
-            if rm is not None and norm is not None:
-                raw = np.asarray(rm.predict(frames, actions[active]), dtype=np.float32).reshape(-1)
-                preds = norm(raw)
-            step = venv.step(actions)
-            vec_steps += 1
-            if vec_steps % PROGRESS_EVERY == 0:  # a good policy's game runs for minutes
-                log(
-                    f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s"
-                )
-            obs = step.obs
-            for k, i in enumerate(np.flatnonzero(active)):
-                run = slots[i]
-                assert run is not None
-                r = float(step.true_rewards[i])
-                run.score += r
-                run.steps += 1
-                if preds is not None:
-                    run.preds.append(float(preds[k]))
-                    run.trues.append(r)
-                if run.writer is not None:
-                    if run.strip is not None and preds is not None:
-                        run.strip.add(float(preds[k]), r)
-                    run.writer.add(compose(frames[k], run.strip.render() if run.strip else None))
-                if step.game_over[i]:
-                    # The env has already started a new game in this slot (same-step autoreset).
-                    finish(i, "frame limit" if step.truncated[i] else "game over")
-                    if started < episodes:
-                        start(i)
-                elif max_steps is not None and run.steps >= max_steps:
-                    # Cut mid-game: this slot's env cannot start a fresh game on its own.
-                    finish(i, "max steps")
-            if all(s is None for s in slots) and started < episodes:
-                # Every slot was cut by --max-steps: start fresh games in all (new seeds, so the
-                # games differ from the last wave).
-                resets += 1
-                if base_seed is not None:
-                    venv.seed = base_seed + 1000 * resets
-                obs = venv.reset()
-                for i in range(min(venv.n_envs, episodes - started)):
-                    start(i)
-    except BaseException:
-        for s in slots:
-            if s is not None and s.writer is not None:
-                s.writer.abort()
-        raise
-    log(f"played {sum(r.steps for r in results)} steps in {time.monotonic() - t0:.1f} s")
-    return sorted(results, key=lambda r: r.index)
+    recorder = _GameRecorder(venv.n_envs, vdir, model, rm is not None, gif, log)
+    results = play_games(venv, policy, episodes, observer=recorder, predict=predict if rm is not None else None,
+                         max_steps=max_steps, log=log)  # fmt: skip
+    assert results is not None  # no stop callback: never abandoned
+    return results
 
 
 def format_episode(res: EpisodeResult, with_reward: bool = False) -> str:

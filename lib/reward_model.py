@@ -39,9 +39,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from lib.errors import UserError
-from lib.model import POLICY_FORMAT, atomic_torch_save, read_checkpoint, resolve_device
+from lib.model import (
+    REWARD_FORMAT,
+    atomic_torch_save,
+    checkpoint_kind,
+    read_checkpoint,
+    resolve_device,
+    wrong_kind,
+)
 
-REWARD_FORMAT = "rlhf-atari-reward"
 REWARD_VERSION = 1
 FULL_FRAME = (210, 160, 3)
 CONV_FILTERS = 16
@@ -381,10 +387,6 @@ def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
     atomic_torch_save(ck, path)
 
 
-def _is_book_state_dict(ck: dict[str, Any]) -> bool:
-    return bool(ck) and all(isinstance(v, torch.Tensor) for v in ck.values()) and "out.0.weight" in ck
-
-
 def load_reward_models(
     path: str | os.PathLike, game: str | None = None, n_actions: int | None = None
 ) -> tuple[list[RewardModel], dict[str, Any]]:
@@ -396,10 +398,8 @@ def load_reward_models(
     """
     path = Path(path)
     ck = read_checkpoint(path, "reward model")
-    if ck.get("format") == POLICY_FORMAT:
-        raise UserError(
-            f"{path} is a policy checkpoint, not a reward model (a policy goes to -m, a reward model to -r)"
-        )
+    if (err := wrong_kind(path, ck, "reward")) is not None:
+        raise err
     if ck.get("format") == REWARD_FORMAT:
         states = ck.get("state_dicts")
         try:
@@ -412,7 +412,7 @@ def load_reward_models(
             ) from None
         if not isinstance(states, list) or not states:
             raise UserError(f"reward model {path} holds no weights: retrain it")
-    elif _is_book_state_dict(ck):
+    elif checkpoint_kind(ck) == "bare reward":
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1
         ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME)))

@@ -157,7 +157,7 @@ def test_help_explains_every_flag():
 def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):
     """In-process (no subprocess per case): train() raises UserError, one line, before it writes
     anything."""
-    from lib.a2c import build_parser, train
+    from lib.a2c import A2CConfig, build_parser, train
     from lib.errors import UserError
 
     monkeypatch.chdir(tmp_path)
@@ -172,7 +172,7 @@ def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, ar
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs", *args]
     with pytest.raises(UserError) as e:
-        train(build_parser().parse_args(argv))
+        train(A2CConfig.from_args(build_parser().parse_args(argv)))
     assert message in str(e.value) and "\n" not in str(e.value)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 

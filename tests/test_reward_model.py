@@ -224,7 +224,7 @@ def test_load_errors_are_one_line(tmp_path):
     cases["actions"] = str(e.value)
     assert "not found" in cases["missing"]
     assert "corrupt" in cases["corrupt"]
-    assert "policy checkpoint, not a reward model" in cases["policy"]
+    assert "is a policy, not a reward model" in cases["policy"]
     assert "not a reward model" in cases["bare policy"]
     assert "trained on SeaquestNoFrameskip-v4, not on breakout" in cases["game"]
     assert "has 18 actions, the env has 6" in cases["actions"]

@@ -1,0 +1,180 @@
+"""Full games side by side in a vector env: the one loop behind 01_a2c.py's evaluation and 04_play.py.
+
+A full game is every life until game over (how Atari scores are reported), or ALE's cut at
+108,000 frames ("frame limit"). ``play_games`` steps all envs with one batched policy call per
+step, starts the next game in a slot whose game ended (the env has already reset it: same-step
+autoreset), and tells an optional ``GameObserver`` what each running game shows, which is how
+04_play.py records videos and the reward view without a loop of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
+
+
+@dataclass
+class EpisodeResult:
+    """One played game.
+
+    index:       1-based episode number (also in the video file name)
+    score:       sum of the true game rewards
+    steps:       agent steps played (4 emulator frames each)
+    end:         "game over", "frame limit" (ALE's 108,000 frames) or "max steps" (a cut)
+    video, gif:  recorded files (04_play.py -r), or None
+    reward_corr: Pearson correlation of the reward model's per-step prediction with the true
+                 reward; None without a reward model or when either is constant (no points scored)
+    """
+
+    index: int
+    score: float
+    steps: int
+    end: str
+    video: Path | None = None
+    gif: Path | None = None
+    reward_corr: float | None = None
+
+
+class GameObserver(Protocol):
+    """What a caller may want to see of each game (all optional to act on)."""
+
+    def started(self, slot: int, index: int) -> None: ...
+
+    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None) -> None: ...
+
+    def finished(self, slot: int, result: EpisodeResult) -> None: ...
+
+    def aborted(self) -> None: ...
+
+
+def select_actions(logits: torch.Tensor, greedy: bool, rng: np.random.Generator) -> np.ndarray:
+    """(B, n_actions) logits -> (B,) int64 actions: argmax, or a sample from the softmax drawn
+    with ``rng`` (reproducible with a seed on any device)."""
+    if greedy:
+        return logits.argmax(dim=1).cpu().numpy()
+    probs = torch.softmax(logits.float(), dim=1).cpu().numpy()
+    u = rng.random((len(probs), 1))
+    return np.minimum((probs.cumsum(axis=1) < u).sum(axis=1), probs.shape[1] - 1).astype(np.int64)
+
+
+@dataclass
+class _Slot:
+    """The game in progress in one env slot."""
+
+    index: int
+    score: float = 0.0
+    steps: int = 0
+
+
+def play_games(
+    venv: Any,
+    policy: Callable[[np.ndarray], np.ndarray],
+    episodes: int,
+    *,
+    observer: GameObserver | None = None,
+    predict: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    max_steps: int | None = None,
+    stop: Callable[[], bool] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[EpisodeResult] | None:
+    """Play ``episodes`` full games in ``venv`` (an ``AtariVec``-like env), results in episode order.
+
+    policy:    (N, 4, 84, 84) uint8 observations -> (N,) actions, one call per step for all envs
+    predict:   (frames (K, H, W, 3), actions (K,)) -> (K,) per-step predictions for the running
+               games, handed to the observer (the reward view); None: no predictions
+    max_steps: cut a game after this many agent steps ("max steps"); games cut in every slot
+               restart all envs with new seeds
+    stop:      polled every step; when it returns True the games are abandoned and None returned
+    """
+    results: list[EpisodeResult] = []
+    slots: list[_Slot | None] = [None] * venv.n_envs
+    started, resets, vec_steps, t0 = 0, 0, 0, time.monotonic()
+    base_seed = getattr(venv, "seed", None)
+
+    def start(i: int) -> None:
+        nonlocal started
+        started += 1
+        slots[i] = _Slot(started)
+        if observer is not None:
+            observer.started(i, started)
+
+    def finish(i: int, end: str) -> None:
+        game = slots[i]
+        assert game is not None
+        slots[i] = None
+        res = EpisodeResult(game.index, game.score, game.steps, end)
+        if observer is not None:
+            observer.finished(i, res)
+        results.append(res)
+
+    obs = venv.reset()
+    try:
+        for i in range(min(venv.n_envs, episodes)):
+            start(i)
+        while any(s is not None for s in slots):
+            if stop is not None and stop():
+                if observer is not None:
+                    observer.aborted()
+                return None
+            active = np.flatnonzero([s is not None for s in slots])
+            frames = venv.frames[active].copy()  # the frames the actions are chosen on
+            actions = policy(obs)
+            preds = predict(frames, actions[active]) if predict is not None else None
+            step = venv.step(actions)
+            obs = step.obs
+            vec_steps += 1
+            if log is not None and vec_steps % PROGRESS_EVERY == 0:
+                log(
+                    f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s"
+                )
+            for k, i in enumerate(active):
+                game = slots[i]
+                assert game is not None
+                r = float(step.true_rewards[i])
+                game.score += r
+                game.steps += 1
+                if observer is not None:
+                    observer.stepped(i, frames[k], r, None if preds is None else float(preds[k]))
+                if step.game_over[i]:
+                    # The env has already started a new game in this slot (same-step autoreset).
+                    finish(i, "frame limit" if step.truncated[i] else "game over")
+                    if started < episodes:
+                        start(i)
+                elif max_steps is not None and game.steps >= max_steps:
+                    finish(i, "max steps")  # cut mid-game: this env cannot start a fresh game alone
+            if all(s is None for s in slots) and started < episodes:
+                # Every slot was cut by max_steps: fresh games in all, with new seeds.
+                resets += 1
+                if base_seed is not None:
+                    venv.seed = base_seed + 1000 * resets
+                obs = venv.reset()
+                for i in range(min(venv.n_envs, episodes - started)):
+                    start(i)
+    except BaseException:
+        if observer is not None:
+            observer.aborted()
+        raise
+    if log is not None:
+        log(f"played {sum(r.steps for r in results)} steps in {time.monotonic() - t0:.1f} s")
+    return sorted(results, key=lambda r: r.index)
+
+
+def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
+    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures."""
+    scores = np.array([r.score for r in results], dtype=np.float64)
+    lengths = np.array([r.steps for r in results], dtype=np.float64)
+    return {
+        "score_mean": float(scores.mean()),
+        "score_std": float(scores.std()),
+        "score_max": float(scores.max()),
+        "length_mean": float(lengths.mean()),
+        "length_max": float(lengths.max()),
+    }

@@ -1,0 +1,131 @@
+"""Stage 1's loop in-process on a small fake vector env whose answers are known by hand.
+
+The fake game: every step scores 2 (the learner sees it sign-clipped to 1); a life lasts LIFE steps (then ``terminated``), a game has
+LIVES lives (then ``game_over``, and the env starts a new game in the same step). So every n-step
+return, every bootstrap and every game score can be worked out exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lib.a2c as a2c
+from lib.envs import VecStep
+
+LIFE, LIVES = 7, 2
+GAME = LIFE * LIVES  # steps of one game
+SCORE = 2.0 * GAME  # its true, unclipped score
+OBS = (4, 36, 36)  # the smallest input AtariA2C's conv stack takes
+
+
+class FakeVec:
+    """An ``AtariVec`` stand-in: same attributes and step contract, a game known by hand."""
+
+    def __init__(self, env_id: str, n_envs: int, seed: int | None = None) -> None:
+        self.env_id, self.game, self.n_envs, self.seed = env_id, "seaquest", n_envs, seed
+        self.obs_shape, self.n_actions, self.action_meanings = OBS, 3, ("NOOP", "FIRE", "UP")
+        self.t = np.zeros(n_envs, dtype=np.int64)  # steps into the current game
+        self.frames = np.zeros((n_envs, 8, 8, 3), dtype=np.uint8)
+        self.lives = np.full(n_envs, LIVES, dtype=np.int32)
+        self.closed = False
+
+    def _obs(self) -> np.ndarray:
+        # Each state shows how far into its game the env is: values differ between states.
+        return np.broadcast_to(
+            (self.t * 9 % 256).astype(np.uint8)[:, None, None, None], (self.n_envs, *OBS)
+        ).copy()
+
+    def reset(self) -> np.ndarray:
+        self.t[:] = 0
+        return self._obs()
+
+    def step(self, actions: np.ndarray) -> VecStep:
+        assert actions.shape == (self.n_envs,) and actions.max() < self.n_actions
+        self.t += 1
+        terminated = self.t % LIFE == 0
+        game_over = self.t == GAME
+        final_obs = self._obs()
+        self.t[game_over] = 0  # same-step autoreset, as AtariVec
+        self.lives = LIVES - self.t // LIFE
+        twos = np.full(self.n_envs, 2.0, dtype=np.float32)
+        return VecStep(self._obs(), twos, twos.copy(), terminated, np.zeros(self.n_envs, bool), game_over,
+                       final_obs, self.lives.copy())  # fmt: skip
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def config(tmp_path: Path, **kw) -> a2c.A2CConfig:
+    base = dict(name="fake", envs=2, max_steps=600, test_every=0, save=str(tmp_path / "saves"),
+                runs_dir=str(tmp_path / "runs"), seed=1, threads=1)  # fmt: skip
+    return a2c.A2CConfig(**{**base, **kw})
+
+
+def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(tmp_path, monkeypatch):
+    seen = []
+    real_loss = a2c.a2c_loss
+
+    def spy(net, batch, boot_values, device, beta, bf16=False):
+        # Weights change only at the optimiser step, so every bootstrap value in this batch must
+        # equal what the current network says about the bootstrap state.
+        seen.append((batch, boot_values.copy(), a2c._values(net, batch.boot_obs, device)))
+        return real_loss(net, batch, boot_values, device, beta, bf16)
+
+    monkeypatch.setattr(a2c, "a2c_loss", spy)
+    assert a2c.train(config(tmp_path), make_env=FakeVec) == 0
+    assert len(seen) >= 3
+    g = a2c.GAMMA
+    for batch, boot, v_now in seen:
+        assert len(batch) >= a2c.BATCH_SIZE
+        k = batch.steps
+        np.testing.assert_allclose(batch.returns, (1 - g**k) / (1 - g), rtol=1e-5)  # k clipped rewards of 1
+        np.testing.assert_allclose(batch.discount, g**k, rtol=1e-6)
+        assert k.max() == a2c.REWARD_STEPS and k.min() >= 1
+        nxt = batch.boot_mode == 1
+        assert (boot[~nxt] == 0).all()  # a life ended inside the window: no bootstrap past it
+        np.testing.assert_allclose(boot[nxt], v_now[nxt], atol=1e-5)
+        # A transition is cut short exactly where its life ended: start + k lands on a life's end.
+        start = batch.obs[:, 0, 0, 0].astype(np.int64) // 9  # steps into the game when it started
+        assert ((start[~nxt] + k[~nxt]) % LIFE == 0).all()
+        assert (k[nxt] == a2c.REWARD_STEPS).all()
+
+
+def test_checkpoints_games_and_resume(tmp_path):
+    cfg = config(tmp_path, max_steps=560, test_every=280, test_episodes=2)
+    assert a2c.train(cfg, make_env=FakeVec) == 0
+    saves = tmp_path / "saves"
+    last = torch.load(saves / "last.pt", weights_only=True)
+    assert last["step"] == 560 and last["progress"]["step"] == 560
+    assert last["progress"]["games"] == 2 * (280 // GAME)  # 280 vector steps, 2 envs, a game every 14
+    assert last["progress"]["best_mean"] == SCORE  # every evaluation game scores exactly 28
+    assert [p.name for p in saves.glob("best_*.pt")] == [f"best_000000280_score{SCORE:.1f}_len{GAME}.pt"]
+    adam_steps = max(int(s["step"]) for s in last["optimizer"]["state"].values())
+    assert adam_steps == last["progress"]["train_steps"] > 0
+
+    with pytest.raises(a2c.UserError, match="already holds the run"):
+        a2c.train(cfg, make_env=FakeVec)
+    more = config(tmp_path, max_steps=840, test_every=280, test_episodes=2, resume=True)
+    assert a2c.train(more, make_env=FakeVec) == 0
+    again = torch.load(saves / "last.pt", weights_only=True)
+    assert again["step"] == 840 and again["progress"]["games"] == 2 * (420 // GAME)
+    assert (
+        max(int(s["step"]) for s in again["optimizer"]["state"].values()) == again["progress"]["train_steps"]
+    )
+    assert again["progress"]["train_steps"] > last["progress"]["train_steps"]
+    assert again["tb_dir"] == last["tb_dir"]  # the same TensorBoard run goes on
+
+
+def test_game_scores_reach_tensorboard_unclipped(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert a2c.train(config(tmp_path, max_steps=200), make_env=FakeVec) == 0
+    (events,) = (tmp_path / "runs").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    scores = [e.value for e in acc.Scalars("charts/episode_score")]
+    assert scores == [SCORE] * (2 * (100 // GAME))
+    assert {e.value for e in acc.Scalars("charts/episode_length")} == {float(GAME)}
