@@ -25,6 +25,7 @@ from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.games import EpisodeResult, play_games, select_actions
 from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device, wrong_kind
+from lib.reward_wrapper import DEFAULT_CLIP
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
 MAX_PARALLEL = 8  # games played side by side; more only adds memory and open ffmpeg processes
@@ -198,7 +199,8 @@ class _GameRecorder:
     def started(self, slot: int, index: int) -> None:
         self.index[slot] = index
         self.series[slot] = ([], [])
-        self.strips[slot] = RewardStrip() if self.with_reward and self.vdir is not None else None
+        with_strip = self.with_reward and self.vdir is not None
+        self.strips[slot] = RewardStrip(clip=DEFAULT_CLIP) if with_strip else None  # the learner's scale
 
     def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None) -> None:
         if pred is not None:

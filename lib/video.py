@@ -29,7 +29,8 @@ import numpy as np
 from lib.errors import UserError
 
 GAME_FPS = 15  # 60 Hz Atari / frame skip 4
-SCALE = 2  # game pixels -> video pixels
+SCALE = 2  # game pixels -> video pixels (nearest neighbour), for videos and the label page's clips
+CRF = 18  # H.264 quality of every MP4 we write (lower = better; 18 keeps Atari's flat colours clean)
 STRIP_HEIGHT = 92  # 420 + 92 = 512: frame with strip is a multiple of 16 (H.264 macroblocks)
 
 # Colours of the reward view (RGB).
@@ -72,9 +73,7 @@ class RewardStrip:
     The newest step is at the right edge; before ``window`` steps the plot fills from the left.
     """
 
-    def __init__(
-        self, width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2, clip: float = 3.0
-    ):
+    def __init__(self, clip: float, width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2):
         if height < 60:
             raise ValueError(f"reward strip needs at least 60 px height, got {height}")
         self.width = width
@@ -153,7 +152,7 @@ class Mp4Writer:
     """
 
     def __init__(
-        self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = 20
+        self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = CRF
     ):
         if width % 2 or height % 2:
             raise ValueError(f"yuv420p needs even frame sizes, got {width}x{height}")

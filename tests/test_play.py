@@ -168,7 +168,7 @@ def test_summary_line() -> None:
 
 
 def test_reward_strip_draws_prediction_and_true_reward_where_expected() -> None:
-    strip = RewardStrip()
+    strip = RewardStrip(clip=5.0)
     for t in range(50):
         strip.add(2.0 if t == 49 else 0.0, 20.0 if t == 30 else 0.0)
     img = strip.render()
@@ -184,7 +184,7 @@ def test_reward_strip_draws_prediction_and_true_reward_where_expected() -> None:
 
 @pytest.mark.parametrize("steps", [1, 159, 160, 5000])
 def test_reward_strip_any_episode_length(steps: int) -> None:
-    strip = RewardStrip()
+    strip = RewardStrip(clip=5.0)
     rng = np.random.default_rng(0)
     for _ in range(steps):
         strip.add(float(rng.normal() * 5), float(rng.choice([0, 0, 0, 20, -1])))
@@ -198,7 +198,7 @@ def test_reward_strip_any_episode_length(steps: int) -> None:
 def test_compose_and_writer_sizes(tmp_path: Path) -> None:
     frame = np.zeros((210, 160, 3), dtype=np.uint8)
     assert compose(frame).shape == (420, 320, 3)
-    assert compose(frame, RewardStrip().render()).shape == (420 + STRIP_HEIGHT, 320, 3)
+    assert compose(frame, RewardStrip(clip=5.0).render()).shape == (420 + STRIP_HEIGHT, 320, 3)
     with pytest.raises(ValueError, match="even"):
         Mp4Writer(tmp_path / "x.mp4", 321, 420)
     w = Mp4Writer(tmp_path / "x.mp4", 320, 420)

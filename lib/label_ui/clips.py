@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from lib.segments import SegmentError, load_segment
+from lib.video import CRF, SCALE
 
 CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then ignored
-SCALE = 2
-CRF = 18
 NICENESS = 10
 
 
