@@ -39,6 +39,7 @@ from lib.model import (
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.segments import check_db_game
+from lib.tb import hparams_table, run_dir
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
 GAMMA = 0.99
@@ -461,11 +462,6 @@ def _optimiser(
     return optimizer, scheduler, lr, decay_steps
 
 
-def hparams_table(rows: dict[str, Any]) -> str:
-    """The hyper-parameters as a markdown table (TensorBoard's Text tab), sorted by name."""
-    return "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in sorted(rows.items()))
-
-
 def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
     """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=)`` makes a
     vector env (``AtariVec``; tests pass a small fake)."""
@@ -494,9 +490,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
     if resume_ck is not None and resume_ck.get("tb_dir"):
         tb_dir = Path(resume_ck["tb_dir"])
     else:
-        tb_dir = (
-            Path(cfg.runs_dir) / f"{cfg.name}__a2c__{game}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-        )
+        tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
     writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
     if resume_ck is None:
         writer.add_text("hyperparameters", hparams_table({
