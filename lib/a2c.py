@@ -102,7 +102,7 @@ class A2CConfig:
         """UserError with one line for every flag value that cannot work."""
         wrong = [
             (self.envs < 1, f"--envs must be at least 1, got {self.envs}"),
-            (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be a probability in [0, 1], got {self.record_prob}"),
+            (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be in [0, 1], got {self.record_prob}"),
             (self.segment_steps < 1, f"--segment-steps must be at least 1, got {self.segment_steps}"),
             (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
             (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
@@ -110,10 +110,10 @@ class A2CConfig:
             (self.lr is not None and not self.lr > 0, f"--lr must be positive, got {self.lr}"),
             (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
             (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
-            (self.finetune and not (self.model or self.resume), "--finetune needs a policy to start from: give -m MODEL"),
+            (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
-            (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be a plain name (no '/'), got {self.name!r}"),
+            (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),
         ]  # fmt: skip
         for bad, message in wrong:
             if bad:
@@ -128,12 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "its play for labeling; with -r it learns from a reward model instead of the game score.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument(
-        "-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/"
-    )
-    p.add_argument(
-        "--env", default=d.env, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4"
-    )
+    p.add_argument("-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/")
+    p.add_argument("--env", default=d.env, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4")
     p.add_argument("--dev", default=d.dev, help="torch device for the networks: cpu, cuda or cuda:N")
     p.add_argument("-m", "--model", help="start from this saved policy (.pt) instead of from scratch")
     p.add_argument(
@@ -155,9 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_steps,
         help="stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)",
     )
-    p.add_argument(
-        "--seed", type=int, default=d.seed, help="random seed for envs, network init and recording"
-    )
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed for envs, network init and recording")
     p.add_argument(
         "--record-prob",
         type=float,
@@ -165,9 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="per agent step and env, probability to start recording a segment "
         "(default gives ~2,500 segments over 10M steps)",
     )
-    p.add_argument(
-        "--segment-steps", type=int, default=d.segment_steps, help="agent steps per recorded segment"
-    )
+    p.add_argument("--segment-steps", type=int, default=d.segment_steps, help="agent steps per recorded segment")
     p.add_argument(
         "--test-every", type=int, default=d.test_every, help="evaluate every this many agent steps (0: never)"
     )
@@ -374,8 +366,15 @@ class Run:
     eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     def save(self, path: Path, **extra: Any) -> None:
-        ck = policy_checkpoint(self.net, self.cfg.env, self.game, self.base_env.action_meanings,
-                               step=self.progress.step, finetune=self.finetune, **extra)  # fmt: skip
+        ck = policy_checkpoint(
+            self.net,
+            self.cfg.env,
+            self.game,
+            self.base_env.action_meanings,
+            step=self.progress.step,
+            finetune=self.finetune,
+            **extra,
+        )
         atomic_torch_save(ck, path)
 
     def save_last(self) -> None:
@@ -418,8 +417,9 @@ def make_env_stack(
             counters = None  # resumed with another --envs: each env's own files tell its counter
         _make_dir(Path(cfg.db_path), "DB dir")
         checkpoint = str(cfg.model) if cfg.model else None
-        env = recorder = EpisodeRecorderWrapper(env, cfg.db_path, cfg.record_prob, cfg.segment_steps, rng=rng,
-                                                step_counters=counters, checkpoint=checkpoint)  # fmt: skip
+        env = recorder = EpisodeRecorderWrapper(
+            env, cfg.db_path, cfg.record_prob, cfg.segment_steps, rng=rng, step_counters=counters, checkpoint=checkpoint
+        )
     if cfg.reward:
         from lib.reward_wrapper import RewardModelWrapper
 
@@ -432,12 +432,8 @@ def _policy(cfg: A2CConfig, resume_ck: dict[str, Any] | None, env: Any) -> tuple
     and the counters to continue from."""
     game = rom_name(cfg.env)
     if resume_ck is not None:
-        net, _ = load_policy(
-            cfg.save_dir / "last.pt", cfg.env, game, env.obs_shape, env.n_actions, ck=resume_ck
-        )
-        progress = Progress(
-            **{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")}
-        )
+        net, _ = load_policy(cfg.save_dir / "last.pt", cfg.env, game, env.obs_shape, env.n_actions, ck=resume_ck)
+        progress = Progress(**{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")})
         return net, bool(resume_ck.get("finetune", False)), progress
     if cfg.model:
         net, _ = load_policy(cfg.model, cfg.env, game, env.obs_shape, env.n_actions)
@@ -478,9 +474,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
         net.freeze_conv()
     net.to(device)
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck)
-    eval_env = (
-        make_env(cfg.env, cfg.test_episodes, seed=cfg.seed + EVAL_SEED_OFFSET) if cfg.test_every else None
-    )
+    eval_env = make_env(cfg.env, cfg.test_episodes, seed=cfg.seed + EVAL_SEED_OFFSET) if cfg.test_every else None
     optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck)
 
     _make_dir(cfg.save_dir, "checkpoint dir")
@@ -493,14 +487,45 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
         tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
     writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
     if resume_ck is None:
-        writer.add_text("hyperparameters", hparams_table({
-            **vars(cfg), "gamma": GAMMA, "lr_used": lr, "entropy_beta": ENTROPY_BETA, "batch": BATCH_SIZE,
-            "reward_steps": REWARD_STEPS, "clip_grad": CLIP_GRAD, "adam_eps": ADAM_EPS,
-            "lr_decay_steps": decay_steps, "finetune": finetune, "n_actions": base_env.n_actions, "game": game,
-        }))  # fmt: skip
-    return Run(cfg, device, game, base_env, env, recorder, eval_env, net, finetune, optimizer, scheduler, lr,
-               decay_steps, progress, writer, tb_dir, resume_ck is not None,
-               eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET))  # fmt: skip
+        writer.add_text(
+            "hyperparameters",
+            hparams_table(
+                {
+                    **vars(cfg),
+                    "gamma": GAMMA,
+                    "lr_used": lr,
+                    "entropy_beta": ENTROPY_BETA,
+                    "batch": BATCH_SIZE,
+                    "reward_steps": REWARD_STEPS,
+                    "clip_grad": CLIP_GRAD,
+                    "adam_eps": ADAM_EPS,
+                    "lr_decay_steps": decay_steps,
+                    "finetune": finetune,
+                    "n_actions": base_env.n_actions,
+                    "game": game,
+                }
+            ),
+        )
+    return Run(
+        cfg,
+        device,
+        game,
+        base_env,
+        env,
+        recorder,
+        eval_env,
+        net,
+        finetune,
+        optimizer,
+        scheduler,
+        lr,
+        decay_steps,
+        progress,
+        writer,
+        tb_dir,
+        resume_ck is not None,
+        eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
+    )
 
 
 # --- one learner step ---------------------------------------------------------------------------
@@ -649,9 +674,7 @@ class ProgressLog:
         if games.recent:
             line += f" | games {run.progress.games:,}, score(last {len(games.recent)}) {np.mean(games.recent):7.1f}"
         if learner.metrics:
-            line += (
-                f" | loss {learner.metrics['losses/total']:.3f} ent {learner.metrics['losses/entropy']:.2f}"
-            )
+            line += f" | loss {learner.metrics['losses/total']:.3f} ent {learner.metrics['losses/entropy']:.2f}"
         if run.recorder is not None:
             w.add_scalar("recorder/segments", run.recorder.segments_written, step)
             line += f" | segments {run.recorder.segments_written:,}"
@@ -705,13 +728,13 @@ def evaluate_and_save(run: Run, stop: list[bool]) -> float:
         return time.time() - t0
     for k, v in res.items():
         run.writer.add_scalar(f"eval/{k}", v, step)
-    msg = (f"eval at {step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
-           f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]")  # fmt: skip
+    msg = (
+        f"eval at {step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
+        f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]"
+    )
     if res["score_mean"] > run.progress.best_mean:
         run.progress.best_mean = res["score_mean"]
-        path = (
-            run.cfg.save_dir / f"best_{step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"
-        )
+        path = run.cfg.save_dir / f"best_{step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"
         run.save(path, metrics=res)
         if run.recorder is not None:
             run.recorder.checkpoint = str(path)  # segments from now on name the policy that played them
@@ -769,8 +792,9 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> int:
                 learner.learn(values)  # the last step's transitions bootstrap from these values
                 st = run.env.step(actions)
                 rewards = np.sign(st.rewards) if clip else st.rewards
-                learner.waiting = collector.add(obs, actions, rewards, st.terminated, st.truncated, st.obs,
-                                                st.final_obs)  # fmt: skip
+                learner.waiting = collector.add(
+                    obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
+                )
                 obs = st.obs
                 run.progress.step += cfg.envs
                 games.update(st, run.progress, run.writer)
@@ -805,8 +829,11 @@ def announce(run: Run) -> None:
 def report(run: Run, status: str, log: ProgressLog) -> None:
     cfg, step = run.cfg, run.progress.step
     elapsed = time.time() - log.t_start
-    print(f"{status} at step {step:,} after {_fmt_time(elapsed)} "
-          f"({(step - log.start_step) / max(elapsed, 1e-6):,.0f} steps/s incl. evaluation)", flush=True)  # fmt: skip
+    print(
+        f"{status} at step {step:,} after {_fmt_time(elapsed)} "
+        f"({(step - log.start_step) / max(elapsed, 1e-6):,.0f} steps/s incl. evaluation)",
+        flush=True,
+    )
     print(
         f"  checkpoints: {cfg.save_dir}/ (last.pt for --resume"
         + (", best_*.pt by eval score)" if cfg.test_every else ")")

@@ -98,9 +98,7 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "r+b")
 
 
-def atomic_write(
-    path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fsync: bool = True
-) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fsync: bool = True) -> None:
     """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` atomically:
     a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
     either the old file or the new one, never half of one. Parent directories are created."""

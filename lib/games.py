@@ -132,9 +132,7 @@ def play_games(
             obs = step.obs
             vec_steps += 1
             if log is not None and vec_steps % PROGRESS_EVERY == 0:
-                log(
-                    f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s"
-                )
+                log(f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s")
             for k, i in enumerate(active):
                 game = slots[i]
                 assert game is not None

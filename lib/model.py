@@ -42,9 +42,7 @@ def wrong_kind(path: str | os.PathLike, ck: dict[str, Any], want: str) -> UserEr
     """The one message for a policy given where a reward model is wanted, and the other way round."""
     kind = checkpoint_kind(ck).removeprefix("bare ")
     if want == "policy" and kind == "reward":
-        return UserError(
-            f"{path} is a reward model, not a policy: pass it with --reward (-r), the policy with -m"
-        )
+        return UserError(f"{path} is a reward model, not a policy: pass it with --reward (-r), the policy with -m")
     if want == "reward" and kind == "policy":
         return UserError(f"{path} is a policy, not a reward model: pass it with -m, the reward model with -r")
     return None
@@ -167,9 +165,7 @@ def load_policy(
         if obs_shape is not None and tuple(obs_shape) != ck_shape:
             raise UserError(f"model {path} expects observations {ck_shape}, the env gives {tuple(obs_shape)}")
         if n_actions is not None and n_actions != ck_actions:
-            raise UserError(
-                f"model {path} has {ck_actions} actions, the env {env_id or game} has {n_actions}"
-            )
+            raise UserError(f"model {path} has {ck_actions} actions, the env {env_id or game} has {n_actions}")
     elif ck and all(isinstance(v, torch.Tensor) for v in ck.values()):
         # The book's format: a bare state dict.
         if obs_shape is None or n_actions is None:
@@ -182,7 +178,5 @@ def load_policy(
     try:
         net.load_state_dict(state)
     except RuntimeError as e:
-        raise UserError(
-            f"model {path} does not fit the A2C network ({str(e).splitlines()[0][:120]})"
-        ) from None
+        raise UserError(f"model {path} does not fit the A2C network ({str(e).splitlines()[0][:120]})") from None
     return net, ck

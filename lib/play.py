@@ -157,9 +157,7 @@ def play(
         vdir = prepare_video_dir(video_dir) if video_dir is not None else None
 
         how = "greedy" if greedy else "sampled"
-        log(
-            f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})"
-        )
+        log(f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})")
         if rm is not None:
             stats = norm_stats(rm)
             how_norm = (
@@ -175,9 +173,7 @@ def play(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _play_loop(
-                venv, net, dev, episodes, vdir, model, rm, norm, greedy, gif, max_steps, rng, log
-            )
+            return _play_loop(venv, net, dev, episodes, vdir, model, rm, norm, greedy, gif, max_steps, rng, log)
         finally:
             torch.set_num_threads(threads)
     finally:
@@ -188,8 +184,15 @@ class _GameRecorder:
     """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under the game
     when a reward model is given), the predicted-vs-true reward correlation, a console line per game."""
 
-    def __init__(self, n_slots: int, vdir: Path | None, model: str | os.PathLike, with_reward: bool,
-                 gif: bool, log: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n_slots: int,
+        vdir: Path | None,
+        model: str | os.PathLike,
+        with_reward: bool,
+        gif: bool,
+        log: Callable[[str], None],
+    ) -> None:
         self.vdir, self.model, self.with_reward, self.gif, self.log = vdir, model, with_reward, gif, log
         self.index = [0] * n_slots
         self.writers: list[Mp4Writer | None] = [None] * n_slots
@@ -258,8 +261,15 @@ def _play_loop(
         return norm(np.asarray(rm.predict(frames, actions), dtype=np.float32).reshape(-1))
 
     recorder = _GameRecorder(venv.n_envs, vdir, model, rm is not None, gif, log)
-    results = play_games(venv, policy, episodes, observer=recorder, predict=predict if rm is not None else None,
-                         max_steps=max_steps, log=log)  # fmt: skip
+    results = play_games(
+        venv,
+        policy,
+        episodes,
+        observer=recorder,
+        predict=predict if rm is not None else None,
+        max_steps=max_steps,
+        log=log,
+    )
     assert results is not None  # no stop callback: never abandoned
     return results
 

@@ -92,9 +92,7 @@ class Segment:
 
     def __post_init__(self) -> None:
         if self.frames.ndim != 4 or self.frames.shape[-1] != 3 or self.frames.dtype != np.uint8:
-            raise ValueError(
-                f"frames must be (T, H, W, 3) uint8, got {self.frames.shape} {self.frames.dtype}"
-            )
+            raise ValueError(f"frames must be (T, H, W, 3) uint8, got {self.frames.shape} {self.frames.dtype}")
         t = len(self.frames)
         for name in ("actions", "rewards", "dones", "game_over", "lives"):
             arr = getattr(self, name)
@@ -144,8 +142,7 @@ _ARRAY_FIELDS = {
 }
 # The only dtypes a file may name: plain numbers. Looked up here, never built from file text.
 _PLAIN_DTYPES = {
-    d.str: d
-    for d in map(np.dtype, ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f4", "<f8", "|b1"))
+    d.str: d for d in map(np.dtype, ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f4", "<f8", "|b1"))
 }
 _NATIVE_ALIASES = {"=": "<", "|": "<"}  # numpy states: '=' native (we only run little-endian)
 
@@ -580,9 +577,7 @@ def scan_db(db_root: str | os.PathLike) -> DbListing:
             if f.name.startswith("."):
                 continue  # a writer's temp file
             if not SEGMENT_NAME.fullmatch(rel):
-                listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = (
-                    "not named NN/SSSSSSSS.dat"
-                )
+                listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = "not named NN/SSSSSSSS.dat"
                 continue
             try:
                 if (d.is_symlink() or f.is_symlink()) and not inside(real_root, f.path):
@@ -698,9 +693,7 @@ def check_db_game(db_root: str | os.PathLike, env_id: str) -> None:
 
     got = db_game(db_root) if Path(db_root).is_dir() else None
     if got is not None and got[0] != game_of(env_id):
-        raise UserError(
-            f"DB {db_root} holds {got[1]} segments, this run plays {env_id}: record into another --db-path"
-        )
+        raise UserError(f"DB {db_root} holds {got[1]} segments, this run plays {env_id}: record into another --db-path")
 
 
 def claim_db(db_root: str | os.PathLike, env_id: str, action_meanings: tuple[str, ...]) -> None:

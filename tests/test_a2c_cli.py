@@ -32,8 +32,25 @@ def a2c(tmp_path, *args, **kw):
 @pytest.mark.slow
 def test_tiny_run_records_evaluates_and_saves(tmp_path):
     db = tmp_path / "db"
-    r = a2c(tmp_path, "-n", "tiny", "--envs", "4", "--max-steps", "600", "--db-path", str(db),
-            "--record-prob", "0.05", "--segment-steps", "10", "--test-every", "300", "--test-episodes", "2")  # fmt: skip
+    r = a2c(
+        tmp_path,
+        "-n",
+        "tiny",
+        "--envs",
+        "4",
+        "--max-steps",
+        "600",
+        "--db-path",
+        str(db),
+        "--record-prob",
+        "0.05",
+        "--segment-steps",
+        "10",
+        "--test-every",
+        "300",
+        "--test-episodes",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     assert "finished at step 600" in r.stdout
     saves = sorted(p.name for p in (tmp_path / "saves").iterdir())
@@ -44,9 +61,7 @@ def test_tiny_run_records_evaluates_and_saves(tmp_path):
     assert seg.frames.shape == (10, 210, 160, 3) and seg.rewards is not None
     assert seg.env_id == "SeaquestNoFrameskip-v4"
     # checkpoints carry what is needed to use them
-    net, ck = load_policy(
-        tmp_path / "saves" / "last.pt", game="seaquest", obs_shape=(4, 84, 84), n_actions=18
-    )
+    net, ck = load_policy(tmp_path / "saves" / "last.pt", game="seaquest", obs_shape=(4, 84, 84), n_actions=18)
     assert ck["step"] == 600 and ck["game"] == "seaquest" and ck["n_actions"] == 18
     # TensorBoard got real event files with the curves
     events = list((tmp_path / "runs").rglob("events.out.tfevents.*"))
@@ -63,9 +78,26 @@ def test_tiny_run_records_evaluates_and_saves(tmp_path):
 @pytest.mark.slow
 def test_interrupt_then_resume(tmp_path):
     db = tmp_path / "db"
-    cmd = [sys.executable, SCRIPT, "-n", "intr", "--save", str(tmp_path / "saves"), "--runs-dir",
-           str(tmp_path / "runs"), "--envs", "4", "--db-path", str(db), "--record-prob", "0.05",
-           "--segment-steps", "10", "--test-every", "0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        SCRIPT,
+        "-n",
+        "intr",
+        "--save",
+        str(tmp_path / "saves"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--envs",
+        "4",
+        "--db-path",
+        str(db),
+        "--record-prob",
+        "0.05",
+        "--segment-steps",
+        "10",
+        "--test-every",
+        "0",
+    ]
     p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and len(list_segments(db)) < 3 if db.exists() else time.time() < deadline:
@@ -83,8 +115,24 @@ def test_interrupt_then_resume(tmp_path):
     step = torch.load(tmp_path / "saves" / "last.pt", weights_only=True)["step"]
     assert step > 0
 
-    r = a2c(tmp_path, "-n", "intr", "--resume", "--envs", "4", "--db-path", str(db), "--record-prob", "0.05",
-            "--segment-steps", "10", "--test-every", "0", "--max-steps", str(step + 200))  # fmt: skip
+    r = a2c(
+        tmp_path,
+        "-n",
+        "intr",
+        "--resume",
+        "--envs",
+        "4",
+        "--db-path",
+        str(db),
+        "--record-prob",
+        "0.05",
+        "--segment-steps",
+        "10",
+        "--test-every",
+        "0",
+        "--max-steps",
+        str(step + 200),
+    )
     assert r.returncode == 0, r.stderr
     assert f"resumed at step {step:,}" in r.stdout
     assert torch.load(tmp_path / "saves" / "last.pt", weights_only=True)["step"] >= step + 200
@@ -139,6 +187,17 @@ def test_help_explains_every_flag():
 @pytest.mark.parametrize(
     "case, args, message",
     [
+        ("missing model", ["-m", "nope.pt"], "model file not found: nope.pt"),
+        ("corrupt model", ["-m", "corrupt.pt"], "corrupt or not a PyTorch checkpoint"),
+        ("other game", ["-m", "breakout.pt"], "was trained on BreakoutNoFrameskip-v4"),
+        ("unknown env", ["--env", "NoSuchGameNoFrameskip-v4"], "unknown --env"),
+        ("unwritable save", ["--save", "afile/saves"], "is not a writable directory"),
+        ("unwritable db", ["--db-path", "afile/db"], "is not a writable directory"),
+        ("zero envs", ["--envs", "0"], "--envs must be at least 1"),
+        ("negative prob", ["--record-prob", "-0.1"], "--record-prob must be in [0, 1]"),
+        ("finetune without model", ["--finetune"], "--finetune needs a policy"),
+        ("resume without last", ["--resume"], "no saves/new/last.pt to resume from"),
+        ("bad name", ["-n", "a/b"], "--name must be plain"),
         (
             "run exists",
             ["-n", "taken"],
@@ -167,8 +226,10 @@ def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, ar
     _breakout_model(tmp_path / "breakout.pt")
     for name in ("taken", "copied"):
         (tmp_path / "saves" / name).mkdir(parents=True)
-        atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest",
-                                            ("NOOP",) * 18, step=5), tmp_path / "saves" / name / "last.pt")  # fmt: skip
+        atomic_torch_save(
+            policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest", ("NOOP",) * 18, step=5),
+            tmp_path / "saves" / name / "last.pt",
+        )
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs", *args]
     with pytest.raises(UserError) as e:

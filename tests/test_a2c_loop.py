@@ -1,8 +1,9 @@
 """Stage 1's loop in-process on a small fake vector env whose answers are known by hand.
 
-The fake game: every step scores 2 (the learner sees it sign-clipped to 1); a life lasts LIFE steps (then ``terminated``), a game has
-LIVES lives (then ``game_over``, and the env starts a new game in the same step). So every n-step
-return, every bootstrap and every game score can be worked out exactly.
+The fake game: every step scores 2 (the learner sees it sign-clipped to 1); a life lasts LIFE
+steps (then ``terminated``), a game has LIVES lives (then ``game_over``, and the env starts a new
+game in the same step). So every n-step return, every bootstrap and every game score can be
+worked out exactly.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ class FakeVec:
 
     def _obs(self) -> np.ndarray:
         # Each state shows how far into its game the env is: values differ between states.
-        return np.broadcast_to(
-            (self.t * 9 % 256).astype(np.uint8)[:, None, None, None], (self.n_envs, *OBS)
-        ).copy()
+        return np.broadcast_to((self.t * 9 % 256).astype(np.uint8)[:, None, None, None], (self.n_envs, *OBS)).copy()
 
     def reset(self) -> np.ndarray:
         self.t[:] = 0
@@ -52,16 +51,32 @@ class FakeVec:
         self.t[game_over] = 0  # same-step autoreset, as AtariVec
         self.lives = LIVES - self.t // LIFE
         twos = np.full(self.n_envs, 2.0, dtype=np.float32)
-        return VecStep(self._obs(), twos, twos.copy(), terminated, np.zeros(self.n_envs, bool), game_over,
-                       final_obs, self.lives.copy())  # fmt: skip
+        return VecStep(
+            self._obs(),
+            twos,
+            twos.copy(),
+            terminated,
+            np.zeros(self.n_envs, bool),
+            game_over,
+            final_obs,
+            self.lives.copy(),
+        )
 
     def close(self) -> None:
         self.closed = True
 
 
 def config(tmp_path: Path, **kw) -> a2c.A2CConfig:
-    base = dict(name="fake", envs=2, max_steps=600, test_every=0, save=str(tmp_path / "saves"),
-                runs_dir=str(tmp_path / "runs"), seed=1, threads=1)  # fmt: skip
+    base = dict(
+        name="fake",
+        envs=2,
+        max_steps=600,
+        test_every=0,
+        save=str(tmp_path / "saves"),
+        runs_dir=str(tmp_path / "runs"),
+        seed=1,
+        threads=1,
+    )
     return a2c.A2CConfig(**{**base, **kw})
 
 
@@ -112,9 +127,7 @@ def test_checkpoints_games_and_resume(tmp_path):
     assert a2c.train(more, make_env=FakeVec) == 0
     again = torch.load(saves / "last.pt", weights_only=True)
     assert again["step"] == 840 and again["progress"]["games"] == 2 * (420 // GAME)
-    assert (
-        max(int(s["step"]) for s in again["optimizer"]["state"].values()) == again["progress"]["train_steps"]
-    )
+    assert max(int(s["step"]) for s in again["optimizer"]["state"].values()) == again["progress"]["train_steps"]
     assert again["progress"]["train_steps"] > last["progress"]["train_steps"]
     assert again["tb_dir"] == last["tb_dir"]  # the same TensorBoard run goes on
 

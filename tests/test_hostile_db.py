@@ -66,9 +66,7 @@ def reconstruct(dtype, shape, raw):
 EVIL_ARRAYS = {
     # elements are pointers the file chose: reading them dereferences arbitrary addresses
     "object dtype": reconstruct(np.dtype(object), (2,), b"\x41" * 16),
-    "structured dtype with an object field": reconstruct(
-        np.dtype([("a", "O"), ("b", "u1")]), (1,), b"\x41" * 9
-    ),
+    "structured dtype with an object field": reconstruct(np.dtype([("a", "O"), ("b", "u1")]), (1,), b"\x41" * 9),
     "object dtype via _frombuffer": Reduce(numeric._frombuffer, (b"\x41" * 16, np.dtype(object), (2,), "C")),
     # a uint8 array that starts 4 KB before its buffer: reads heap memory into the frames
     "negative offset": Reduce(np.ndarray, ((50, 210, 160, 3), np.dtype("u1"), b"\x00" * 64, -4096)),
@@ -81,8 +79,16 @@ EVIL_ARRAYS = {
 
 def _v1_record(frames) -> dict:
     n = 50
-    return {"format": FORMAT_NAME, "version": 1, "frames": frames, "actions": np.zeros(n, np.int64),
-            "rewards": np.zeros(n, np.float32), "dones": None, "game_over": None, "lives": None}  # fmt: skip
+    return {
+        "format": FORMAT_NAME,
+        "version": 1,
+        "frames": frames,
+        "actions": np.zeros(n, np.int64),
+        "rewards": np.zeros(n, np.float32),
+        "dones": None,
+        "game_over": None,
+        "lives": None,
+    }
 
 
 def crafted_files() -> dict[str, bytes]:
@@ -154,8 +160,16 @@ def test_new_files_unpickle_with_no_global(tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(segments._Strict, "find_class", lambda self, m, n: asked.append((m, n)))
     monkeypatch.setattr(segments._Refuse, "find_class", lambda self, m, n: asked.append((m, n)))
-    seg = Segment(np.ones((3, 8, 8, 3), np.uint8), np.array([0, 1, 2]), rewards=np.ones(3, np.float32),
-                  env_id=SEAQUEST, env_index=0, step=3, time=1.5, meta={"k": 1})  # fmt: skip
+    seg = Segment(
+        np.ones((3, 8, 8, 3), np.uint8),
+        np.array([0, 1, 2]),
+        rewards=np.ones(3, np.float32),
+        env_id=SEAQUEST,
+        env_index=0,
+        step=3,
+        time=1.5,
+        meta={"k": 1},
+    )
     back = read_segment(tmp_path, save_segment(tmp_path, seg).relative_to(tmp_path).as_posix())
     assert asked == []
     assert back.true_return == 3.0 and back.meta == {"k": 1} and back.time == 1.5
@@ -165,8 +179,16 @@ def test_format_1_files_still_load(tmp_path):
     """Segments written by the previous version (numpy pickled its own arrays) load unchanged."""
     rng = np.random.default_rng(0)
     rec = _v1_record(rng.integers(0, 255, (50, 210, 160, 3), dtype=np.uint8))
-    rec.update(env_id=SEAQUEST, action_meanings=list(SEAQUEST_ACTIONS), env_index=np.int64(2), step=7,
-               checkpoint=None, time=np.float64(3.0), meta={}, dones=np.zeros(50, bool))  # fmt: skip
+    rec.update(
+        env_id=SEAQUEST,
+        action_meanings=list(SEAQUEST_ACTIONS),
+        env_index=np.int64(2),
+        step=7,
+        checkpoint=None,
+        time=np.float64(3.0),
+        meta={},
+        dones=np.zeros(50, bool),
+    )
     for protocol in (2, 4, 5):
         seg = decode_segment(zstandard.ZstdCompressor().compress(pickle.dumps(rec, protocol=protocol)))
         np.testing.assert_array_equal(seg.frames, rec["frames"])
@@ -216,8 +238,13 @@ def test_fuzzed_real_segment_is_a_segment_or_a_segment_error(tmp_path):
     rel = make_atari_db(tmp_path / "db", 1, t=50, n_envs=1)[0]
     n = 400
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-c", FUZZ, str(tmp_path / "db" / rel), str(ROOT), str(n)],
-                       capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", FUZZ, str(tmp_path / "db" / rel), str(ROOT), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     outcomes = json.loads(r.stdout)
     assert sum(outcomes.values()) == n
@@ -228,8 +255,14 @@ def test_fuzzed_real_segment_is_a_segment_or_a_segment_error(tmp_path):
 
 
 def _tiny(env_index=0, step=1, env_id=SEAQUEST) -> Segment:
-    return Segment(np.zeros((2, 8, 8, 3), np.uint8), np.zeros(2, np.int64), rewards=np.zeros(2, np.float32),
-                   env_id=env_id, env_index=env_index, step=step)  # fmt: skip
+    return Segment(
+        np.zeros((2, 8, 8, 3), np.uint8),
+        np.zeros(2, np.int64),
+        rewards=np.zeros(2, np.float32),
+        env_id=env_id,
+        env_index=env_index,
+        step=step,
+    )
 
 
 def hostile_dir(db: Path, outside: Path) -> None:
@@ -273,8 +306,18 @@ def test_scan_keeps_regular_files_named_like_segments_inside_the_db(tmp_path):
     assert read_segment(db, "00/00000003.dat").step == 2
 
 
-@pytest.mark.parametrize("rel", ["00/00000010.dat", "00/00000011.dat", "00/00000012.dat", "00/00000013.dat",
-                                 "../outside/00/00000099.dat", "00/abc.dat", "/etc/passwd"])  # fmt: skip
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "00/00000010.dat",
+        "00/00000011.dat",
+        "00/00000012.dat",
+        "00/00000013.dat",
+        "../outside/00/00000099.dat",
+        "00/abc.dat",
+        "/etc/passwd",
+    ],
+)
 def test_reading_a_special_or_outside_file_is_a_prompt_segment_error(tmp_path, rel):
     db = tmp_path / "db"
     hostile_dir(db, tmp_path / "outside")
@@ -358,8 +401,9 @@ BAD_LINES = {
 def test_a_bad_label_line_is_skipped_with_its_line_number(tmp_path, name):
     other = dict(GOOD, sample2="00/00000003.dat")
     raw = BAD_LINES[name].encode("latin-1" if name == "not UTF-8" else "utf-8")
-    (tmp_path / "labels.jsonl").write_bytes(json.dumps(GOOD).encode() + b"\n" + raw + b"\n"
-                                            + json.dumps(other).encode() + b"\n")  # fmt: skip
+    (tmp_path / "labels.jsonl").write_bytes(
+        json.dumps(GOOD).encode() + b"\n" + raw + b"\n" + json.dumps(other).encode() + b"\n"
+    )
     warned = []
     labels = load_labels(tmp_path, warn=warned.append)
     assert len(labels) == 2
@@ -448,14 +492,37 @@ def test_stage_scripts_exit_cleanly_on_a_hostile_db(tmp_path):
     assert r.returncode == 0 and "oracle labels" in r.stdout
     assert "skipping a bad line" in r.stderr and "ignored 10 entries" in r.stderr
 
-    r = _run(str(ROOT / "03_reward_train.py"), "-n", "h", "-o", str(tmp_path / "out"), str(db),
-             "--epochs", "1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    r = _run(
+        str(ROOT / "03_reward_train.py"),
+        "-n",
+        "h",
+        "-o",
+        str(tmp_path / "out"),
+        str(db),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     _clean(r)
     assert r.returncode == 0 and (tmp_path / "out" / "reward-h.pt").is_file()
     assert "left out: segment file unreadable" in r.stdout and "skipped:" in r.stderr
 
-    r = _run(str(ROOT / "01_a2c.py"), "-n", "x", "--env", "BreakoutNoFrameskip-v4", "--db-path", str(db),
-             "--save", str(tmp_path / "s"), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    r = _run(
+        str(ROOT / "01_a2c.py"),
+        "-n",
+        "x",
+        "--env",
+        "BreakoutNoFrameskip-v4",
+        "--db-path",
+        str(db),
+        "--save",
+        str(tmp_path / "s"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     _clean(r)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "holds SeaquestNoFrameskip-v4" in r.stderr
 
@@ -469,9 +536,28 @@ def test_recording_into_a_db_with_hostile_names_continues_its_counters(tmp_path)
     db = tmp_path / "db"
     hostile_dir(db, tmp_path / "outside")
     save_segment(db, _tiny(0, 500))
-    r = _run(str(ROOT / "01_a2c.py"), "-n", "rec", "--db-path", str(db), "--envs", "2", "--max-steps", "256",
-             "--record-prob", "0.5", "--segment-steps", "5", "--test-every", "0", "--save", str(tmp_path / "s"),
-             "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)  # fmt: skip
+    r = _run(
+        str(ROOT / "01_a2c.py"),
+        "-n",
+        "rec",
+        "--db-path",
+        str(db),
+        "--envs",
+        "2",
+        "--max-steps",
+        "256",
+        "--record-prob",
+        "0.5",
+        "--segment-steps",
+        "5",
+        "--test-every",
+        "0",
+        "--save",
+        str(tmp_path / "s"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
     _clean(r)
     assert r.returncode == 0
     steps = [int(rel[3:11]) for rel in list_segments(db, warn=None) if rel.startswith("00/")]
