@@ -30,9 +30,7 @@ SEAQUEST_ACTIONS = (
 )  # fmt: skip
 
 
-def square_frames(
-    rng: np.random.Generator, n: int, size: int = 48, p: float = 0.3
-) -> tuple[np.ndarray, np.ndarray]:
+def square_frames(rng: np.random.Generator, n: int, size: int = 48, p: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
     """(n, size, size, 3) uint8 dark noisy frames, a bright 8x8 square in each with probability p;
     returns (frames, rewards (n,) float32 = 1 where the square is)."""
     frames = rng.integers(0, 60, size=(n, size, size, 3), dtype=np.uint8)
@@ -131,7 +129,7 @@ def make_synthetic_db(
     for k in range(n_segments):
         seg = Segment(
             frames=synthetic_frames(t, h, w, seed * 100_003 + k),
-            actions=rng.integers(0, 18, size=t),
+            actions=rng.integers(0, len(SEAQUEST_ACTIONS), size=t),
             rewards=rng.choice([0.0, 0.0, 20.0], size=t).astype(np.float32) if with_rewards else None,
             dones=np.zeros(t, dtype=bool),
             game_over=np.zeros(t, dtype=bool),
@@ -145,9 +143,7 @@ def make_synthetic_db(
     return sorted(out)
 
 
-def make_atari_db(
-    root: str | Path, n_segments: int, t: int = 50, n_envs: int = 4, seed: int = 0
-) -> list[str]:
+def make_atari_db(root: str | Path, n_segments: int, t: int = 50, n_envs: int = 4, seed: int = 0) -> list[str]:
     """Record ``n_segments`` real segments of ``t`` steps of random SeaQuest play into ``root``."""
     from lib.envs import AtariVec
 

@@ -22,16 +22,11 @@ from lib.envs import AtariVec
 from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
 from lib.play import correlation, normaliser, play, prepare_video_dir, summary, video_stem
+from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
 from lib.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "04_play.py"
-
-try:  # the reward view needs lib/reward_model.py (the reward-model issue)
-    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
-except ImportError:  # pragma: no cover - only while that module does not exist yet
-    RewardModel = None  # type: ignore[assignment,misc]
-needs_reward_model = pytest.mark.skipif(RewardModel is None, reason="lib/reward_model.py cannot be imported")
 
 
 def decode(path: Path) -> tuple[dict, list[np.ndarray]]:
@@ -65,20 +60,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     corrupt = d / "corrupt.pt"
     corrupt.write_bytes(b"PK\x03\x04 this is not a checkpoint" + bytes(range(256)))
     out["corrupt"] = corrupt
-    if RewardModel is not None:
-        for name, env_id in (
-            ("reward", "SeaquestNoFrameskip-v4"),
-            ("reward_breakout", "BreakoutNoFrameskip-v4"),
-        ):
-            env = AtariVec(env_id, n_envs=1)
-            torch.manual_seed(1)
-            rm = RewardModel(env.n_actions).eval()
-            ck = reward_checkpoint(
-                [rm], env.env_id, env.game, env.action_meanings, norm_mean=0.5, norm_std=2.0
-            )
-            env.close()
-            save_reward_checkpoint(ck, d / f"{name}.pt")
-            out[name] = d / f"{name}.pt"
+    for name, env_id in (
+        ("reward", "SeaquestNoFrameskip-v4"),
+        ("reward_breakout", "BreakoutNoFrameskip-v4"),
+    ):
+        env = AtariVec(env_id, n_envs=1)
+        torch.manual_seed(1)
+        rm = RewardModel(env.n_actions).eval()
+        ck = reward_checkpoint([rm], env.env_id, env.game, env.action_meanings, norm_mean=0.5, norm_std=2.0)
+        env.close()
+        save_reward_checkpoint(ck, d / f"{name}.pt")
+        out[name] = d / f"{name}.pt"
     return out
 
 
@@ -121,9 +113,7 @@ def test_full_game_recorded_to_mp4_decodes_back(models: dict[str, Path], tmp_pat
     first = upscale(env.frames[0]).astype(np.int16)
     env.close()
     assert np.abs(frames[0].astype(np.int16) - first).mean() < 4.0
-    assert (
-        np.abs(frames[-1].astype(np.int16) - first).mean() > np.abs(frames[0].astype(np.int16) - first).mean()
-    )
+    assert np.abs(frames[-1].astype(np.int16) - first).mean() > np.abs(frames[0].astype(np.int16) - first).mean()
     assert any("episode 1: score" in line for line in lines)
 
 
@@ -136,9 +126,7 @@ def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) ->
     assert all(r.end == "game over" and r.video is None for r in a)
 
 
-def test_slot_reused_after_game_over(
-    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_slot_reused_after_game_over(models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # One env slot: the second game starts in the env the first one ended in (same-step reset).
     monkeypatch.setattr(lib.play, "MAX_PARALLEL", 1)
     res = play(models["policy"], episodes=2, video_dir=tmp_path, seed=4, log=lambda _: None)
@@ -220,7 +208,6 @@ def test_correlation() -> None:
     assert correlation([0.1, 0.3, 0.2], [0, 0, 0]) is None  # nothing scored: undefined, not nan
 
 
-@needs_reward_model
 def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     from lib.reward_model import load_reward_model
 
@@ -229,7 +216,6 @@ def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     np.testing.assert_allclose(normaliser(rm)(raw), [0.0, 1.0, -1.0])
 
 
-@needs_reward_model
 def test_reward_view_in_process(models: dict[str, Path], tmp_path: Path) -> None:
     (res,) = play(models["policy"], video_dir=tmp_path, reward=models["reward"], seed=2, log=lambda _: None)
     assert res.end == "game over" and res.score > 0  # a random policy scores in most games
@@ -296,7 +282,6 @@ def test_cli_two_full_games_with_gif(models: dict[str, Path], tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@needs_reward_model
 def test_cli_reward_view_past_100_steps(models: dict[str, Path], tmp_path: Path) -> None:
     # The book's play script crashed after 100 frames with --reward.
     r = run_play("-m", models["policy"], "-r", tmp_path, "--reward", models["reward"], "--max-steps", "140")
@@ -325,7 +310,7 @@ def _bad_inputs(models: dict[str, Path], tmp: Path) -> dict[str, tuple[list[str 
             ["-m", models["breakout_bare"]],
             "bare state dict with 4 actions",
         ),
-        "reward model given as policy": (["-m", models.get("reward", "")], "is a reward model, not a policy"),
+        "reward model given as policy": (["-m", models["reward"]], "is a reward model, not a policy"),
         "reward model for another game": (
             [*policy, "--reward", models.get("reward_breakout", "")],
             "was trained on BreakoutNoFrameskip-v4",
@@ -345,8 +330,8 @@ BAD_INPUTS = [
     "corrupt model",
     "model for another game",
     "bare state dict of another game",
-    pytest.param("reward model given as policy", marks=needs_reward_model),
-    pytest.param("reward model for another game", marks=needs_reward_model),
+    "reward model given as policy",
+    "reward model for another game",
     "missing reward model",
     "policy given as reward model",
     "video dir is a file",
@@ -380,9 +365,7 @@ def test_bad_input_one_line_exit_2(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case", ["corrupt model", pytest.param("reward model for another game", marks=needs_reward_model)]
-)
+@pytest.mark.parametrize("case", ["corrupt model", "reward model for another game"])
 def test_cli_bad_input_one_line_exit_2(models: dict[str, Path], tmp_path: Path, case: str) -> None:
     """The same as a user sees it: a real process, its exit code and stderr."""
     args, expected = _bad_inputs(models, tmp_path)[case]
