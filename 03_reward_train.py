@@ -25,28 +25,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--name", required=True, help="name of the run: the model is OUTDIR/reward-NAME.pt")
     p.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the model")
     p.add_argument("--dev", default="cpu", help="torch device to train on: cpu or cuda")
-    p.add_argument(
-        "--epochs", type=int, default=100, help="maximum epochs (early stopping usually ends sooner)"
-    )
+    p.add_argument("--epochs", type=int, default=100, help="maximum epochs (early stopping usually ends sooner)")
     p.add_argument("--batch", type=int, default=16, help="labeled pairs per optimiser step (the book: 64)")
     p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (the book: 1e-4)")
     p.add_argument("--seed", type=int, default=42, help="seed of the train/test split, shuffling and weights")
     p.add_argument("--test-ratio", type=float, default=0.2, help="share of the labels held out for testing")
+    p.add_argument("--patience", type=int, default=4, help="stop after this many epochs without a better test loss")
     p.add_argument(
-        "--patience", type=int, default=4, help="stop after this many epochs without a better test loss"
+        "--noise",
+        action="store_true",
+        help="assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper",
     )
-    p.add_argument("--noise", action="store_true",
-                   help="assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper")  # fmt: skip
-    p.add_argument("--ensemble", type=int, default=1, metavar="K",
-                   help="train K models on bootstrap samples; predict their mean, log their disagreement")  # fmt: skip
-    p.add_argument("--input", choices=("full", "half"), default="full",
-                   help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper")  # fmt: skip
-    p.add_argument("--micro-frames", type=int, default=100,
-                   help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory")  # fmt: skip
-    p.add_argument("--augment", type=int, default=0, metavar="PX",
-                   help="training augmentation: shift each frame randomly by up to PX pixels (0: off)")  # fmt: skip
-    p.add_argument("--env", default=None,
-                   help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)")  # fmt: skip
+    p.add_argument(
+        "--ensemble",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train K models on bootstrap samples; predict their mean, log their disagreement",
+    )
+    p.add_argument(
+        "--input",
+        choices=("full", "half"),
+        default="full",
+        help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
+    )
+    p.add_argument(
+        "--micro-frames",
+        type=int,
+        default=100,
+        help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
+    )
+    p.add_argument(
+        "--augment",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="training augmentation: shift each frame randomly by up to PX pixels (0: off)",
+    )
+    p.add_argument(
+        "--env", default=None, help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)"
+    )
     p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
     p.add_argument(
         "--no-progress",
@@ -82,12 +100,11 @@ def main() -> int:
     run = f"{data.env_id}__reward__{args.name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(log_dir=str(Path(args.runs_dir) / run))
     hp = {**vars(args), "dbs": " ".join(args.dbs)}
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hp.items())
-    )
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hp.items()))
     try:
-        res = train_reward_model(data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer,
-                                 progress=not args.no_progress)  # fmt: skip
+        res = train_reward_model(
+            data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer, progress=not args.no_progress
+        )
     finally:
         writer.close()
     print("\n".join(summary_lines(res)))

@@ -46,9 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dev", default="cpu", help="torch device for the policy and reward model: cpu or cuda")
     p.add_argument("--seed", type=int, default=None, help="seed for the games and sampled actions")
     p.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
-    p.add_argument(
-        "--gif", action="store_true", help="also write an animated GIF next to each MP4 (needs -r)"
-    )
+    p.add_argument("--gif", action="store_true", help="also write an animated GIF next to each MP4 (needs -r)")
     p.add_argument(
         "--max-steps",
         type=int,

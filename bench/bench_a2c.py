@@ -48,14 +48,10 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
 
     def make() -> gym.Env:
         env = gym.make("SeaquestNoFrameskip-v4")
-        env = gym.wrappers.AtariPreprocessing(
-            env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
-        )
+        env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
         return gym.wrappers.FrameStackObservation(env, 4)
 
-    env = gym.vector.SyncVectorEnv(
-        [make for _ in range(n_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
+    env = gym.vector.SyncVectorEnv([make for _ in range(n_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -93,8 +89,22 @@ def train_run(
 ) -> tuple[float, float, Path | None]:
     """Run 01_a2c.py as a user would; returns (steps/s, peak RSS MB of that process, db)."""
     db = tmp / f"db-{name}" if record_prob is not None else None
-    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", name, "--save", str(tmp / "saves" / name),
-           "--runs-dir", str(tmp / "runs"), "--max-steps", str(steps), "--test-every", "0", "--dev", dev]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "01_a2c.py"),
+        "-n",
+        name,
+        "--save",
+        str(tmp / "saves" / name),
+        "--runs-dir",
+        str(tmp / "runs"),
+        "--max-steps",
+        str(steps),
+        "--test-every",
+        "0",
+        "--dev",
+        dev,
+    ]
     if db is not None:
         cmd += ["--db-path", str(db), "--record-prob", str(record_prob)]
     cmd += list(extra)
@@ -156,9 +166,7 @@ def main() -> None:
         )
         if args.dev != "cpu" or cpu_has_bf16():
             sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
-            rows.append(
-                ("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16")
-            )
+            rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16"))
             sps, _, _ = train_run(tmp, "bf16t1", args.steps, args.dev, None, ("--bf16", "--threads", "1"))
             rows.append(
                 (
@@ -178,14 +186,10 @@ def main() -> None:
                 )
             )
         sps, _, db = train_run(tmp, "rec", args.steps, args.dev, DEFAULT_RECORD_PROB)
-        rows.append(
-            ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)")
-        )
+        rows.append(("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)"))
         p100 = DEFAULT_RECORD_PROB * 100
         sps, peak, db = train_run(tmp, "rec100", args.steps, args.dev, p100)
-        rows.append(
-            ("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={p100:g} (100x default)")
-        )
+        rows.append(("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={p100:g} (100x default)"))
         rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", f"recording at p={p100:g}"))
 
     print_table("bench_a2c (stage 1)", rows)

@@ -59,8 +59,20 @@ def record_db(db: Path, n_segments: int, seed: int = 0) -> int:
 
 def train_run(db: Path, out: Path, runs: Path, *extra: str) -> tuple[float, float, str]:
     """03_reward_train.py for one epoch; returns (s per pair per epoch, peak RSS MB, stdout)."""
-    cmd = [str(ROOT / "03_reward_train.py"), "-n", "bench", "-o", str(out), str(db), "--epochs", "1",
-           "--runs-dir", str(runs), "--no-progress", *extra]  # fmt: skip
+    cmd = [
+        str(ROOT / "03_reward_train.py"),
+        "-n",
+        "bench",
+        "-o",
+        str(out),
+        str(db),
+        "--epochs",
+        "1",
+        "--runs-dir",
+        str(runs),
+        "--no-progress",
+        *extra,
+    ]
     code = (
         "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
         "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
@@ -95,13 +107,17 @@ def inference_rows(tmp: Path) -> list[tuple[str, str, str, str]]:
     for downscale, label in ((1, "full 210x160"), (2, "half 105x80")):
         m = RewardModel(18, downscale=downscale).eval()
         path = tmp / f"r{downscale}.pt"
-        save_reward_checkpoint(
-            reward_checkpoint([m], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0), path
-        )
+        save_reward_checkpoint(reward_checkpoint([m], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0), path)
         rm = load_reward_model(path)
         lean = time_it(lambda rm=rm: rm.predict(frames, actions))
-        rows.append(("reward inference", f"{lean / 16 * 1000:.3f}", "ms/frame",
-                     f"{label}, batch 16, folded BN, channels-last, inference mode"))  # fmt: skip
+        rows.append(
+            (
+                "reward inference",
+                f"{lean / 16 * 1000:.3f}",
+                "ms/frame",
+                f"{label}, batch 16, folded BN, channels-last, inference mode",
+            )
+        )
         if downscale == 1:
 
             def plain(m: RewardModel = m) -> None:
@@ -113,10 +129,22 @@ def inference_rows(tmp: Path) -> list[tuple[str, str, str, str]]:
                     for i in range(16):
                         m(ft[i : i + 1], at[i : i + 1])
 
-            rows.append(("reward inference", f"{time_it(plain) / 16 * 1000:.3f}", "ms/frame",
-                         f"{label}, batch 16, eval-mode model as trained (no folding)"))  # fmt: skip
-            rows.append(("reward inference", f"{time_it(book, 3) / 16 * 1000:.3f}", "ms/frame",
-                         f"{label}, batch 1 per env (the book's wrapper)"))  # fmt: skip
+            rows.append(
+                (
+                    "reward inference",
+                    f"{time_it(plain) / 16 * 1000:.3f}",
+                    "ms/frame",
+                    f"{label}, batch 16, eval-mode model as trained (no folding)",
+                )
+            )
+            rows.append(
+                (
+                    "reward inference",
+                    f"{time_it(book, 3) / 16 * 1000:.3f}",
+                    "ms/frame",
+                    f"{label}, batch 1 per env (the book's wrapper)",
+                )
+            )
     return rows
 
 
@@ -141,13 +169,23 @@ def wrapper_rows(tmp: Path, steps: int = 300) -> list[tuple[str, str, str, str]]
                 best = min(best, (time.perf_counter() - t0) / 90)
             res[mode] = best
             env.close()
+        rows.append(("vector env step", f"{res['plain'] * 1000:.2f}", "ms/step", "16 SeaQuest envs, no reward model"))
         rows.append(
-            ("vector env step", f"{res['plain'] * 1000:.2f}", "ms/step", "16 SeaQuest envs, no reward model")
+            (
+                "RewardModelWrapper step",
+                f"{res['wrapped'] * 1000:.2f}",
+                "ms/step",
+                f"16 envs, {label}-resolution model, forward overlapped with the env step",
+            )
         )
-        rows.append(("RewardModelWrapper step", f"{res['wrapped'] * 1000:.2f}", "ms/step",
-                     f"16 envs, {label}-resolution model, forward overlapped with the env step"))  # fmt: skip
-        rows.append(("wrapper extra cost", f"{(res['wrapped'] - res['plain']) * 1000:.2f}", "ms/step",
-                     f"{label}-resolution, per agent step of 16 envs (A2C-relative speed: bench_a2c)"))  # fmt: skip
+        rows.append(
+            (
+                "wrapper extra cost",
+                f"{(res['wrapped'] - res['plain']) * 1000:.2f}",
+                "ms/step",
+                f"{label}-resolution, per agent step of 16 envs (A2C-relative speed: bench_a2c)",
+            )
+        )
     return rows
 
 
@@ -170,10 +208,12 @@ def main() -> None:
         summary = oracle_label_db(db, args.labels, seed=0)
         setting = f"{summary.labeled} labels over {n} segments, 1 epoch, {args.dev}, {threads} threads"
         for batch, inp in ((64, "full"), (args.labels, "full"), (64, "half")):
-            s, peak, _ = train_run(db, tmp / "saves", tmp / "runs", "--batch", str(batch), "--input", inp,
-                                   "--dev", args.dev)  # fmt: skip
-            rows.append(("reward training", f"{s:.3f}", "s/labeled pair/epoch",
-                         f"{inp} res, --batch {batch}, {setting}"))  # fmt: skip
+            s, peak, _ = train_run(
+                db, tmp / "saves", tmp / "runs", "--batch", str(batch), "--input", inp, "--dev", args.dev
+            )
+            rows.append(
+                ("reward training", f"{s:.3f}", "s/labeled pair/epoch", f"{inp} res, --batch {batch}, {setting}")
+            )
             rows.append(
                 (
                     "  vs the book's 0.45 s",
@@ -182,8 +222,9 @@ def main() -> None:
                     f"{inp} res, --batch {batch}",
                 )
             )
-            rows.append(("reward training peak memory", f"{peak:,.0f}", "MB RSS",
-                         f"{inp} res, --batch {batch}, {setting}"))  # fmt: skip
+            rows.append(
+                ("reward training peak memory", f"{peak:,.0f}", "MB RSS", f"{inp} res, --batch {batch}, {setting}")
+            )
 
     print_table("bench_reward (stage 3)", rows)
 

@@ -81,10 +81,23 @@ def main() -> None:
 
 def _v1(seg) -> dict:
     """A segment as the previous version pickled it: numpy arrays inside the dict."""
-    return {"format": FORMAT_NAME, "version": 1, "frames": seg.frames, "actions": seg.actions,
-            "rewards": seg.rewards, "dones": seg.dones, "game_over": seg.game_over, "lives": seg.lives,
-            "env_id": seg.env_id, "action_meanings": list(seg.action_meanings or ()), "env_index": seg.env_index,
-            "step": seg.step, "checkpoint": seg.checkpoint, "time": seg.time, "meta": {}}  # fmt: skip
+    return {
+        "format": FORMAT_NAME,
+        "version": 1,
+        "frames": seg.frames,
+        "actions": seg.actions,
+        "rewards": seg.rewards,
+        "dones": seg.dones,
+        "game_over": seg.game_over,
+        "lives": seg.lives,
+        "env_id": seg.env_id,
+        "action_meanings": list(seg.action_meanings or ()),
+        "env_index": seg.env_index,
+        "step": seg.step,
+        "checkpoint": seg.checkpoint,
+        "time": seg.time,
+        "meta": {},
+    }
 
 
 if __name__ == "__main__":

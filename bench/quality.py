@@ -38,13 +38,31 @@ from table import print_table  # noqa: E402  (bench/ is on sys.path when run as 
 from lib.labels import load_labels, pair_key  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.reward_model import RewardPredictor, load_reward_model  # noqa: E402
+from lib.reward_train import oracle_agreement  # noqa: E402
 from lib.segments import list_segments, read_segment  # noqa: E402
 
 
 def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> None:
-    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", "quality", "--db-path", str(db), "--max-steps", str(steps),
-           "--record-prob", str(record_prob), "--test-every", "0", "--seed", str(seed),
-           "--save", str(work / "a2c"), "--runs-dir", str(work / "runs")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "01_a2c.py"),
+        "-n",
+        "quality",
+        "--db-path",
+        str(db),
+        "--max-steps",
+        str(steps),
+        "--record-prob",
+        str(record_prob),
+        "--test-every",
+        "0",
+        "--seed",
+        str(seed),
+        "--save",
+        str(work / "a2c"),
+        "--runs-dir",
+        str(work / "runs"),
+    ]
     print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
@@ -62,14 +80,13 @@ def predicted_returns(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[n
 def agreement(
     segs: list[str], p: np.ndarray, t: np.ndarray, skip: AbstractSet[tuple[str, str]] = frozenset()
 ) -> tuple[float, int]:
-    """(share, count) of the pairs of ``segs`` with different true returns, not in ``skip``, that
-    the predicted returns order as the true ones do (a predicted tie counts as wrong)."""
-    ok = n = 0
-    for i, j in itertools.combinations(range(len(segs)), 2):
-        if t[i] != t[j] and pair_key(segs[i], segs[j]) not in skip:
-            n += 1
-            ok += (p[i] > p[j]) == (t[i] > t[j]) and p[i] != p[j]
-    return (ok / n if n else float("nan")), n
+    """``oracle_agreement`` (the trainer's rule: a predicted tie counts as wrong) over every pair
+    of ``segs`` not in ``skip``."""
+    pairs = [(i, j) for i, j in itertools.combinations(range(len(segs)), 2) if pair_key(segs[i], segs[j]) not in skip]
+    if not pairs:
+        return float("nan"), 0
+    i, j = np.array(pairs).T
+    return oracle_agreement(p[i], p[j], t[i], t[j])
 
 
 def heldout_agreement(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[float, int, float]:
@@ -102,8 +119,14 @@ def main() -> None:
         if not args.db:
             t0 = time.perf_counter()
             record(db, work, args.steps, args.record_prob, args.seed)
-            rows.append(("recording run", f"{time.perf_counter() - t0:.0f}", "s",
-                         f"01_a2c.py {args.steps:,} steps, --record-prob {args.record_prob}"))  # fmt: skip
+            rows.append(
+                (
+                    "recording run",
+                    f"{time.perf_counter() - t0:.0f}",
+                    "s",
+                    f"01_a2c.py {args.steps:,} steps, --record-prob {args.record_prob}",
+                )
+            )
         segs = list_segments(db)
         rng = np.random.default_rng(args.seed)
         perm = rng.permutation(len(segs))
@@ -116,19 +139,44 @@ def main() -> None:
             shutil.copy2(db / segs[i], train_db / segs[i])
         summary = oracle_label_db(train_db, args.labels, seed=args.seed)
         returns = [read_segment(db, s).true_return for s in segs]
-        rows.append(("DB", f"{len(segs)}", "segments",
-                     f"{np.mean(np.array(returns) > 0):.0%} with points, mean return {np.mean(returns):.1f}"))  # fmt: skip
+        rows.append(
+            (
+                "DB",
+                f"{len(segs)}",
+                "segments",
+                f"{np.mean(np.array(returns) > 0):.0%} with points, mean return {np.mean(returns):.1f}",
+            )
+        )
         ties = summary.counts.get(0, 0)
-        rows.append(("oracle labels", f"{summary.labeled}", "pairs",
-                     f"over {len(segs) - n_hold} training-pool segments, {ties} ties"))  # fmt: skip
+        rows.append(
+            (
+                "oracle labels",
+                f"{summary.labeled}",
+                "pairs",
+                f"over {len(segs) - n_hold} training-pool segments, {ties} ties",
+            )
+        )
         # The looser reading of "held-out pairs": pairs never labeled, but of segments that
         # other (training) pairs contain.
         pool = list_segments(train_db)
         labeled = set(load_labels(train_db))
         for inp in [s.strip() for s in args.inputs.split(",") if s.strip()]:
             out = work / "saves"
-            cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", f"q-{inp}", "-o", str(out), str(train_db),
-                   "--input", inp, "--runs-dir", str(work / "runs"), "--no-progress", *extra]  # fmt: skip
+            cmd = [
+                sys.executable,
+                str(ROOT / "03_reward_train.py"),
+                "-n",
+                f"q-{inp}",
+                "-o",
+                str(out),
+                str(train_db),
+                "--input",
+                inp,
+                "--runs-dir",
+                str(work / "runs"),
+                "--no-progress",
+                *extra,
+            ]
             print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -141,19 +189,35 @@ def main() -> None:
             m = rm.metrics
             agree, n_pairs, corr = heldout_agreement(rm, db, hold)
             setting = f"--input {inp} {' '.join(extra)}".strip()
-            rows.append(("held-out oracle agreement", f"{100 * agree:.1f}", "%",
-                         f"{setting}: {n_pairs} pairs of {len(hold)} never-trained segments"))  # fmt: skip
+            rows.append(
+                (
+                    "held-out oracle agreement",
+                    f"{100 * agree:.1f}",
+                    "%",
+                    f"{setting}: {n_pairs} pairs of {len(hold)} never-trained segments",
+                )
+            )
             rows.append(("held-out return correlation", f"{corr:.3f}", "Pearson r", setting))
             pp, pt = predicted_returns(rm, train_db, pool)
             share, n_unl = agreement(pool, pp, pt, skip=labeled)
-            rows.append(("unlabeled-pair oracle agreement", f"{100 * share:.1f}", "%",
-                         f"{setting}: {n_unl} never-labeled pairs of {len(pool)} training-pool segments"))  # fmt: skip
-            ta = m.get("oracle_agreement")
-            rows.append(("test-split oracle agreement", "n/a" if ta is None else f"{100 * ta:.1f}", "%",
-                         f"{setting}: {int(m.get('oracle_pairs') or 0)} held-out pairs, best epoch {int(m['epoch'])}"))  # fmt: skip
             rows.append(
-                ("training time", f"{dt:.0f}", "s", f"{setting}, {1000 * m['s_per_pair']:.0f} ms/pair/epoch")
+                (
+                    "unlabeled-pair oracle agreement",
+                    f"{100 * share:.1f}",
+                    "%",
+                    f"{setting}: {n_unl} never-labeled pairs of {len(pool)} training-pool segments",
+                )
             )
+            ta = m.get("oracle_agreement")
+            rows.append(
+                (
+                    "test-split oracle agreement",
+                    "n/a" if ta is None else f"{100 * ta:.1f}",
+                    "%",
+                    f"{setting}: {int(m.get('oracle_pairs') or 0)} held-out pairs, best epoch {int(m['epoch'])}",
+                )
+            )
+            rows.append(("training time", f"{dt:.0f}", "s", f"{setting}, {1000 * m['s_per_pair']:.0f} ms/pair/epoch"))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

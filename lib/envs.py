@@ -64,9 +64,7 @@ def rom_name(env: str) -> str:
     for cand in (snake, name.lower(), snake.replace("_", "")):
         if cand in roms:
             return cand
-    raise UserError(
-        f"unknown --env {env!r}: no such ALE game (e.g. SeaquestNoFrameskip-v4, BreakoutNoFrameskip-v4)"
-    )
+    raise UserError(f"unknown --env {env!r}: no such ALE game (e.g. SeaquestNoFrameskip-v4, BreakoutNoFrameskip-v4)")
 
 
 def grey84(frames: np.ndarray) -> np.ndarray:

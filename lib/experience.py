@@ -59,9 +59,7 @@ class Transitions:
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        return Transitions(
-            *(np.concatenate([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__)
-        )
+        return Transitions(*(np.concatenate([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__))
 
 
 class NStepCollector:
@@ -114,9 +112,7 @@ class NStepCollector:
         done = terminated | truncated
         emit = self.valid & ((self.k >= self.n) | done[None, :])
         slot, env = np.nonzero(emit)
-        mode = np.where(terminated[env], BOOT_NONE, np.where(truncated[env], BOOT_FINAL, BOOT_NEXT)).astype(
-            np.int8
-        )
+        mode = np.where(terminated[env], BOOT_NONE, np.where(truncated[env], BOOT_FINAL, BOOT_NEXT)).astype(np.int8)
         next_obs = np.asarray(next_obs)
         if final_obs is None:
             boot_src = next_obs

@@ -135,9 +135,7 @@ class RewardModel(nn.Module):
         self.conv = nn.Sequential(*layers)
         self.conv_out_shape = conv_out_shape(self.input_shape)
         size = math.prod(self.conv_out_shape)
-        self.out = nn.Sequential(
-            nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1)
-        )
+        self.out = nn.Sequential(nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
 
     def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float in [0, 1], channels-last memory."""
@@ -195,8 +193,9 @@ def preference_loss(
     Returns (mean loss, metrics): loss, accuracy on non-tie pairs (n/a -> nan), their count.
     """
     if r1.shape != r2.shape or r1.shape != mu.shape or r1.ndim != 1:
-        raise ValueError(f"r1, r2 and mu must all have shape (P,), got {tuple(r1.shape)}, "
-                         f"{tuple(r2.shape)}, {tuple(mu.shape)}")  # fmt: skip
+        raise ValueError(
+            f"r1, r2 and mu must all have shape (P,), got {tuple(r1.shape)}, {tuple(r2.shape)}, {tuple(mu.shape)}"
+        )
     d = r1 - r2
     if noise > 0:
         log_keep, log_rand = math.log(1.0 - noise), math.log(noise / 2)
@@ -248,12 +247,7 @@ class LeanRewardNet(nn.Module):
         n_feat = c * h * w
         # Features are read in (H, W, C) order -- the channels-last memory order -- so the
         # flatten is a free view; reorder the weight columns from the book's (C, H, W) to match.
-        wf = (
-            lin1.weight.detach()[:, :n_feat]
-            .reshape(HIDDEN, c, h, w)
-            .permute(0, 2, 3, 1)
-            .reshape(HIDDEN, n_feat)
-        )
+        wf = lin1.weight.detach()[:, :n_feat].reshape(HIDDEN, c, h, w).permute(0, 2, 3, 1).reshape(HIDDEN, n_feat)
         self.feat = nn.Linear(n_feat, HIDDEN, bias=False)
         self.feat.weight.data.copy_(wf)
         # one-hot(a) @ W_a^T + b is row a of (W_a^T + b): a lookup instead of a matmul.
@@ -285,12 +279,16 @@ class RewardPredictor:
     training DB's segments (0 and 1 when the checkpoint has none, see ``has_norm_stats``).
     """
 
-    def __init__(self, models: Sequence[RewardModel], ck: dict[str, Any], device: torch.device | str = "cpu",
-                 path: str | None = None, chunk: int = INPUT_CHUNK):  # fmt: skip
+    def __init__(
+        self,
+        models: Sequence[RewardModel],
+        ck: dict[str, Any],
+        device: torch.device | str = "cpu",
+        path: str | None = None,
+        chunk: int = INPUT_CHUNK,
+    ):
         self.device = torch.device(device)
-        self.nets = [
-            LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models
-        ]
+        self.nets = [LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models]
         first = models[0]
         self.path = path
         self.frame_shape: tuple[int, int, int] = first.frame_shape  # type: ignore[assignment]
@@ -312,14 +310,13 @@ class RewardPredictor:
 
     def _check(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> None:
         if tuple(frames.shape[1:]) != self.frame_shape or len(frames.shape) != 4:
-            raise ValueError(f"frames must have shape (B, {', '.join(map(str, self.frame_shape))}), "
-                             f"got {tuple(frames.shape)}")  # fmt: skip
+            raise ValueError(
+                f"frames must have shape (B, {', '.join(map(str, self.frame_shape))}), got {tuple(frames.shape)}"
+            )
         if tuple(actions.shape) != (frames.shape[0],):
             raise ValueError(f"actions must have shape ({frames.shape[0]},), got {tuple(actions.shape)}")
 
-    def predict_members(
-        self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor
-    ) -> torch.Tensor:
+    def predict_members(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Every member's per-step rewards: (K, B) float32 tensor on the model's device."""
         self._check(frames, actions)
         f = torch.as_tensor(frames)
@@ -407,9 +404,7 @@ def load_reward_models(
             downscale = int(ck.get("downscale", 1))
             ck_actions = int(ck["n_actions"])
         except (KeyError, TypeError, ValueError):
-            raise UserError(
-                f"reward model {path} is incomplete (no frame shape / action count): retrain it"
-            ) from None
+            raise UserError(f"reward model {path} is incomplete (no frame shape / action count): retrain it") from None
         if not isinstance(states, list) or not states:
             raise UserError(f"reward model {path} holds no weights: retrain it")
     elif checkpoint_kind(ck) == "bare reward":
@@ -417,9 +412,7 @@ def load_reward_models(
         frame_shape, downscale = FULL_FRAME, 1
         ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME)))
         if ck_actions < 1:
-            raise UserError(
-                f"reward model {path} is a bare state dict that does not fit a full-resolution frame"
-            )
+            raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
     else:
@@ -431,9 +424,7 @@ def load_reward_models(
             f"use a reward model trained on this game's DB"
         )
     if n_actions is not None and ck_actions != n_actions:
-        raise UserError(
-            f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model"
-        )
+        raise UserError(f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model")
     models = []
     for sd in states:
         m = RewardModel(ck_actions, frame_shape, downscale)

@@ -116,9 +116,7 @@ def game_actions(env_id: str) -> tuple[int, tuple[str, ...]]:
     return _ACTIONS_CACHE[env_id]
 
 
-def load_preferences(
-    dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print
-) -> PreferenceData:
+def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
     """Read the usable labels of every DB and their segments (kept compressed).
 
     ``env``: the game of segments that do not name one (legacy DBs from the book); default
@@ -186,8 +184,10 @@ def load_preferences(
                         if frame_shape is None:
                             frame_shape = meta["frame_shape"]
                         elif meta["frame_shape"] != frame_shape:
-                            raise UserError(f"segment {names[-1]} has frames {meta['frame_shape']}, others "
-                                            f"{frame_shape}: train on DBs with one frame size")  # fmt: skip
+                            raise UserError(
+                                f"segment {names[-1]} has frames {meta['frame_shape']}, others "
+                                f"{frame_shape}: train on DBs with one frame size"
+                            )
                         max_action = max(max_action, meta["max_action"])
                 ids.append(index[key])
             if isinstance(ids[0], str) or isinstance(ids[1], str):
@@ -223,8 +223,10 @@ def load_preferences(
         raise UserError(f"no usable labels in {where}: of {total['labels']}, {' and '.join(why)}")
     mu_arr = np.asarray(mu, dtype=np.float32)
     if (mu_arr == 0.5).all():
-        raise UserError(f"all {n} usable labels in {where} are ties (\"equally good\"): nothing to learn an order "
-                        f"from; label pairs where one segment is better")  # fmt: skip
+        raise UserError(
+            f'all {n} usable labels in {where} are ties ("equally good"): nothing to learn an order '
+            f"from; label pairs where one segment is better"
+        )
     if n < 2:
         raise UserError(f"only 1 usable label in {where}: at least 2 are needed (one to train, one to test)")
 
@@ -237,17 +239,12 @@ def load_preferences(
     else:
         env_id = env or DEFAULT_ENV
         game = rom_name(env_id)
-        log(
-            f"segments name no game (legacy DB): assuming {env_id}"
-            + ("" if env else " (pass --env to change)")
-        )
+        log(f"segments name no game (legacy DB): assuming {env_id}" + ("" if env else " (pass --env to change)"))
     if meanings is None:
         _, meanings = game_actions(env_id)
     n_actions = len(meanings)
     if max_action >= n_actions:
-        raise UserError(
-            f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?"
-        )
+        raise UserError(f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?")
     if legacy_segments:
         log(f"{legacy_segments} legacy segments without true rewards: oracle metrics are n/a for them")
     assert frame_shape is not None
@@ -351,6 +348,22 @@ class EpochMetrics:
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.__dict__.items()}
 
+    @classmethod
+    def of(cls, epoch: int, train_loss: float, ev: dict[str, float], seconds: float, n_seen: int) -> EpochMetrics:
+        """An epoch's figures from its training loss and ``evaluate``'s test metrics."""
+        return cls(
+            epoch=epoch,
+            train_loss=train_loss,
+            test_loss=ev["loss"],
+            test_accuracy=ev["accuracy"],
+            oracle_agreement=ev["oracle_agreement"],
+            oracle_pairs=int(ev["oracle_pairs"]),
+            return_corr=ev["return_corr"],
+            disagreement=ev["disagreement"],
+            train_seconds=seconds,
+            s_per_pair=seconds / max(n_seen, 1),
+        )
+
 
 @dataclass
 class TrainResult:
@@ -427,9 +440,7 @@ def _pair_returns(
     if augment > 0:
         frames = random_shift(frames, augment, rng if rng is not None else np.random.default_rng())
     r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
-    returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(
-        0, torch.from_numpy(owner).to(device), r
-    )
+    returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(0, torch.from_numpy(owner).to(device), r)
     inv_t = torch.from_numpy(inv).to(device)
     return returns[inv_t[: len(pairs)]], returns[inv_t[len(pairs) :]]
 
@@ -463,9 +474,7 @@ def predict_segment_returns(
             a = torch.from_numpy(actions).to(device)
             o = torch.from_numpy(owner).to(device)
             per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
-            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(
-                1, o, per_step
-            )
+            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(1, o, per_step)
             out[:, g] = rets.double().cpu().numpy()
             m = per_step.mean(0).double()
             s1 += float(m.sum())
@@ -483,6 +492,19 @@ def _lean(models: Sequence[RewardModel], device: torch.device) -> list[LeanRewar
     return nets
 
 
+def oracle_agreement(pred1: np.ndarray, pred2: np.ndarray, true1: np.ndarray, true2: np.ndarray) -> tuple[float, int]:
+    """(share, count) of the pairs whose true returns are known and differ that the predicted
+    returns order the same way. A predicted tie counts as wrong: the model did not order the pair.
+    Pairs whose true returns are equal or unknown (NaN: legacy segments) are left out. NaN share
+    when no pair is left. The one rule for every agreement figure (trainer, bench/quality.py)."""
+    p1, p2, t1, t2 = (np.asarray(x, dtype=np.float64) for x in (pred1, pred2, true1, true2))
+    known = np.isfinite(t1) & np.isfinite(t2) & (t1 != t2)
+    n = int(known.sum())
+    if n == 0:
+        return math.nan, 0
+    return float(np.mean(np.sign(p1[known] - p2[known]) == np.sign(t1[known] - t2[known]))), n
+
+
 def evaluate(
     models: Sequence[RewardModel], data: PreferenceData, test: np.ndarray, device: torch.device, noise: float
 ) -> dict[str, float]:
@@ -494,12 +516,9 @@ def evaluate(
     r1 = torch.from_numpy(mean_ret[inv[: len(test)]]).float()
     r2 = torch.from_numpy(mean_ret[inv[len(test) :]]).float()
     _, m = preference_loss(r1, r2, torch.from_numpy(data.mu[test]), noise)
-    t1 = data.true_returns[data.first[test]]
-    t2 = data.true_returns[data.second[test]]
-    known = np.isfinite(t1) & np.isfinite(t2) & (t1 != t2)
-    n_or = int(known.sum())
-    pred_d = (r1 - r2).numpy()
-    agree = float(np.mean((pred_d[known] > 0) == (t1[known] > t2[known]))) if n_or else math.nan
+    agree, n_or = oracle_agreement(
+        r1.numpy(), r2.numpy(), data.true_returns[data.first[test]], data.true_returns[data.second[test]]
+    )
     t = data.true_returns[segs]
     ok = np.isfinite(t)
     corr = math.nan
@@ -558,6 +577,138 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _check_config(cfg: TrainConfig) -> None:
+    for name, v in (
+        ("--epochs", cfg.epochs),
+        ("--batch", cfg.batch),
+        ("--patience", cfg.patience),
+        ("--ensemble", cfg.ensemble),
+        ("--micro-frames", cfg.micro_frames),
+    ):
+        if v < 1:
+            raise UserError(f"{name} must be at least 1, got {v}")
+    if cfg.augment < 0:
+        raise UserError(f"--augment must be 0 or more pixels, got {cfg.augment}")
+    if cfg.lr <= 0:
+        raise UserError(f"--lr must be positive, got {cfg.lr}")
+
+
+def _output_paths(out_path: str | os.PathLike) -> tuple[Path, Path]:
+    """(the model's path, the side file for the best model so far). The model itself is replaced
+    only when training ends, so a crash or kill mid-run never costs the model that was there."""
+    out_path = Path(out_path)
+    if out_path.parent.exists() and not out_path.parent.is_dir():
+        raise UserError(f"output directory {out_path.parent} is a file: give a directory with -o")
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create output directory {out_path.parent}: {e.strerror or e}") from None
+    return out_path, out_path.with_name(out_path.stem + ".partial.pt")
+
+
+@dataclass
+class _Fit:
+    """What one training run works with: the models, their optimisers and training pairs (member k
+    of an ensemble trains on its own bootstrap sample), and the held-out test pairs."""
+
+    data: PreferenceData
+    cfg: TrainConfig
+    device: torch.device
+    models: list[RewardModel]
+    opts: list[torch.optim.Optimizer]
+    members: list[np.ndarray]
+    test: np.ndarray
+    noise: float
+    rng: np.random.Generator
+
+    @property
+    def n_train(self) -> int:
+        return len(self.members[0])
+
+
+def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
+    from lib.model import resolve_device
+
+    device = resolve_device(cfg.device)
+    _check_config(cfg)
+    keep_freed_memory()
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng)
+    if (data.mu[train] == 0.5).all():
+        raise UserError(
+            f"all {len(train)} training labels are ties: nothing to learn an order from; "
+            f"label more pairs where one segment is better"
+        )
+    models = [
+        RewardModel(data.n_actions, data.frame_shape, cfg.downscale).to(device, memory_format=torch.channels_last)
+        for _ in range(cfg.ensemble)
+    ]
+    for m in models:
+        m.train()
+    members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
+    return _Fit(
+        data,
+        cfg,
+        device,
+        models,
+        [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models],
+        members,
+        test,
+        NOISE_EPS if cfg.noise else 0.0,
+        rng,
+    )
+
+
+def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, float]:
+    """One pass over the training pairs in batches of ``cfg.batch``, each processed in micro-batches
+    of at most ``cfg.micro_frames`` steps whose gradients accumulate to the batch-mean loss.
+    Returns (mean train loss, pairs seen, seconds)."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    cfg, data = fit.cfg, fit.data
+    batches = []
+    for k, idx in enumerate(fit.members):
+        perm = fit.rng.permutation(idx)
+        batches += [(k, perm[s : s + cfg.batch]) for s in range(0, len(perm), cfg.batch)]
+    loss_sum, n_seen = 0.0, 0
+    # disable=None: tqdm draws only on a terminal, so logs and pipes stay free of \r lines
+    bar = tqdm(
+        total=sum(len(b) for _, b in batches),
+        desc=f"epoch {epoch}",
+        unit="pair",
+        disable=None if progress else True,
+        leave=False,
+        dynamic_ncols=True,
+    )
+    for k, batch in batches:
+        model, opt = fit.models[k], fit.opts[k]
+        opt.zero_grad(set_to_none=True)
+        for mb in micro_batches(data, batch, cfg.micro_frames):
+            r1, r2 = _pair_returns(model, data, mb, fit.device, cfg.augment, fit.rng)
+            loss, _ = preference_loss(r1, r2, torch.from_numpy(data.mu[mb]).to(fit.device), fit.noise)
+            (loss * (len(mb) / len(batch))).backward()
+            loss_sum += float(loss.detach()) * len(mb)
+            n_seen += len(mb)
+            bar.update(len(mb))
+        opt.step()
+        bar.set_postfix(loss=f"{loss_sum / max(n_seen, 1):.4f}")
+    bar.close()
+    return loss_sum / max(n_seen, 1), n_seen, time.perf_counter() - t0
+
+
+def _epoch_line(em: EpochMetrics, ensemble: bool, improved: bool) -> str:
+    return (
+        f"epoch {em.epoch}: train loss {em.train_loss:.4f}, test loss {em.test_loss:.4f}, "
+        f"test acc {_fmt(em.test_accuracy, True)}, oracle agreement {_fmt(em.oracle_agreement, True)} "
+        f"({em.oracle_pairs} pairs), return corr {_fmt(em.return_corr)}"
+        + (f", disagreement {em.disagreement:.3f}" if ensemble else "")
+        + f", {em.s_per_pair * 1000:.0f} ms/pair"
+        + (" *" if improved else "")
+    )
+
+
 def train_reward_model(
     data: PreferenceData,
     cfg: TrainConfig,
@@ -568,160 +719,108 @@ def train_reward_model(
 ) -> TrainResult:
     """Fit the reward model to ``data`` and write the best checkpoint (lowest test loss) to ``out_path``.
 
-    Each optimiser step sees ``cfg.batch`` pairs, processed in micro-batches of at most
-    ``cfg.micro_frames`` steps whose gradients are accumulated (scaled so the step equals the
-    batch-mean loss). With ``cfg.ensemble`` K > 1, member k trains on its own bootstrap sample
-    of the training pairs; the ensemble predicts the members' mean.
+    Each optimiser step sees ``cfg.batch`` pairs. With ``cfg.ensemble`` K > 1, member k trains on
+    its own bootstrap sample of the training pairs; the ensemble predicts the members' mean.
+    Training stops after ``cfg.patience`` epochs without a better test loss, at ``cfg.epochs``, or
+    at Ctrl-C (keeping the best model so far).
     """
-    from tqdm import tqdm
-
-    from lib.model import resolve_device
-
-    device = resolve_device(cfg.device)
-    for name, v, lo in (("--epochs", cfg.epochs, 1), ("--batch", cfg.batch, 1), ("--patience", cfg.patience, 1),
-                        ("--ensemble", cfg.ensemble, 1), ("--micro-frames", cfg.micro_frames, 1)):  # fmt: skip
-        if v < lo:
-            raise UserError(f"{name} must be at least {lo}, got {v}")
-    if cfg.augment < 0:
-        raise UserError(f"--augment must be 0 or more pixels, got {cfg.augment}")
-    if cfg.lr <= 0:
-        raise UserError(f"--lr must be positive, got {cfg.lr}")
-    keep_freed_memory()
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng)
-    if (data.mu[train] == 0.5).all():
-        raise UserError(f"all {len(train)} training labels are ties: nothing to learn an order from; "
-                        f"label more pairs where one segment is better")  # fmt: skip
-    noise = NOISE_EPS if cfg.noise else 0.0
-    models = [RewardModel(data.n_actions, data.frame_shape, cfg.downscale).to(device, memory_format=torch.channels_last)
-              for _ in range(cfg.ensemble)]  # fmt: skip
-    for m in models:
-        m.train()
-    opts = [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models]
-    members = (
-        [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
+    fit = _build_fit(data, cfg)
+    out_path, partial_path = _output_paths(out_path)
+    log(
+        f"training on {fit.n_train} pairs, testing on {len(fit.test)} ({data.n_segments} segments, "
+        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(fit.models[0].input_shape)}, "
+        f"device {fit.device}" + (f", ensemble of {cfg.ensemble}" if cfg.ensemble > 1 else "")
     )
-    out_path = Path(out_path)
-    if out_path.parent.exists() and not out_path.parent.is_dir():
-        raise UserError(f"output directory {out_path.parent} is a file: give a directory with -o")
-    try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create output directory {out_path.parent}: {e.strerror or e}") from None
-    # The best model so far goes to a side file; reward-NAME.pt is replaced only when training
-    # ends, so a crash or kill mid-run never costs the model that was there before.
-    partial_path = out_path.with_name(out_path.stem + ".partial.pt")
-    has_oracle = data.has_true_returns
-    log(f"training on {len(train)} pairs, testing on {len(test)} ({data.n_segments} segments, "
-        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(models[0].input_shape)}, "
-        f"device {device}" + (f", ensemble of {cfg.ensemble}" if cfg.ensemble > 1 else ""))  # fmt: skip
-    if not has_oracle:
+    if not data.has_true_returns:
         log("oracle agreement and return correlation: n/a (segments carry no true rewards)")
-    meta = {"env_id": data.env_id, "game": data.game, "action_meanings": data.action_meanings}
-    extra = {"dbs": data.dbs, "n_train": int(len(train)), "n_test": int(len(test)),
-             "config": {k: v for k, v in cfg.__dict__.items()}}  # fmt: skip
-
+    meta = {
+        "env_id": data.env_id,
+        "game": data.game,
+        "action_meanings": data.action_meanings,
+        "dbs": data.dbs,
+        "n_train": fit.n_train,
+        "n_test": int(len(fit.test)),
+        "config": dict(cfg.__dict__),
+    }
     history: list[EpochMetrics] = []
     best: EpochMetrics | None = None
-    best_states: list[dict[str, torch.Tensor]] | None = None
-    since_best = 0
+    best_states: list[dict[str, torch.Tensor]] = []
     stopped = "max epochs"
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    if fit.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(fit.device)
     try:
         for epoch in range(cfg.epochs):
-            t0 = time.perf_counter()
-            batches = []
-            for k, idx in enumerate(members):
-                perm = rng.permutation(idx)
-                batches += [(k, perm[s : s + cfg.batch]) for s in range(0, len(perm), cfg.batch)]
-            loss_sum, n_seen = 0.0, 0
-            # disable=None: tqdm draws only on a terminal, so logs and pipes stay free of \r lines
-            bar = tqdm(total=sum(len(b) for _, b in batches), desc=f"epoch {epoch}", unit="pair",
-                       disable=None if progress else True, leave=False, dynamic_ncols=True)  # fmt: skip
-            for k, batch in batches:
-                model, opt = models[k], opts[k]
-                opt.zero_grad(set_to_none=True)
-                for mb in micro_batches(data, batch, cfg.micro_frames):
-                    r1, r2 = _pair_returns(model, data, mb, device, cfg.augment, rng)
-                    mu = torch.from_numpy(data.mu[mb]).to(device)
-                    loss, _ = preference_loss(r1, r2, mu, noise)
-                    (loss * (len(mb) / len(batch))).backward()
-                    loss_sum += float(loss.detach()) * len(mb)
-                    n_seen += len(mb)
-                    bar.update(len(mb))
-                opt.step()
-                bar.set_postfix(loss=f"{loss_sum / max(n_seen, 1):.4f}")
-            bar.close()
-            train_s = time.perf_counter() - t0
-            ev = evaluate(models, data, test, device, noise)
-            em = EpochMetrics(
-                epoch=epoch,
-                train_loss=loss_sum / max(n_seen, 1),
-                test_loss=ev["loss"],
-                test_accuracy=ev["accuracy"],
-                oracle_agreement=ev["oracle_agreement"],
-                oracle_pairs=int(ev["oracle_pairs"]),
-                return_corr=ev["return_corr"],
-                disagreement=ev["disagreement"],
-                train_seconds=train_s,
-                s_per_pair=train_s / max(n_seen, 1),
-            )
+            train_loss, n_seen, seconds = train_epoch(fit, epoch, progress)
+            ev = evaluate(fit.models, data, fit.test, fit.device, fit.noise)
+            em = EpochMetrics.of(epoch, train_loss, ev, seconds, n_seen)
             history.append(em)
             improved = best is None or em.test_loss < best.test_loss
-            log(f"epoch {epoch}: train loss {em.train_loss:.4f}, test loss {em.test_loss:.4f}, "
-                f"test acc {_fmt(em.test_accuracy, True)}, oracle agreement {_fmt(em.oracle_agreement, True)} "
-                f"({em.oracle_pairs} pairs), return corr {_fmt(em.return_corr)}"
-                + (f", disagreement {em.disagreement:.3f}" if cfg.ensemble > 1 else "")
-                + f", {em.s_per_pair * 1000:.0f} ms/pair" + (" *" if improved else ""))  # fmt: skip
+            log(_epoch_line(em, cfg.ensemble > 1, improved))
             if writer is not None:
-                _log_epoch(writer, em, cfg.ensemble > 1, has_oracle, epoch)
+                _log_epoch(writer, em, cfg.ensemble > 1, data.has_true_returns, epoch)
             if improved:
-                best, since_best = em, 0
-                best_states = [
-                    {k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models
-                ]
-                ck = reward_checkpoint(models, norm_mean=ev["step_mean"], norm_std=ev["step_std"],
-                                       metrics=em.as_dict(), epoch=epoch, **meta, **extra)  # fmt: skip
-                save_reward_checkpoint(ck, partial_path)
-            else:
-                since_best += 1
-                if since_best >= cfg.patience:
-                    stopped = f"early stop: test loss not better for {cfg.patience} epochs"
-                    break
+                best, best_states = (
+                    em,
+                    [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in fit.models],
+                )
+                save_reward_checkpoint(
+                    reward_checkpoint(
+                        fit.models,
+                        norm_mean=ev["step_mean"],
+                        norm_std=ev["step_std"],
+                        metrics=em.as_dict(),
+                        epoch=epoch,
+                        **meta,
+                    ),
+                    partial_path,
+                )
+            elif epoch - best.epoch >= cfg.patience:
+                stopped = f"early stop: test loss not better for {cfg.patience} epochs"
+                break
     except KeyboardInterrupt:
         stopped = "interrupted"
         log("interrupted: keeping the best model so far")
-    if best is None or best_states is None:
+    if best is None:
         raise UserError("interrupted before the first epoch finished: no model saved")
-    # Final normalisation stats with the best weights, over a sample of up to 256 labeled
-    # segments: what the wrapper and 04_play.py normalise with before their own
-    # running window fills.
-    for m, sd in zip(models, best_states, strict=True):
-        m.load_state_dict(sd)
-    all_segs = np.unique(np.concatenate([data.first, data.second]))
-    sample = np.sort(rng.choice(all_segs, size=min(len(all_segs), 256), replace=False))
-    mean, std = norm_stats(models, data, sample, device)
-    ck = reward_checkpoint(models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch,
-                           **meta, **extra)  # fmt: skip
-    prev = install_checkpoint(ck, out_path)
+    mean, std = _install_best(fit, best, best_states, meta, out_path, log)
     partial_path.unlink(missing_ok=True)
-    if prev is not None:
-        log(f"the previous {out_path.name} is kept as {prev}")
-    peak_cuda = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    peak_cuda = torch.cuda.max_memory_allocated(fit.device) / 2**20 if fit.device.type == "cuda" else None
     return TrainResult(
         path=out_path,
         best=best,
         history=history,
-        n_train=len(train),
-        n_test=len(test),
+        n_train=fit.n_train,
+        n_test=len(fit.test),
         norm_mean=mean,
         norm_std=std,
         peak_rss_mb=_peak_rss_mb(),
         peak_cuda_mb=peak_cuda,
         stopped=stopped,
     )
+
+
+def _install_best(
+    fit: _Fit,
+    best: EpochMetrics,
+    states: list[dict[str, torch.Tensor]],
+    meta: dict[str, Any],
+    out_path: Path,
+    log: Log,
+) -> tuple[float, float]:
+    """Put the best weights back, measure their per-step prediction stats over a sample of up to
+    256 labeled segments (what the wrapper and 04_play.py normalise with until their own running
+    window fills), and install the checkpoint. Returns (mean, std)."""
+    for m, sd in zip(fit.models, states, strict=True):
+        m.load_state_dict(sd)
+    data = fit.data
+    all_segs = np.unique(np.concatenate([data.first, data.second]))
+    sample = np.sort(fit.rng.choice(all_segs, size=min(len(all_segs), 256), replace=False))
+    mean, std = norm_stats(fit.models, data, sample, fit.device)
+    ck = reward_checkpoint(fit.models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch, **meta)
+    prev = install_checkpoint(ck, out_path)
+    if prev is not None:
+        log(f"the previous {out_path.name} is kept as {prev}")
+    return mean, std
 
 
 def install_checkpoint(ck: dict[str, Any], out_path: Path) -> Path | None:
@@ -742,17 +841,18 @@ def install_checkpoint(ck: dict[str, Any], out_path: Path) -> Path | None:
 
 
 def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, step: int) -> None:
-    writer.add_scalar("loss/train", em.train_loss, step)
-    writer.add_scalar("loss/test", em.test_loss, step)
+    """An epoch's scalars, in the tag scheme of every stage (``lib/tb.py``)."""
+    writer.add_scalar("losses/train", em.train_loss, step)
+    writer.add_scalar("losses/test", em.test_loss, step)
     if not math.isnan(em.test_accuracy):
-        writer.add_scalar("metrics/test_accuracy", em.test_accuracy, step)
+        writer.add_scalar("eval/test_accuracy", em.test_accuracy, step)
     if has_oracle and not math.isnan(em.oracle_agreement):
-        writer.add_scalar("metrics/oracle_agreement", em.oracle_agreement, step)
+        writer.add_scalar("eval/oracle_agreement", em.oracle_agreement, step)
     if has_oracle and not math.isnan(em.return_corr):
-        writer.add_scalar("metrics/return_corr", em.return_corr, step)
+        writer.add_scalar("eval/return_corr", em.return_corr, step)
     if ensemble:
-        writer.add_scalar("metrics/ensemble_disagreement", em.disagreement, step)
-    writer.add_scalar("perf/s_per_pair", em.s_per_pair, step)
+        writer.add_scalar("eval/ensemble_disagreement", em.disagreement, step)
+    writer.add_scalar("charts/s_per_pair", em.s_per_pair, step)
 
 
 def summary_lines(res: TrainResult) -> list[str]:

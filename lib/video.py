@@ -151,9 +151,7 @@ class Mp4Writer:
     width must be even (yuv420p); ``compose`` gives 420x320 or 512x320.
     """
 
-    def __init__(
-        self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = CRF
-    ):
+    def __init__(self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = CRF):
         if width % 2 or height % 2:
             raise ValueError(f"yuv420p needs even frame sizes, got {width}x{height}")
         self.path = Path(path)
@@ -175,9 +173,7 @@ class Mp4Writer:
     def add(self, frame: np.ndarray) -> None:
         """Append one frame (height, width, 3) uint8 RGB."""
         if frame.shape != (self.size[1], self.size[0], 3) or frame.dtype != np.uint8:
-            raise ValueError(
-                f"frame must be {(self.size[1], self.size[0], 3)} uint8, got {frame.shape} {frame.dtype}"
-            )
+            raise ValueError(f"frame must be {(self.size[1], self.size[0], 3)} uint8, got {frame.shape} {frame.dtype}")
         try:
             self._gen.send(np.ascontiguousarray(frame))
         except OSError as e:

@@ -45,14 +45,10 @@ def free_port() -> int:
 class LabelServer:
     """``02_label_ui.py`` in a subprocess: ``url``, ``startup_s`` (launch to first page), ``rss_mb()``."""
 
-    def __init__(
-        self, *args: str, port: int | None = None, cwd: Path | None = None, timeout: float = 60.0
-    ) -> None:
+    def __init__(self, *args: str, port: int | None = None, cwd: Path | None = None, timeout: float = 60.0) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "NICEGUI_USER_SIMULATION")
-        }
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "NICEGUI_USER_SIMULATION")}
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, str(REPO_ROOT / "02_label_ui.py"), "--port", str(self.port), *args]
         t0 = time.perf_counter()
@@ -126,9 +122,7 @@ def shown_count(page: Any) -> int:
 
 def wait_shown(page: Any, count: int, timeout_ms: float = 20_000) -> dict[str, Any]:
     """Wait until the player has put at least ``count`` pairs on screen; returns the last record."""
-    page.wait_for_function(
-        f"window.rlhfTiming && window.rlhfTiming.shown.length >= {count}", timeout=timeout_ms
-    )
+    page.wait_for_function(f"window.rlhfTiming && window.rlhfTiming.shown.length >= {count}", timeout=timeout_ms)
     return page.evaluate("window.rlhfTiming.shown[window.rlhfTiming.shown.length - 1]")
 
 

@@ -17,9 +17,16 @@ def run(rewards, terminated, truncated, n, n_envs=1):
         nxt = np.full((n_envs, 1), t + 1, dtype=np.uint8)
         final = np.full((n_envs, 1), 200 + t, dtype=np.uint8)  # distinct "last obs" marker
         out.append(
-            col.add(obs, np.zeros(n_envs, np.int64), np.full(n_envs, rewards[t], np.float32),
-                    np.full(n_envs, terminated[t]), np.full(n_envs, truncated[t]), nxt, final)
-        )  # fmt: skip
+            col.add(
+                obs,
+                np.zeros(n_envs, np.int64),
+                np.full(n_envs, rewards[t], np.float32),
+                np.full(n_envs, terminated[t]),
+                np.full(n_envs, truncated[t]),
+                nxt,
+                final,
+            )
+        )
     return Transitions.concat(out)
 
 
@@ -28,9 +35,7 @@ def test_full_window_sums_n_rewards_and_bootstraps_with_gamma_power_n():
     # Transitions start at 0..3 (t=4,5 are still pending): 4 emitted.
     assert list(tr.obs[:, 0]) == [0, 1, 2, 3]
     assert list(tr.steps) == [3, 3, 3, 3]
-    np.testing.assert_allclose(
-        tr.returns, [1 + 0.5 * 2 + 0.25 * 3, 2 + 1.5 + 1.0, 3 + 2 + 1.25, 4 + 2.5 + 1.5]
-    )
+    np.testing.assert_allclose(tr.returns, [1 + 0.5 * 2 + 0.25 * 3, 2 + 1.5 + 1.0, 3 + 2 + 1.25, 4 + 2.5 + 1.5])
     np.testing.assert_allclose(tr.discount, [GAMMA**3] * 4)
     assert list(tr.boot_mode) == [BOOT_NEXT] * 4
     # Bootstrap state is the one after the last summed reward: start + 3.
@@ -92,10 +97,12 @@ def test_every_transition_discount_matches_rewards_summed(n):
 def test_envs_are_independent():
     col = NStepCollector(2, (1,), 2, GAMMA)
     obs = np.array([[0], [100]], np.uint8)
-    out = col.add(obs, np.array([0, 1]), np.array([1.0, 5.0]), np.array([True, False]), np.array([False, False]),
-                  obs + 1)  # fmt: skip
+    out = col.add(
+        obs, np.array([0, 1]), np.array([1.0, 5.0]), np.array([True, False]), np.array([False, False]), obs + 1
+    )
     assert list(out.env) == [0] and out.returns[0] == 1.0 and out.boot_mode[0] == BOOT_NONE
-    out = col.add(obs + 1, np.array([0, 1]), np.array([2.0, 7.0]), np.array([False, False]), np.array([False, False]),
-                  obs + 2)  # fmt: skip
+    out = col.add(
+        obs + 1, np.array([0, 1]), np.array([2.0, 7.0]), np.array([False, False]), np.array([False, False]), obs + 2
+    )
     assert list(out.env) == [1] and out.returns[0] == pytest.approx(5 + 0.5 * 7) and out.obs[0, 0] == 100
     assert out.boot_obs[0, 0] == 102

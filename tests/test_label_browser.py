@@ -42,9 +42,7 @@ def test_clips_play_in_step_and_keys_answer(atari_db: Path, tmp_path: Path) -> N
         page.goto(f"{server.url}/label")
         wait_shown(page, 1)
         # Both clips are loaded, playing, full size (2x the Atari screen), and in step.
-        page.wait_for_function(
-            "[...document.querySelectorAll('video[data-clip]')].every(v => v.currentTime > 0.2)"
-        )
+        page.wait_for_function("[...document.querySelectorAll('video[data-clip]')].every(v => v.currentTime > 0.2)")
         vs = videos(page)
         assert len(vs) == 2 and all(v["ready"] >= 2 and not v["paused"] and v["w"] == 320 for v in vs), vs
         assert abs(vs[0]["t"] - vs[1]["t"]) < 0.15, vs

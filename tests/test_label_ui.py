@@ -74,9 +74,18 @@ async def press(user: User, key: str) -> None:
     """A key press as ui.keyboard reports it from the browser."""
     user.find(ui.keyboard).trigger(
         "key",
-        {"action": "keydown", "key": key, "code": "", "repeat": False, "location": 0,
-         "altKey": False, "ctrlKey": False, "metaKey": False, "shiftKey": False},
-    )  # fmt: skip
+        {
+            "action": "keydown",
+            "key": key,
+            "code": "",
+            "repeat": False,
+            "location": 0,
+            "altKey": False,
+            "ctrlKey": False,
+            "metaKey": False,
+            "shiftKey": False,
+        },
+    )
 
 
 async def until(cond: Callable[[], object], timeout: float = 15.0) -> None:
@@ -212,9 +221,7 @@ async def test_tabs_have_their_own_lists_and_skip_pairs_labeled_elsewhere(label_
         with user:
             current = shown_pair(user)
             texts = list_texts(user, 6)
-        nxt = next(
-            tuple(t.split()[1:4:2]) for t in texts if pair_key(*t.split()[1:4:2]) != pair_key(*current)
-        )
+        nxt = next(tuple(t.split()[1:4:2]) for t in texts if pair_key(*t.split()[1:4:2]) != pair_key(*current))
         append_labels(db, [Label(nxt[0], nxt[1], 1, source="oracle")])
         await press(user, "0")
         await until(lambda: len(label_lines(db)) == 3)
@@ -276,20 +283,23 @@ async def test_hostile_db_is_served_without_a_crash(label_app, tmp_path: Path) -
 
     db = tmp_path / "db"
     rels = make_synthetic_db(db, 4)
-    crafted = {
-        k: v for k, v in crafted_files().items() if "object dtype" in k or "offset" in k or "bomb" in k
-    }
+    crafted = {k: v for k, v in crafted_files().items() if "object dtype" in k or "offset" in k or "bomb" in k}
     (db / "05").mkdir()
     for k, data in enumerate(crafted.values()):
         (db / "05" / f"{k + 1:08d}.dat").write_bytes(data)
     os.mkfifo(db / "00" / "00000777.dat")
     os.symlink("/dev/zero", db / "00" / "00000778.dat")
     good = {"sample1": rels[0], "sample2": rels[1], "label": 1, "source": "human"}
-    (db / "labels.jsonl").write_text("\n".join([
-        json.dumps(dict(good, time=1e20)),  # finite, but past the calendar: shown as "?"
-        json.dumps(dict(good, sample2=rels[2], time="yesterday")),
-        json.dumps(good).replace('"label": 1', '"label": 1e999'),
-    ]) + "\n")  # fmt: skip
+    (db / "labels.jsonl").write_text(
+        "\n".join(
+            [
+                json.dumps(dict(good, time=1e20)),  # finite, but past the calendar: shown as "?"
+                json.dumps(dict(good, sample2=rels[2], time="yesterday")),
+                json.dumps(good).replace('"label": 1', '"label": 1e999'),
+            ]
+        )
+        + "\n"
+    )
     async with label_app("-d", str(db), "--pairs", "12") as user:
         await user.open("/")
         await see(user, "skipping a bad line")
@@ -340,11 +350,14 @@ async def test_torn_last_line_is_recovered_with_a_warning(label_app, db: Path) -
 
 async def test_overview_counts_by_answer_and_source(label_app, db: Path) -> None:
     segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
-    append_labels(db, [
-        Label(segs[0], segs[1], 1, source="human"),
-        Label(segs[0], segs[2], 2, source="oracle"),
-        Label(segs[1], segs[2], CANT_TELL, source="human"),
-    ])  # fmt: skip
+    append_labels(
+        db,
+        [
+            Label(segs[0], segs[1], 1, source="human"),
+            Label(segs[0], segs[2], 2, source="oracle"),
+            Label(segs[1], segs[2], CANT_TELL, source="human"),
+        ],
+    )
     async with label_app("-d", str(db)) as user:
         await user.open("/")
         await see(user, "8 segments")
@@ -356,11 +369,14 @@ async def test_overview_counts_by_answer_and_source(label_app, db: Path) -> None
 
 async def test_existing_labels_filter_and_change(label_app, db: Path) -> None:
     segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
-    append_labels(db, [
-        Label(segs[0], segs[1], 1, time=1.0, source="oracle"),
-        Label(segs[2], segs[3], 0, time=2.0, source="human"),
-        Label(segs[4], segs[5], 2, time=3.0, source="oracle"),
-    ])  # fmt: skip
+    append_labels(
+        db,
+        [
+            Label(segs[0], segs[1], 1, time=1.0, source="oracle"),
+            Label(segs[2], segs[3], 0, time=2.0, source="human"),
+            Label(segs[4], segs[5], 2, time=3.0, source="oracle"),
+        ],
+    )
     async with label_app("-d", str(db)) as user:
         await user.open("/labels")
         await see(user, "3 labels")
@@ -474,8 +490,11 @@ def test_port_in_use_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:
         port = s.getsockname()[1]
         p = subprocess.run(
             [sys.executable, str(MAIN), "-d", str(db), "--port", str(port), "--cache-dir", str(tmp_path / "c")],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
     assert p.returncode == 2
     assert p.stderr.startswith("error: cannot listen on") and p.stderr.count("\n") == 1, p.stderr
 
@@ -491,9 +510,7 @@ def test_token_from_a_file_and_a_warning_for_the_command_line(db: Path, tmp_path
     from lib.label_ui.config import parse_config
 
     (tmp_path / "token").write_text("from-a-file-123\nignored second line\n")
-    cfg = parse_config(
-        ["-d", str(db), "--host", "0.0.0.0", "--token-file", str(tmp_path / "token")], environ={}
-    )
+    cfg = parse_config(["-d", str(db), "--host", "0.0.0.0", "--token-file", str(tmp_path / "token")], environ={})
     assert cfg.token == "from-a-file-123" and capsys.readouterr().err == ""
     cfg = parse_config(["-d", str(db), "--token", "on-the-command-line"], environ={})
     assert cfg.token == "on-the-command-line"

@@ -83,9 +83,7 @@ def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_stays_whol
 
 
 def test_legacy_labels_json_is_read_first(tmp_path: Path) -> None:
-    (tmp_path / "labels.json").write_text(
-        json.dumps({"sample1": "00/a.dat", "sample2": "01/b.dat", "label": 1}) + "\n"
-    )
+    (tmp_path / "labels.json").write_text(json.dumps({"sample1": "00/a.dat", "sample2": "01/b.dat", "label": 1}) + "\n")
     append_label(tmp_path, Label("00/a.dat", "01/b.dat", 2))
     assert load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")].label == 2
 

@@ -30,9 +30,7 @@ MAIN = ROOT / "02_label_ui.py"
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(MAIN), *args], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
+    return subprocess.run([sys.executable, str(MAIN), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 @pytest.fixture

@@ -35,12 +35,8 @@ class FirstAction(ptan.agent.BaseAgent):
 
 
 def first_transitions(steps_count: int, trunc_at: int = 10_000, n: int = 3):
-    env = gym.vector.SyncVectorEnv(
-        [lambda: CountingEnv(trunc_at)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    src = ptan.experience.VectorExperienceSourceFirstLast(
-        env, FirstAction(), gamma=0.5, steps_count=steps_count
-    )
+    env = gym.vector.SyncVectorEnv([lambda: CountingEnv(trunc_at)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    src = ptan.experience.VectorExperienceSourceFirstLast(env, FirstAction(), gamma=0.5, steps_count=steps_count)
     out = []
     for exp in src:
         out.append(exp)

@@ -39,8 +39,9 @@ class CountingEnv:
 
 
 def test_toy_env_alignment(tmp_path):
-    env = EpisodeRecorderWrapper(CountingEnv(2), tmp_path, record_prob=1.0, segment_steps=5,
-                                 rng=np.random.default_rng(0))  # fmt: skip
+    env = EpisodeRecorderWrapper(
+        CountingEnv(2), tmp_path, record_prob=1.0, segment_steps=5, rng=np.random.default_rng(0)
+    )
     env.reset()
     for t in range(12):
         env.step(np.array([t % 3, (t + 1) % 3]))
@@ -68,9 +69,7 @@ def test_never_overwrites_an_existing_db(tmp_path):
 def test_real_ale_frames_actions_rewards(tmp_path):
     """On the real emulator: the recorded frame is the one the action was chosen on."""
     base = AtariVec("SeaquestNoFrameskip-v4", 2, seed=1)
-    env = EpisodeRecorderWrapper(
-        base, tmp_path, record_prob=1.0, segment_steps=30, rng=np.random.default_rng(0)
-    )
+    env = EpisodeRecorderWrapper(base, tmp_path, record_prob=1.0, segment_steps=30, rng=np.random.default_rng(0))
     env.reset()
     rng = np.random.default_rng(0)
     seen_frames, seen_actions, seen_rewards = [], [], []

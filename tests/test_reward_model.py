@@ -138,8 +138,16 @@ def test_too_small_frames_are_refused():
 
 
 def _save(tmp_path, models, name="r.pt", **kw):
-    ck = reward_checkpoint(models, "SeaquestNoFrameskip-v4", "seaquest", ["NOOP"] * models[0].n_actions,
-                           norm_mean=0.25, norm_std=2.0, metrics={"test_loss": 0.5, "x": float("nan")}, **kw)  # fmt: skip
+    ck = reward_checkpoint(
+        models,
+        "SeaquestNoFrameskip-v4",
+        "seaquest",
+        ["NOOP"] * models[0].n_actions,
+        norm_mean=0.25,
+        norm_std=2.0,
+        metrics={"test_loss": 0.5, "x": float("nan")},
+        **kw,
+    )
     path = tmp_path / name
     save_reward_checkpoint(ck, path)
     return path
@@ -154,11 +162,7 @@ def test_checkpoint_round_trip(tmp_path, k: int):
         m.eval()
     path = _save(tmp_path, models)
     ck = torch.load(path, weights_only=True)  # plain dict, safe to load
-    assert (
-        ck["env_id"] == "SeaquestNoFrameskip-v4"
-        and ck["n_actions"] == 18
-        and ck["input_shape"] == [3, 48, 48]
-    )
+    assert ck["env_id"] == "SeaquestNoFrameskip-v4" and ck["n_actions"] == 18 and ck["input_shape"] == [3, 48, 48]
     assert ck["metrics"]["x"] is None
     rm = load_reward_model(path, game="seaquest", n_actions=18)
     assert (rm.env_id, rm.game, rm.n_actions, rm.ensemble) == ("SeaquestNoFrameskip-v4", "seaquest", 18, k)
@@ -206,8 +210,9 @@ def test_load_errors_are_one_line(tmp_path):
         load_reward_model(bad)
     cases["corrupt"] = str(e.value)
     pol = tmp_path / "policy.pt"
-    atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest",
-                                        ("NOOP",) * 18), pol)  # fmt: skip
+    atomic_torch_save(
+        policy_checkpoint(AtariA2C((4, 84, 84), 18), "SeaquestNoFrameskip-v4", "seaquest", ("NOOP",) * 18), pol
+    )
     with pytest.raises(UserError) as e:
         load_reward_model(pol)
     cases["policy"] = str(e.value)

@@ -76,8 +76,16 @@ def test_known_rule_is_learned_in_seconds(square_db, tmp_path):
 
 def test_labels_are_read_with_skips_reported(square_db):
     db, rels = square_db
-    _label(db, [(rels[0], rels[1], FIRST_BETTER), (rels[2], rels[3], CANT_TELL), (rels[4], rels[5], EQUAL),
-                (rels[6], "07/00000001.dat", SECOND_BETTER), (rels[1], rels[0], SECOND_BETTER)])  # fmt: skip
+    _label(
+        db,
+        [
+            (rels[0], rels[1], FIRST_BETTER),
+            (rels[2], rels[3], CANT_TELL),
+            (rels[4], rels[5], EQUAL),
+            (rels[6], "07/00000001.dat", SECOND_BETTER),
+            (rels[1], rels[0], SECOND_BETTER),
+        ],
+    )
     (db / rels[7]).write_bytes(b"garbage")
     _label(db, [(rels[7], rels[8], FIRST_BETTER)])
     lines: list[str] = []
@@ -85,12 +93,14 @@ def test_labels_are_read_with_skips_reported(square_db):
     # (0,1) relabelled as (1,0) "second better" -> mu 0 for the pair (1, 0): the last answer wins
     assert data.n_pairs == 2 and sorted(data.mu.tolist()) == [0.0, 0.5]
     assert data.skipped == {"cant_tell": 1, "missing": 1, "unreadable": 1}
-    assert any("1 can't tell left out" in s and "1 left out: segment file missing" in s
-               and "1 left out: segment file unreadable" in s for s in lines)  # fmt: skip
-    frames, actions, owner = decode_segments(data, [0, 1])
-    assert (
-        frames.shape == (20, 48, 48, 3) and actions.shape == (20,) and owner.tolist() == [0] * 10 + [1] * 10
+    assert any(
+        "1 can't tell left out" in s
+        and "1 left out: segment file missing" in s
+        and "1 left out: segment file unreadable" in s
+        for s in lines
     )
+    frames, actions, owner = decode_segments(data, [0, 1])
+    assert frames.shape == (20, 48, 48, 3) and actions.shape == (20,) and owner.tolist() == [0] * 10 + [1] * 10
 
 
 def test_no_labels(square_db):
@@ -157,8 +167,9 @@ def test_legacy_db_trains_with_oracle_metrics_na(tmp_path):
     assert not data.has_true_returns and data.env_id == "SeaquestNoFrameskip-v4" and data.n_actions == 18
     assert any("legacy" in s for s in log)
     assert all(b[:4] == b"\x28\xb5\x2f\xfd" for b in data.blobs)  # kept compressed in memory
-    res = train_reward_model(data, TrainConfig(epochs=2, batch=8, patience=2), tmp_path / "r.pt",
-                             progress=False, log=log.append)  # fmt: skip
+    res = train_reward_model(
+        data, TrainConfig(epochs=2, batch=8, patience=2), tmp_path / "r.pt", progress=False, log=log.append
+    )
     assert np.isnan(res.best.oracle_agreement) and np.isnan(res.best.return_corr)
     assert any("n/a (segments carry no true rewards)" in s for s in log)
     assert load_reward_model(res.path).env_id == "SeaquestNoFrameskip-v4"
@@ -226,8 +237,13 @@ def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
     data = load_preferences([db], log=_quiet)
-    res = train_reward_model(data, TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, augment=2),
-                             tmp_path / "r.pt", progress=False, log=_quiet)  # fmt: skip
+    res = train_reward_model(
+        data,
+        TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, augment=2),
+        tmp_path / "r.pt",
+        progress=False,
+        log=_quiet,
+    )
     assert res.best.disagreement > 0
     rm = load_reward_model(res.path)
     assert rm.ensemble == 2
@@ -239,16 +255,37 @@ def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "03_reward_train.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "03_reward_train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.mark.slow
 def test_cli_trains_and_writes_model_and_tensorboard(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 60, seed=3)
-    r = _cli("-n", "t", "-o", str(tmp_path / "saves"), str(db), "--epochs", "2", "--batch", "16", "--lr", "1e-3",
-             "--runs-dir", str(tmp_path / "runs"), "--no-progress", cwd=tmp_path)  # fmt: skip
+    r = _cli(
+        "-n",
+        "t",
+        "-o",
+        str(tmp_path / "saves"),
+        str(db),
+        "--epochs",
+        "2",
+        "--batch",
+        "16",
+        "--lr",
+        "1e-3",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "saves" / "reward-t.pt").is_file()
     assert "oracle agreement" in r.stdout and "best model:" in r.stdout
@@ -263,11 +300,7 @@ def test_cli_trains_and_writes_model_and_tensorboard(square_db, tmp_path):
 def test_cli_bad_inputs_exit_2_with_one_line(square_db, tmp_path):
     db, rels = square_db
     r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), cwd=tmp_path)
-    assert (
-        r.returncode == 2
-        and r.stderr.strip().startswith("error:")
-        and len(r.stderr.strip().splitlines()) == 1
-    )
+    assert r.returncode == 2 and r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
     assert "no labels" in r.stderr
     _label(db, [(rels[0], rels[1], EQUAL), (rels[2], rels[3], EQUAL)])
     r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), cwd=tmp_path)
@@ -307,3 +340,29 @@ def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
     with pytest.raises(UserError, match="output directory .*afile is a file: give a directory with -o"):
         train_reward_model(data, TrainConfig(epochs=1), tmp_path / "afile" / "reward-x.pt", log=_quiet)
     assert (tmp_path / "afile").read_text() == "not a directory"
+
+
+def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ties():
+    from lib.reward_train import oracle_agreement
+
+    pred1 = np.array([2.0, 1.0, 3.0, 5.0, 0.0, 1.0])
+    pred2 = np.array([1.0, 2.0, 3.0, 4.0, 9.0, 0.0])
+    true1 = np.array([10.0, 0.0, 20.0, 7.0, 3.0, np.nan])
+    true2 = np.array([0.0, 10.0, 0.0, 7.0, 1.0, 1.0])
+    # pair 0 right, 1 right, 2 a predicted tie (wrong), 3 a true tie (left out), 4 wrong,
+    # 5 unknown true return (left out)
+    assert oracle_agreement(pred1, pred2, true1, true2) == (pytest.approx(2 / 4), 4)
+    assert oracle_agreement(pred1[3:4], pred2[3:4], true1[3:4], true2[3:4])[1] == 0
+
+
+def test_bench_quality_uses_the_same_rule():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from quality import agreement
+
+    segs = ["00/00000001.dat", "00/00000002.dat", "00/00000003.dat"]
+    p, t = np.array([1.0, 1.0, 0.0]), np.array([5.0, 0.0, 0.0])
+    # (0,1) predicted tie: wrong; (0,2) right; (1,2) true tie: left out
+    assert agreement(segs, p, t) == (pytest.approx(0.5), 2)
+    assert agreement(segs, p, t, skip={("00/00000001.dat", "00/00000003.dat")}) == (0.0, 1)

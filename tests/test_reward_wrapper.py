@@ -19,9 +19,7 @@ SEAQUEST = "SeaquestNoFrameskip-v4"
 class FakeVec:
     """AtariVec-like env with small random frames; rewards count the steps."""
 
-    def __init__(
-        self, n_envs: int = 4, size: int = 48, game: str = "seaquest", n_actions: int = 18, seed: int = 0
-    ):
+    def __init__(self, n_envs: int = 4, size: int = 48, game: str = "seaquest", n_actions: int = 18, seed: int = 0):
         self.n_envs, self.game, self.env_id, self.n_actions = n_envs, game, SEAQUEST, n_actions
         self.action_meanings = tuple(f"A{i}" for i in range(n_actions))
         self.rng = np.random.default_rng(seed)
@@ -58,12 +56,25 @@ class FakeVec:
         self.closed = True
 
 
-def _model_file(tmp_path: Path, k: int = 1, size: int = 48, game: str = "seaquest", n_actions: int = 18,
-                stats: tuple[float, float] | None = (0.0, 1.0), name: str = "r.pt") -> Path:  # fmt: skip
+def _model_file(
+    tmp_path: Path,
+    k: int = 1,
+    size: int = 48,
+    game: str = "seaquest",
+    n_actions: int = 18,
+    stats: tuple[float, float] | None = (0.0, 1.0),
+    name: str = "r.pt",
+) -> Path:
     torch.manual_seed(0)
     models = [RewardModel(n_actions, (size, size, 3)).eval() for _ in range(k)]
-    ck = reward_checkpoint(models, SEAQUEST if game == "seaquest" else "BreakoutNoFrameskip-v4", game, None,
-                           norm_mean=stats[0] if stats else None, norm_std=stats[1] if stats else None)  # fmt: skip
+    ck = reward_checkpoint(
+        models,
+        SEAQUEST if game == "seaquest" else "BreakoutNoFrameskip-v4",
+        game,
+        None,
+        norm_mean=stats[0] if stats else None,
+        norm_std=stats[1] if stats else None,
+    )
     path = tmp_path / name
     save_reward_checkpoint(ck, path)
     return path
@@ -175,9 +186,7 @@ def test_real_atari_env(tmp_path):
 
     env = AtariVec(n_envs=3, seed=0)
     torch.manual_seed(0)
-    ck = reward_checkpoint(
-        [RewardModel(env.n_actions).eval()], env.env_id, env.game, env.action_meanings, 0.0, 1.0
-    )
+    ck = reward_checkpoint([RewardModel(env.n_actions).eval()], env.env_id, env.game, env.action_meanings, 0.0, 1.0)
     save_reward_checkpoint(ck, tmp_path / "r.pt")
     w = RewardModelWrapper(env, tmp_path / "r.pt")
     rm = load_reward_model(tmp_path / "r.pt")

@@ -18,9 +18,7 @@ def run_oracle(cfg: LabelConfig) -> None:
         counts = ", ".join(f"{LABEL_NAMES[v]} {s.counts.get(v, 0)}" for v in (1, 2, 0))
         short = f" (only {s.labeled} unlabeled pairs were left)" if s.labeled < s.requested else ""
         bad = f"; skipped {s.skipped_unreadable} unreadable segment(s)" if s.skipped_unreadable else ""
-        print(
-            f"{db}: {s.labeled} oracle labels in {s.seconds:.1f} s{short}: {counts}{bad} -> {db}/labels.jsonl"
-        )
+        print(f"{db}: {s.labeled} oracle labels in {s.seconds:.1f} s{short}: {counts}{bad} -> {db}/labels.jsonl")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,9 +63,7 @@ def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) ->
         os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
     _, stderr = proc.communicate(np.ascontiguousarray(frames).tobytes())
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"ffmpeg failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-300:]}"
-        )
+        raise RuntimeError(f"ffmpeg failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-300:]}")
 
 
 def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:

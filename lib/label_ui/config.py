@@ -66,11 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"ask every browser for this token once; visible to other users in ps, so prefer ${TOKEN_ENV} "
         "or --token-file",
     )
-    p.add_argument("--token-file", type=Path, default=None, metavar="FILE",
-                   help="read the token from the first line of FILE")  # fmt: skip
-    p.add_argument("--public-host", action="append", default=[], metavar="NAME",
-                   help="a host name browsers use to reach the server besides its address and localhost "
-                   "(e.g. the machine's DNS name with --host 0.0.0.0); others are refused (DNS rebinding)")  # fmt: skip
+    p.add_argument(
+        "--token-file", type=Path, default=None, metavar="FILE", help="read the token from the first line of FILE"
+    )
+    p.add_argument(
+        "--public-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name browsers use to reach the server besides its address and localhost "
+        "(e.g. the machine's DNS name with --host 0.0.0.0); others are refused (DNS rebinding)",
+    )
     p.add_argument(
         "--fps",
         type=float,
@@ -140,7 +146,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     if args.oracle is None and not is_loopback(args.host) and token is None:
         raise UserError(
             f"refusing to listen on {args.host} without a token: anyone who can reach it could read and change "
-            f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and reach it with ssh -L {args.port}:127.0.0.1:{args.port} <server>"
+            f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and reach it with "
+            f"ssh -L {args.port}:127.0.0.1:{args.port} <server>"
         )
     cache_dir = args.cache_dir.resolve()
     for db in dbs:

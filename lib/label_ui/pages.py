@@ -151,29 +151,21 @@ async def label_page(state: AppState, tab: TabSession) -> None:
                         vids[k] = (
                             ui.element("video")
                             .props(f'muted playsinline preload="auto" width={CLIP_W} height={CLIP_H}')
-                            .style(
-                                f"width:{CLIP_W}px;height:{CLIP_H}px;background:#000;image-rendering:pixelated"
-                            )
+                            .style(f"width:{CLIP_W}px;height:{CLIP_H}px;background:#000;image-rendering:pixelated")
                             .mark(f"clip-{k}")
                         )
                         names[k] = ui.label().classes("text-xs font-mono text-grey-7").mark(f"name-{k}")
             with ui.row().classes("gap-2"):
                 for value in ANSWERS:
-                    ui.button(BUTTON_TEXT[value], on_click=lambda v=value: answer(v)).props(
-                        "unelevated no-caps"
-                    ).mark(f"answer-{KEY_OF[value]}")
+                    ui.button(BUTTON_TEXT[value], on_click=lambda v=value: answer(v)).props("unelevated no-caps").mark(
+                        f"answer-{KEY_OF[value]}"
+                    )
             with ui.row().classes("gap-2 items-center"):
                 ui.button("undo (u)", on_click=lambda: undo()).props("outline no-caps").mark("undo")
-                ui.button("Resample list (r)", on_click=lambda: resample()).props("outline no-caps").mark(
-                    "resample"
-                )
-                pause_button = ui.button("pause (space)", on_click=lambda: toggle_pause()).props(
-                    "outline no-caps"
-                )
+                ui.button("Resample list (r)", on_click=lambda: resample()).props("outline no-caps").mark("resample")
+                pause_button = ui.button("pause (space)", on_click=lambda: toggle_pause()).props("outline no-caps")
                 pause_button.mark("pause")
-                speed = ui.toggle(
-                    {s: f"{s:g}x" for s in SPEEDS}, value=1.0, on_change=lambda e: set_speed(e.value)
-                )
+                speed = ui.toggle({s: f"{s:g}x" for s in SPEEDS}, value=1.0, on_change=lambda e: set_speed(e.value))
                 speed.props("dense no-caps").mark("speed")
             ui.label(
                 "Keys: 1 / 0 / 2 / x answer · u undo · r resample · space pause · + / − speed · ↑ ↓ pick in the list"
@@ -202,8 +194,11 @@ async def label_page(state: AppState, tab: TabSession) -> None:
     def row_text(i: int, item: PairItem) -> str:
         db = state.dbs[item.db]
         prefix = f"{db.name} " if len(state.dbs) > 1 else ""
-        mark = {"answered": f"✓ {LABEL_NAMES.get(item.answer or 0, '')}", "taken": "— labeled elsewhere",
-                "skipped": "⚠ unreadable"}.get(item.status, "")  # fmt: skip
+        mark = {
+            "answered": f"✓ {LABEL_NAMES.get(item.answer or 0, '')}",
+            "taken": "— labeled elsewhere",
+            "skipped": "⚠ unreadable",
+        }.get(item.status, "")
         return f"{i + 1:>3}. {prefix}{item.a} vs {item.b}  {mark}"
 
     def update_view() -> None:
@@ -216,18 +211,14 @@ async def label_page(state: AppState, tab: TabSession) -> None:
                 row.classes(remove="bg-blue-2 font-bold")
         item = tab.item
         open_left = sum(1 for it in tab.items if it.status == "open")
-        counter.set_text(
-            f"{tab.answered} answered in this tab · {open_left} open in this list of {len(tab.items)}"
-        )
+        counter.set_text(f"{tab.answered} answered in this tab · {open_left} open in this list of {len(tab.items)}")
         if item is None:
             status.set_text("No pair selected.")
             names[1].set_text("")
             names[2].set_text("")
         else:
             db = state.dbs[item.db]
-            status.set_text(
-                f"Pair {tab.current + 1} of {len(tab.items)} · {db.name} · which clip shows better play?"
-            )
+            status.set_text(f"Pair {tab.current + 1} of {len(tab.items)} · {db.name} · which clip shows better play?")
             names[1].set_text(item.a)
             names[2].set_text(item.b)
         notices.clear()
@@ -264,9 +255,7 @@ async def label_page(state: AppState, tab: TabSession) -> None:
             )
             if any(isinstance(r, asyncio.CancelledError) for r in results):
                 return  # the server is shutting down
-            failed = [
-                (rel, r) for rel, r in zip((item.a, item.b), results, strict=True) if isinstance(r, Exception)
-            ]
+            failed = [(rel, r) for rel, r in zip((item.a, item.b), results, strict=True) if isinstance(r, Exception)]
             if not failed:
                 break
             for rel, err in failed:
@@ -433,15 +422,15 @@ async def labels_page(state: AppState) -> None:
 
     ui.label("Existing labels").classes("text-h5")
     with ui.row().classes("items-center gap-4"):
-        ui.select(answer_options, value="all", label="answer", on_change=lambda e: set_filter("answer", e.value)) \
-            .classes("w-40").mark("filter-answer")  # fmt: skip
-        ui.select(sources(), value="all", label="source", on_change=lambda e: set_filter("source", e.value)) \
-            .classes("w-40").mark("filter-source")  # fmt: skip
+        ui.select(
+            answer_options, value="all", label="answer", on_change=lambda e: set_filter("answer", e.value)
+        ).classes("w-40").mark("filter-answer")
+        ui.select(sources(), value="all", label="source", on_change=lambda e: set_filter("source", e.value)).classes(
+            "w-40"
+        ).mark("filter-source")
         summary = ui.label().mark("labels-summary")
     table = ui.column().classes("w-full gap-0")
-    pager = ui.pagination(1, 1, direction_links=True, on_change=lambda e: set_page(e.value)).mark(
-        "labels-pager"
-    )
+    pager = ui.pagination(1, 1, direction_links=True, on_change=lambda e: set_page(e.value)).mark("labels-pager")
 
     with ui.dialog() as dialog, ui.card():
         dialog_title = ui.label().classes("font-mono text-sm")
@@ -482,14 +471,12 @@ async def labels_page(state: AppState) -> None:
         prefix = f"{d.name} · " if len(state.dbs) > 1 else ""
         with ui.row().classes("items-center gap-2 w-full border-b py-1").mark(f"label-row-{n}"):
             ui.label(f"{prefix}{lab.sample1} vs {lab.sample2}").classes("font-mono text-xs w-80")
-            ui.label(LABEL_NAMES.get(lab.label, str(lab.label))).classes("w-24 font-bold").mark(
-                f"label-value-{n}"
-            )
+            ui.label(LABEL_NAMES.get(lab.label, str(lab.label))).classes("w-24 font-bold").mark(f"label-value-{n}")
             ui.label(f"{lab.source} · {when}").classes("text-xs text-grey-7 w-44")
             for value in ANSWERS:
-                ui.button(KEY_OF[value], on_click=partial(change, d, lab, value)) \
-                    .props(f"dense no-caps {'unelevated' if value == lab.label else 'outline'}") \
-                    .mark(f"edit-{n}-{KEY_OF[value]}").tooltip(f"change to: {LABEL_NAMES[value]}")  # fmt: skip
+                ui.button(KEY_OF[value], on_click=partial(change, d, lab, value)).props(
+                    f"dense no-caps {'unelevated' if value == lab.label else 'outline'}"
+                ).mark(f"edit-{n}-{KEY_OF[value]}").tooltip(f"change to: {LABEL_NAMES[value]}")
             ui.button(icon="play_arrow", on_click=partial(view_pair, d, lab)).props(
                 'dense flat aria-label="play this pair"'
             ).mark(f"view-{n}")
@@ -508,9 +495,7 @@ async def labels_page(state: AppState) -> None:
         render()
 
     async def view_pair(d: DbState, lab: Label) -> None:
-        dialog_title.set_text(
-            f"{d.name}: #1 {lab.sample1} vs #2 {lab.sample2} — {LABEL_NAMES.get(lab.label)}"
-        )
+        dialog_title.set_text(f"{d.name}: #1 {lab.sample1} vs #2 {lab.sample2} — {LABEL_NAMES.get(lab.label)}")
         dialog.open()
         urls = []
         for rel in (lab.sample1, lab.sample2):

@@ -155,9 +155,7 @@ class DbState:
             return f"{self.name} has no segments yet: record some with 01_a2c.py --db-path {self.name}."
         if n - bad < 2:
             extra = f" ({bad} unreadable)" if bad else ""
-            return (
-                f"{self.name} has {n} segment(s){extra}: at least 2 readable ones are needed to make a pair."
-            )
+            return f"{self.name} has {n} segment(s){extra}: at least 2 readable ones are needed to make a pair."
         return f"every pair of the {n - bad} segments of {self.name} is labeled already."
 
     def stats(self) -> dict[str, object]:
@@ -194,9 +192,7 @@ class PairItem:
 class AppState:
     """Server-wide state shared by all tabs: DBs, clip store, pairs reserved by tabs."""
 
-    def __init__(
-        self, dbs: list[DbState], pairs: int = 20, seed: int | None = None, labeler: str | None = None
-    ):
+    def __init__(self, dbs: list[DbState], pairs: int = 20, seed: int | None = None, labeler: str | None = None):
         self.dbs = dbs
         self.pairs = pairs
         self.labeler = labeler
@@ -402,8 +398,14 @@ class TabSession:
         if before is None:
             label = self.app.make_label(item, RETRACTED, undo=True)
         else:
-            label = Label(before.sample1, before.sample2, before.label, time=time.time(), source=before.source,
-                          extra={**before.extra, "undo": True})  # fmt: skip
+            label = Label(
+                before.sample1,
+                before.sample2,
+                before.label,
+                time=time.time(),
+                source=before.source,
+                extra={**before.extra, "undo": True},
+            )
         if before is None:
             item.status, item.answer, item.note = "open", None, ""
             self.app.reserved[(item.db, item.key)] = self.tab_id
