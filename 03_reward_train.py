@@ -10,7 +10,6 @@ Writes the best model (lowest test loss) to OUTDIR/reward-NAME.pt, for ``01_a2c.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from lib.errors import run_cli
@@ -80,6 +79,7 @@ def main() -> int:
 
     from lib.model import resolve_device
     from lib.reward_train import TrainConfig, load_preferences, summary_lines, train_reward_model
+    from lib.tb import hparams_table, run_dir
 
     device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
     data = load_preferences(args.dbs, env=args.env)
@@ -97,10 +97,8 @@ def main() -> int:
         augment=args.augment,
         device=str(device),
     )
-    run = f"{data.env_id}__reward__{args.name}__{args.seed}__{int(time.time())}"
-    writer = SummaryWriter(log_dir=str(Path(args.runs_dir) / run))
-    hp = {**vars(args), "dbs": " ".join(args.dbs)}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in hp.items()))
+    writer = SummaryWriter(log_dir=str(run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)))
+    writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))
     try:
         res = train_reward_model(
             data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer, progress=not args.no_progress

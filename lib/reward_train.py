@@ -24,6 +24,7 @@ import math
 import os
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.envs import DEFAULT_ENV, rom_name
+from lib.envs import DEFAULT_ENV, game_of, rom_name
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
 from lib.reward_model import (
@@ -116,100 +117,97 @@ def game_actions(env_id: str) -> tuple[int, tuple[str, ...]]:
     return _ACTIONS_CACHE[env_id]
 
 
-def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
-    """Read the usable labels of every DB and their segments (kept compressed).
+@dataclass
+class _SegmentTable:
+    """The segments the labels touch, each read once and kept compressed: the columns of
+    ``PreferenceData`` being built, plus what the segments say about their game."""
 
-    ``env``: the game of segments that do not name one (legacy DBs from the book); default
-    SeaQuest, the book's game. Segments that name their env must all be of one game (and of
-    ``env`` when given). Raises UserError with one line when nothing usable is left.
-    """
-    blobs: list[bytes] = []
-    names: list[str] = []
-    lengths: list[int] = []
-    returns: list[float] = []
-    first: list[int] = []
-    second: list[int] = []
-    mu: list[float] = []
-    index: dict[tuple[int, str], int | str] = {}  # (db, rel) -> segment index, or why it is unusable
-    games: dict[str, str] = {}  # rom name -> first env id seen
+    blobs: list[bytes] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    index: dict[tuple[int, str], int | str] = field(default_factory=dict)  # (db, rel) -> row, or why not
+    games: dict[str, str] = field(default_factory=dict)  # game -> first env id seen
     meanings: tuple[str, ...] | None = None
     frame_shape: tuple[int, int, int] | None = None
-    max_action = -1
-    want_game = rom_name(env) if env else None
-    total = {
-        "labels": 0,
-        "cant_tell": 0,
-        "missing": 0,
-        "unreadable": 0,
-        "missing_files": 0,
-        "unreadable_files": 0,
+    max_action: int = -1
+    legacy: int = 0
+    bad_files: dict[str, int] = field(default_factory=lambda: {"missing": 0, "unreadable": 0})
+
+    def row(self, di: int, root: Path, rel: str) -> int | str:
+        """The row of segment ``rel`` of DB number ``di`` (read on first use), or "missing" /
+        "unreadable"."""
+        key = (di, rel)
+        if key not in self.index:
+            got = _read_segment(root, rel)
+            if isinstance(got, str):
+                self.bad_files[got] += 1
+                self.index[key] = got
+            else:
+                self.index[key] = self._add(f"{root}/{rel}", *got)
+        return self.index[key]
+
+    def _add(self, name: str, blob: bytes, meta: dict[str, Any]) -> int:
+        if self.frame_shape is not None and meta["frame_shape"] != self.frame_shape:
+            raise UserError(
+                f"segment {name} has frames {meta['frame_shape']}, others {self.frame_shape}: "
+                f"train on DBs with one frame size"
+            )
+        self.frame_shape = meta["frame_shape"]
+        self.blobs.append(blob)
+        self.names.append(name)
+        self.lengths.append(meta["length"])
+        self.returns.append(meta["true_return"])
+        self.legacy += meta["legacy"]
+        if meta["env_id"]:
+            self.games.setdefault(game_of(meta["env_id"]), meta["env_id"])
+        self.meanings = self.meanings or meta["meanings"]
+        self.max_action = max(self.max_action, meta["max_action"])
+        return len(self.blobs) - 1
+
+
+@dataclass
+class _Pairs:
+    """Usable labeled pairs (rows of ``_SegmentTable``) and how many labels were left out, why."""
+
+    first: list[int] = field(default_factory=list)
+    second: list[int] = field(default_factory=list)
+    mu: list[float] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+
+def _read_db_pairs(di: int, root: Path, table: _SegmentTable, pairs: _Pairs, log: Log) -> None:
+    """Add the usable labels of one DB to ``pairs`` and log one line about it."""
+    if not (root / LABELS_FILE).is_file() and not (root / LEGACY_LABELS_FILE).is_file():
+        raise UserError(f"DB {root} has no labels ({LABELS_FILE}): label pairs with 02_label_ui.py first")
+    labels = load_labels(root)
+    counts: Counter[str] = Counter(labels=len(labels))
+    for lab in labels.values():
+        pref = lab.preference
+        if pref is None:
+            counts["cant_tell"] += 1
+            continue
+        a, b = table.row(di, root, lab.sample1), table.row(di, root, lab.sample2)
+        if isinstance(a, str) or isinstance(b, str):
+            counts["missing" if "missing" in (a, b) else "unreadable"] += 1
+            continue
+        pairs.first.append(a)
+        pairs.second.append(b)
+        pairs.mu.append(pref)
+    pairs.counts.update(counts)
+    left_out = {
+        "cant_tell": "can't tell left out",
+        "missing": "left out: segment file missing",
+        "unreadable": "left out: segment file unreadable",
     }
-    legacy_segments = 0
+    extra = [f"{counts[k]} {text}" for k, text in left_out.items() if counts[k]]
+    used = counts["labels"] - sum(counts[k] for k in left_out)
+    log(f"{root}: {counts['labels']} labels, {used} usable" + (f" ({'; '.join(extra)})" if extra else ""))
 
-    for db in dbs:
-        if not Path(db).is_dir():
-            raise UserError(f"DB not found: {db}")
-    check_same_game(list(dbs), "training on")
-    for di, db in enumerate(dbs):
-        root = Path(db)
-        if not (root / LABELS_FILE).is_file() and not (root / LEGACY_LABELS_FILE).is_file():
-            raise UserError(f"DB {root} has no labels ({LABELS_FILE}): label pairs with 02_label_ui.py first")
-        labels = load_labels(root)
-        counts = {"labels": len(labels), "cant_tell": 0, "missing": 0, "unreadable": 0}
-        for lab in labels.values():
-            pref = lab.preference
-            if pref is None:
-                counts["cant_tell"] += 1
-                continue
-            ids: list[int | str] = []
-            for rel in (lab.sample1, lab.sample2):
-                key = (di, rel)
-                if key not in index:
-                    got = _read_segment(root, rel)
-                    if isinstance(got, str):
-                        total[f"{got}_files"] += 1
-                        index[key] = got
-                    else:
-                        blob, meta = got
-                        index[key] = len(blobs)
-                        blobs.append(blob)
-                        names.append(f"{root}/{rel}")
-                        lengths.append(meta["length"])
-                        returns.append(meta["true_return"])
-                        legacy_segments += meta["legacy"]
-                        if meta["env_id"]:
-                            games.setdefault(rom_name(meta["env_id"]), meta["env_id"])
-                        if meta["meanings"] and meanings is None:
-                            meanings = meta["meanings"]
-                        if frame_shape is None:
-                            frame_shape = meta["frame_shape"]
-                        elif meta["frame_shape"] != frame_shape:
-                            raise UserError(
-                                f"segment {names[-1]} has frames {meta['frame_shape']}, others "
-                                f"{frame_shape}: train on DBs with one frame size"
-                            )
-                        max_action = max(max_action, meta["max_action"])
-                ids.append(index[key])
-            if isinstance(ids[0], str) or isinstance(ids[1], str):
-                counts["missing" if "missing" in (ids[0], ids[1]) else "unreadable"] += 1
-                continue
-            first.append(ids[0])
-            second.append(ids[1])
-            mu.append(pref)
-        for k, v in counts.items():
-            total[k] += v
-        used = counts["labels"] - counts["cant_tell"] - counts["missing"] - counts["unreadable"]
-        extra = []
-        if counts["cant_tell"]:
-            extra.append(f"{counts['cant_tell']} can't tell left out")
-        if counts["missing"]:
-            extra.append(f"{counts['missing']} left out: segment file missing")
-        if counts["unreadable"]:
-            extra.append(f"{counts['unreadable']} left out: segment file unreadable")
-        log(f"{root}: {counts['labels']} labels, {used} usable" + (f" ({'; '.join(extra)})" if extra else ""))
 
-    where = ", ".join(str(d) for d in dbs)
-    n = len(mu)
+def _check_usable(pairs: _Pairs, table: _SegmentTable, where: str) -> None:
+    """UserError with one line when the labels leave nothing to learn an order from."""
+    total, n = pairs.counts, len(pairs.mu)
     if total["labels"] == 0:
         raise UserError(f"no labels in {where}: label pairs with 02_label_ui.py first")
     if n == 0:
@@ -217,12 +215,11 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
         if total["cant_tell"]:
             why.append(f'{total["cant_tell"]} are "can\'t tell"')
         if total["missing"]:
-            why.append(f"{total['missing']} have missing segment files ({total['missing_files']} files)")
+            why.append(f"{total['missing']} have missing segment files ({table.bad_files['missing']} files)")
         if total["unreadable"]:
             why.append(f"{total['unreadable']} have unreadable segment files")
         raise UserError(f"no usable labels in {where}: of {total['labels']}, {' and '.join(why)}")
-    mu_arr = np.asarray(mu, dtype=np.float32)
-    if (mu_arr == 0.5).all():
+    if all(m == 0.5 for m in pairs.mu):
         raise UserError(
             f'all {n} usable labels in {where} are ties ("equally good"): nothing to learn an order '
             f"from; label pairs where one segment is better"
@@ -230,39 +227,63 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
     if n < 2:
         raise UserError(f"only 1 usable label in {where}: at least 2 are needed (one to train, one to test)")
 
-    if len(games) > 1:
-        raise UserError(f"the DBs mix games ({', '.join(sorted(games.values()))}): train one game at a time")
-    if games:
-        game, env_id = next(iter(games.items()))
-        if want_game is not None and want_game != game:
+
+def _resolve_game(table: _SegmentTable, env: str | None, log: Log) -> tuple[str, str, tuple[str, ...]]:
+    """(env id, game, action meanings) of the labeled segments; ``env`` for those that name none."""
+    if len(table.games) > 1:
+        raise UserError(f"the DBs mix games ({', '.join(sorted(table.games.values()))}): train one game at a time")
+    if table.games:
+        game, env_id = next(iter(table.games.items()))
+        if env is not None and rom_name(env) != game:
             raise UserError(f"--env {env} does not match the DB's segments, which are from {env_id}")
     else:
         env_id = env or DEFAULT_ENV
         game = rom_name(env_id)
         log(f"segments name no game (legacy DB): assuming {env_id}" + ("" if env else " (pass --env to change)"))
-    if meanings is None:
-        _, meanings = game_actions(env_id)
-    n_actions = len(meanings)
-    if max_action >= n_actions:
-        raise UserError(f"segments hold action {max_action} but {env_id} has only {n_actions} actions: wrong --env?")
-    if legacy_segments:
-        log(f"{legacy_segments} legacy segments without true rewards: oracle metrics are n/a for them")
-    assert frame_shape is not None
+    meanings = table.meanings or game_actions(env_id)[1]
+    if table.max_action >= len(meanings):
+        raise UserError(
+            f"segments hold action {table.max_action} but {env_id} has only {len(meanings)} actions: wrong --env?"
+        )
+    return env_id, game, meanings
+
+
+def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
+    """Read the usable labels of every DB and their segments (kept compressed).
+
+    ``env``: the game of segments that do not name one (legacy DBs from the book); default
+    SeaQuest, the book's game. Segments that name their env must all be of one game (and of
+    ``env`` when given). Raises UserError with one line when nothing usable is left.
+    """
+    if env is not None:
+        rom_name(env)  # an unknown --env fails here, before any reading
+    for db in dbs:
+        if not Path(db).is_dir():
+            raise UserError(f"DB not found: {db}")
+    check_same_game(list(dbs), "training on")
+    table, pairs = _SegmentTable(), _Pairs()
+    for di, db in enumerate(dbs):
+        _read_db_pairs(di, Path(db), table, pairs, log)
+    _check_usable(pairs, table, ", ".join(str(d) for d in dbs))
+    env_id, game, meanings = _resolve_game(table, env, log)
+    if table.legacy:
+        log(f"{table.legacy} legacy segments without true rewards: oracle metrics are n/a for them")
+    assert table.frame_shape is not None
     return PreferenceData(
-        blobs=blobs,
-        names=names,
-        lengths=np.asarray(lengths, dtype=np.int64),
-        true_returns=np.asarray(returns, dtype=np.float64),
-        first=np.asarray(first, dtype=np.int64),
-        second=np.asarray(second, dtype=np.int64),
-        mu=mu_arr,
+        blobs=table.blobs,
+        names=table.names,
+        lengths=np.asarray(table.lengths, dtype=np.int64),
+        true_returns=np.asarray(table.returns, dtype=np.float64),
+        first=np.asarray(pairs.first, dtype=np.int64),
+        second=np.asarray(pairs.second, dtype=np.int64),
+        mu=np.asarray(pairs.mu, dtype=np.float32),
         env_id=env_id,
         game=game,
-        n_actions=n_actions,
+        n_actions=len(meanings),
         action_meanings=meanings,
-        frame_shape=frame_shape,
+        frame_shape=table.frame_shape,
         dbs=[str(d) for d in dbs],
-        skipped={k: total[k] for k in ("cant_tell", "missing", "unreadable")},
+        skipped={k: pairs.counts[k] for k in ("cant_tell", "missing", "unreadable")},
     )
 
 
