@@ -8,6 +8,8 @@ Modules, in the order a request meets them:
 - ``state``:  what the server knows (``AppState``: DBs, their labels, reserved pairs) and what
               one browser tab knows (``TabSession``: its list of pairs, answers, undo).
 - ``clips``:  segment -> H.264 MP4 clip, encoded off the event loop and cached on disk.
-- ``pages``:  the three pages (Overview, Label new data, Existing labels) in one shared frame.
+- ``pages``:  the shared frame (header, sub-pages) and the Overview;
+  ``label_page``: Label new data (``LabelPage``: view, clip player glue, actions, key table);
+  ``labels_page``: Existing labels (``LabelsPage``); ``common``: what the pages share.
 - ``server``: wires it together (``build_app``), serves it (``serve``) or runs oracle mode.
 """
