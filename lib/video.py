@@ -1,7 +1,10 @@
-"""Gameplay videos: H.264 MP4 at game speed, an optional GIF, and the reward view under the frame.
+"""H.264 MP4s, the one place they are written: gameplay videos (``Mp4Writer``, streamed frame by
+frame so a game of any length costs constant memory, an optional GIF, the reward view under the
+frame) and the label page's clips (``encode_mp4``, a whole segment at once), with one quality
+(``CRF``), one scale and one set of options.
 
-The MP4 is written by the ffmpeg binary that ships inside the imageio-ffmpeg wheel (no system
-ffmpeg, no moviepy), streamed frame by frame so a game of any length costs constant memory:
+Every MP4 is written by the ffmpeg binary that ships inside the imageio-ffmpeg wheel (no system
+ffmpeg, no moviepy):
 
 - H.264 (libx264) in ``yuv420p``: the pixel format every browser and QuickTime decode
   (https://trac.ffmpeg.org/wiki/Encode/H.264#Encodingfordumbplayers); ``+faststart`` moves
@@ -17,6 +20,7 @@ the newest step at the right edge. Scrolling keeps a step 2 px wide whatever the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -31,6 +35,14 @@ from lib.errors import UserError
 GAME_FPS = 15  # 60 Hz Atari / frame skip 4
 SCALE = 2  # game pixels -> video pixels (nearest neighbour), for videos and the label page's clips
 CRF = 18  # H.264 quality of every MP4 we write (lower = better; 18 keeps Atari's flat colours clean)
+NICENESS = 10  # clip encodes are background work: the browser and the label page go first
+
+
+def h264_options(crf: int = CRF) -> list[str]:
+    """The ffmpeg options every MP4 here is written with (videos of games and the label page's clips)."""
+    return ["-preset", "veryfast", "-crf", str(crf), "-movflags", "+faststart"]
+
+
 STRIP_HEIGHT = 92  # 420 + 92 = 512: frame with strip is a multiple of 16 (H.264 macroblocks)
 
 # Colours of the reward view (RGB).
@@ -166,7 +178,7 @@ class Mp4Writer:
             pix_fmt_out="yuv420p",
             quality=None,
             macro_block_size=2,
-            output_params=["-crf", str(crf), "-preset", "veryfast", "-movflags", "+faststart", "-f", "mp4"],
+            output_params=[*h264_options(crf), "-f", "mp4"],
         )
         self._gen.send(None)
 
@@ -232,3 +244,27 @@ def mp4_to_gif(mp4: str | os.PathLike, gif: str | os.PathLike) -> Path:
                 raise UserError(f"could not make GIF {gif}: ffmpeg: {msg[:160]}")
     os.replace(tmp, gif)
     return gif
+
+
+def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) -> None:
+    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 MP4 file at ``fps`` frames per second.
+
+    Every frame is shown (no black lead-in); the MP4's index is at the front (faststart) so the
+    browser can start at once. Raises RuntimeError with ffmpeg's message when encoding fails.
+    """
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
+        raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
+    _, h, w, _ = frames.shape
+    cmd = [
+        imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
+        "-vf", f"scale={w * scale}:{h * scale}:flags=neighbor",
+        "-c:v", "libx264", "-tune", "animation", *h264_options(CRF), "-pix_fmt", "yuv420p", "-threads", "1", "-an",
+        "-f", "mp4", "-y", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with contextlib.suppress(OSError):  # encoding is background work: the browser and the UI go first
+        os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
+    _, stderr = proc.communicate(np.ascontiguousarray(frames).tobytes())
+    if proc.returncode != 0:
+        raise RuntimeError(f"ffmpeg failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-300:]}")

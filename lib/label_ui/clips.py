@@ -17,53 +17,17 @@ settings; a changed segment gets a new clip.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import numpy as np
-
 from lib.segments import SegmentError, load_segment
-from lib.video import CRF, SCALE
+from lib.video import CRF, SCALE, encode_mp4
 
 CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then ignored
-NICENESS = 10
-
-
-def ffmpeg_exe() -> str:
-    import imageio_ffmpeg
-
-    return imageio_ffmpeg.get_ffmpeg_exe()
-
-
-def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) -> None:
-    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 MP4 file at ``fps`` frames per second.
-
-    Every frame is shown (no black lead-in); the MP4's index is at the front (faststart) so the
-    browser can start at once. Raises RuntimeError with ffmpeg's message when encoding fails.
-    """
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
-    _, h, w, _ = frames.shape
-    cmd = [
-        ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
-        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
-        "-vf", f"scale={w * scale}:{h * scale}:flags=neighbor",
-        "-c:v", "libx264", "-preset", "veryfast", "-tune", "animation", "-crf", str(CRF),
-        "-pix_fmt", "yuv420p", "-threads", "1", "-movflags", "+faststart", "-an",
-        "-f", "mp4", "-y", str(out),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with contextlib.suppress(OSError):  # encoding is background work: the browser and the UI go first
-        os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
-    _, stderr = proc.communicate(np.ascontiguousarray(frames).tobytes())
-    if proc.returncode != 0:
-        raise RuntimeError(f"ffmpeg failed ({proc.returncode}): {stderr.decode(errors='replace').strip()[-300:]}")
 
 
 def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:
