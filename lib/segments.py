@@ -518,7 +518,9 @@ def read_segment_bytes(db_root: str | os.PathLike, rel: str) -> bytes:
 
 def encode_segment(segment: Segment, level: int = ZSTD_LEVEL) -> bytes:
     raw = pickle.dumps(segment.to_record(), protocol=5)
-    return zstandard.ZstdCompressor(level=level).compress(raw)
+    # The frame carries its content size (one-call decode within the bound) and a checksum: a
+    # flipped bit anywhere in the file is a SegmentError, not silently altered frames.
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(raw)
 
 
 def segment_relpath(env_index: int, step: int) -> str:

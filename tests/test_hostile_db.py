@@ -563,3 +563,14 @@ def test_recording_into_a_db_with_hostile_names_continues_its_counters(tmp_path)
     steps = [int(rel[3:11]) for rel in list_segments(db, warn=None) if rel.startswith("00/")]
     assert steps[0] == 500 and len(steps) > 1  # new segments continue after the highest counter
     assert read_db_info(db).game == "seaquest"
+
+
+def test_a_flipped_bit_in_a_frame_payload_is_caught_by_the_checksum(tmp_path):
+    seg = Segment(np.random.default_rng(0).integers(0, 255, (4, 16, 16, 3), dtype=np.uint8), np.zeros(4, np.int64))
+    seg = Segment(seg.frames, seg.actions, env_index=0, step=1)
+    path = save_segment(tmp_path, seg)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the compressed frames, far from any header
+    path.write_bytes(bytes(data))
+    with pytest.raises(SegmentError, match="00000001.dat"):
+        read_segment(tmp_path, "00/00000001.dat")
