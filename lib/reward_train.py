@@ -1,20 +1,26 @@
 """Training the reward model on the preference labels of one or more segment DBs.
 
 Roles, one verb each:
-- ``load_preferences``: read the labels of every DB, leave out "can't tell" and labels whose
-  segments are missing or unreadable (counted), keep each segment COMPRESSED in memory (~20-50 KB
-  instead of ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
+- ``load_preferences``: read the labels of every DB (``_read_db_pairs``), each segment once
+  (``_SegmentTable.row``), check that something is left to learn from (``_check_usable``) and
+  which game it is (``_resolve_game``). "Can't tell" and labels whose segments are missing or
+  unreadable are left out (counted). Segments stay COMPRESSED in memory (~20-50 KB instead of
+  ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
 - ``decode_segments``: decode the segments of one micro-batch (~1 ms each).
-- ``train_reward_model``: Bradley-Terry training with a seeded train/test split, micro-batches
-  with gradient accumulation (activation memory is bounded by ``micro_frames``, not by
-  ``--batch``), evaluation in eval mode with the BatchNorm-folded net under inference mode,
-  early stopping on test loss, the best checkpoint written atomically on every improvement.
+- ``train_reward_model``: Bradley-Terry training. ``_build_fit`` makes the seeded train/test split,
+  the models and optimisers; ``train_epoch`` runs one epoch in micro-batches with gradient
+  accumulation (activation memory is bounded by ``micro_frames``, not by ``--batch``);
+  ``evaluate`` measures the test pairs in eval mode with the BatchNorm-folded net under inference
+  mode; ``_run_epochs`` stops early on test loss and writes every new best aside
+  (``<stem>.partial.pt``); ``_install_best`` replaces the model at the end (the old one is kept as
+  ``<stem>.prev.pt``).
 
 Metrics per epoch: train and test loss, test accuracy on non-tie labels, and where segments carry
-true rewards the oracle agreement (share of test pairs with different true returns the model
-orders correctly) and the Pearson correlation of predicted with true segment returns. Test pairs
-share segments with training pairs (a pair is held out, not its segments); ``bench/quality.py``
-measures agreement on segments never trained on.
+true rewards the oracle agreement (``oracle_agreement``: share of test pairs with different true
+returns the model orders the same way; a predicted tie counts as wrong) and the Pearson
+correlation of predicted with true segment returns. Test pairs share segments with training pairs
+(a pair is held out, not its segments); ``bench/quality.py`` measures agreement, by the same
+function, on segments never trained on.
 """
 
 from __future__ import annotations
@@ -589,7 +595,8 @@ def keep_freed_memory() -> bool:
 
 
 def _fmt(v: float, pct: bool = False) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    """A metric for the log: "n/a" for NaN (not measurable), a percentage with ``pct``."""
+    if math.isnan(v):
         return "n/a"
     return f"{100 * v:.1f}%" if pct else f"{v:.4f}"
 
@@ -719,17 +726,6 @@ def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, floa
     return loss_sum / max(n_seen, 1), n_seen, time.perf_counter() - t0
 
 
-def _epoch_line(em: EpochMetrics, ensemble: bool, improved: bool) -> str:
-    return (
-        f"epoch {em.epoch}: train loss {em.train_loss:.4f}, test loss {em.test_loss:.4f}, "
-        f"test acc {_fmt(em.test_accuracy, True)}, oracle agreement {_fmt(em.oracle_agreement, True)} "
-        f"({em.oracle_pairs} pairs), return corr {_fmt(em.return_corr)}"
-        + (f", disagreement {em.disagreement:.3f}" if ensemble else "")
-        + f", {em.s_per_pair * 1000:.0f} ms/pair"
-        + (" *" if improved else "")
-    )
-
-
 def train_reward_model(
     data: PreferenceData,
     cfg: TrainConfig,
@@ -747,77 +743,145 @@ def train_reward_model(
     """
     fit = _build_fit(data, cfg)
     out_path, partial_path = _output_paths(out_path)
-    log(
-        f"training on {fit.n_train} pairs, testing on {len(fit.test)} ({data.n_segments} segments, "
-        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(fit.models[0].input_shape)}, "
-        f"device {fit.device}" + (f", ensemble of {cfg.ensemble}" if cfg.ensemble > 1 else "")
-    )
-    if not data.has_true_returns:
-        log("oracle agreement and return correlation: n/a (segments carry no true rewards)")
-    meta = {
-        "env_id": data.env_id,
-        "game": data.game,
-        "action_meanings": data.action_meanings,
-        "dbs": data.dbs,
-        "n_train": fit.n_train,
-        "n_test": int(len(fit.test)),
-        "config": dict(cfg.__dict__),
-    }
-    history: list[EpochMetrics] = []
-    best: EpochMetrics | None = None
-    best_states: list[dict[str, torch.Tensor]] = []
-    stopped = "max epochs"
+    _log_start(fit, log)
+    meta = _checkpoint_meta(fit)
     if fit.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(fit.device)
-    try:
-        for epoch in range(cfg.epochs):
-            train_loss, n_seen, seconds = train_epoch(fit, epoch, progress)
-            ev = evaluate(fit.models, data, fit.test, fit.device, fit.noise)
-            em = EpochMetrics.of(epoch, train_loss, ev, seconds, n_seen)
-            history.append(em)
-            improved = best is None or em.test_loss < best.test_loss
-            log(_epoch_line(em, cfg.ensemble > 1, improved))
-            if writer is not None:
-                _log_epoch(writer, em, cfg.ensemble > 1, data.has_true_returns, epoch)
-            if improved:
-                best, best_states = (
-                    em,
-                    [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in fit.models],
-                )
-                save_reward_checkpoint(
-                    reward_checkpoint(
-                        fit.models,
-                        norm_mean=ev["step_mean"],
-                        norm_std=ev["step_std"],
-                        metrics=em.as_dict(),
-                        epoch=epoch,
-                        **meta,
-                    ),
-                    partial_path,
-                )
-            elif epoch - best.epoch >= cfg.patience:
-                stopped = f"early stop: test loss not better for {cfg.patience} epochs"
-                break
-    except KeyboardInterrupt:
-        stopped = "interrupted"
-        log("interrupted: keeping the best model so far")
-    if best is None:
+    run = _run_epochs(fit, meta, partial_path, writer, progress, log)
+    if run.best is None:
         raise UserError("interrupted before the first epoch finished: no model saved")
-    mean, std = _install_best(fit, best, best_states, meta, out_path, log)
+    mean, std = _install_best(fit, run.best, run.best_states, meta, out_path, log)
     partial_path.unlink(missing_ok=True)
     peak_cuda = torch.cuda.max_memory_allocated(fit.device) / 2**20 if fit.device.type == "cuda" else None
     return TrainResult(
         path=out_path,
-        best=best,
-        history=history,
+        best=run.best,
+        history=run.history,
         n_train=fit.n_train,
         n_test=len(fit.test),
         norm_mean=mean,
         norm_std=std,
         peak_rss_mb=_peak_rss_mb(),
         peak_cuda_mb=peak_cuda,
-        stopped=stopped,
+        stopped=run.stopped,
     )
+
+
+def _log_start(fit: _Fit, log: Log) -> None:
+    """One line on what is trained on what, and whether the oracle metrics can be measured."""
+    data = fit.data
+    log(
+        f"training on {fit.n_train} pairs, testing on {len(fit.test)} ({data.n_segments} segments, "
+        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(fit.models[0].input_shape)}, "
+        f"device {fit.device}" + (f", ensemble of {fit.cfg.ensemble}" if fit.cfg.ensemble > 1 else "")
+    )
+    if not data.has_true_returns:
+        log("oracle agreement and return correlation: n/a (segments carry no true rewards)")
+
+
+def _checkpoint_meta(fit: _Fit) -> dict[str, Any]:
+    """What every checkpoint of the run carries besides the weights and metrics."""
+    return {
+        "env_id": fit.data.env_id,
+        "game": fit.data.game,
+        "action_meanings": fit.data.action_meanings,
+        "dbs": fit.data.dbs,
+        "n_train": fit.n_train,
+        "n_test": int(len(fit.test)),
+        "config": dict(fit.cfg.__dict__),
+    }
+
+
+@dataclass
+class _Progress:
+    """The training loop's running state: every epoch's figures, the best epoch so far and its
+    weights (on the CPU), and why the loop ended."""
+
+    history: list[EpochMetrics] = field(default_factory=list)
+    best: EpochMetrics | None = None
+    best_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    stopped: str = "max epochs"
+
+    def improves(self, em: EpochMetrics) -> bool:
+        """Whether ``em``'s test loss is lower than the best so far (the first epoch's always is)."""
+        return self.best is None or em.test_loss < self.best.test_loss
+
+    def keep(self, em: EpochMetrics, models: Sequence[RewardModel]) -> None:
+        """Make ``em`` the best epoch, with a CPU copy of the weights. One assignment, so that a
+        Ctrl-C never leaves one epoch's figures next to another epoch's weights."""
+        self.best, self.best_states = (
+            em,
+            [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
+        )
+
+
+def _run_epochs(
+    fit: _Fit, meta: dict[str, Any], partial_path: Path, writer: Any | None, progress: bool, log: Log
+) -> _Progress:
+    """Train up to ``cfg.epochs`` epochs, evaluating and logging each. Every new best (lowest test
+    loss) is kept in memory and written to ``partial_path``, never over the model already installed.
+    Stops early after ``cfg.patience`` epochs without a better test loss, and at Ctrl-C."""
+    cfg, run = fit.cfg, _Progress()
+    try:
+        for epoch in range(cfg.epochs):
+            train_loss, n_seen, seconds = train_epoch(fit, epoch, progress)
+            ev = evaluate(fit.models, fit.data, fit.test, fit.device, fit.noise)
+            em = EpochMetrics.of(epoch, train_loss, ev, seconds, n_seen)
+            run.history.append(em)
+            improved = run.improves(em)
+            _report_epoch(fit, em, improved, writer, log)
+            if improved:
+                run.keep(em, fit.models)
+                ck = reward_checkpoint(
+                    fit.models,
+                    norm_mean=ev["step_mean"],
+                    norm_std=ev["step_std"],
+                    metrics=em.as_dict(),
+                    epoch=epoch,
+                    **meta,
+                )
+                save_reward_checkpoint(ck, partial_path)
+            elif epoch - run.best.epoch >= cfg.patience:
+                run.stopped = f"early stop: test loss not better for {cfg.patience} epochs"
+                break
+    except KeyboardInterrupt:
+        run.stopped = "interrupted"
+        log("interrupted: keeping the best model so far")
+    return run
+
+
+def _report_epoch(fit: _Fit, em: EpochMetrics, improved: bool, writer: Any | None, log: Log) -> None:
+    """An epoch's line in the log (``*``: a new best) and its scalars in TensorBoard."""
+    ensemble = fit.cfg.ensemble > 1
+    log(_epoch_line(em, ensemble, improved))
+    if writer is not None:
+        _log_epoch(writer, em, ensemble, fit.data.has_true_returns, em.epoch)
+
+
+def _epoch_line(em: EpochMetrics, ensemble: bool, improved: bool) -> str:
+    return (
+        f"epoch {em.epoch}: train loss {em.train_loss:.4f}, test loss {em.test_loss:.4f}, "
+        f"test acc {_fmt(em.test_accuracy, True)}, oracle agreement {_fmt(em.oracle_agreement, True)} "
+        f"({em.oracle_pairs} pairs), return corr {_fmt(em.return_corr)}"
+        + (f", disagreement {em.disagreement:.3f}" if ensemble else "")
+        + f", {em.s_per_pair * 1000:.0f} ms/pair"
+        + (" *" if improved else "")
+    )
+
+
+def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, step: int) -> None:
+    """An epoch's scalars, in the tag scheme of every stage (``lib/tb.py``)."""
+    writer.add_scalar("losses/train", em.train_loss, step)
+    writer.add_scalar("losses/test", em.test_loss, step)
+    if not math.isnan(em.test_accuracy):
+        writer.add_scalar("eval/test_accuracy", em.test_accuracy, step)
+    if has_oracle and not math.isnan(em.oracle_agreement):
+        writer.add_scalar("eval/oracle_agreement", em.oracle_agreement, step)
+    if has_oracle and not math.isnan(em.return_corr):
+        writer.add_scalar("eval/return_corr", em.return_corr, step)
+    if ensemble:
+        writer.add_scalar("eval/ensemble_disagreement", em.disagreement, step)
+    writer.add_scalar("charts/s_per_pair", em.s_per_pair, step)
 
 
 def _install_best(
@@ -861,22 +925,8 @@ def install_checkpoint(ck: dict[str, Any], out_path: Path) -> Path | None:
     return prev
 
 
-def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, step: int) -> None:
-    """An epoch's scalars, in the tag scheme of every stage (``lib/tb.py``)."""
-    writer.add_scalar("losses/train", em.train_loss, step)
-    writer.add_scalar("losses/test", em.test_loss, step)
-    if not math.isnan(em.test_accuracy):
-        writer.add_scalar("eval/test_accuracy", em.test_accuracy, step)
-    if has_oracle and not math.isnan(em.oracle_agreement):
-        writer.add_scalar("eval/oracle_agreement", em.oracle_agreement, step)
-    if has_oracle and not math.isnan(em.return_corr):
-        writer.add_scalar("eval/return_corr", em.return_corr, step)
-    if ensemble:
-        writer.add_scalar("eval/ensemble_disagreement", em.disagreement, step)
-    writer.add_scalar("charts/s_per_pair", em.s_per_pair, step)
-
-
 def summary_lines(res: TrainResult) -> list[str]:
+    """The lines that end a training run: the best model, its test figures, cost and norm stats."""
     b = res.best
     lines = [
         f"best model: {res.path} (epoch {b.epoch}; {res.stopped})",

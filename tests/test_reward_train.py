@@ -289,7 +289,16 @@ def test_cli_trains_and_writes_model_and_tensorboard(square_db, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "saves" / "reward-t.pt").is_file()
     assert "oracle agreement" in r.stdout and "best model:" in r.stdout
-    assert any((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    events = list((tmp_path / "runs").rglob("events.out.tfevents.*"))
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])  # the tag scheme of every stage (lib/tb.py)
+    want = {"losses/train", "losses/test", "eval/test_accuracy", "eval/oracle_agreement", "charts/s_per_pair"}
+    assert want <= tags, tags
+    assert "hyperparameters" in " ".join(acc.Tags()["tensors"])
     assert load_reward_model(tmp_path / "saves" / "reward-t.pt", game="seaquest").metrics["epoch"] in (
         0.0,
         1.0,
@@ -345,14 +354,17 @@ def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
 def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ties():
     from lib.reward_train import oracle_agreement
 
-    pred1 = np.array([2.0, 1.0, 3.0, 5.0, 0.0, 1.0])
-    pred2 = np.array([1.0, 2.0, 3.0, 4.0, 9.0, 0.0])
-    true1 = np.array([10.0, 0.0, 20.0, 7.0, 3.0, np.nan])
-    true2 = np.array([0.0, 10.0, 0.0, 7.0, 1.0, 1.0])
-    # pair 0 right, 1 right, 2 a predicted tie (wrong), 3 a true tie (left out), 4 wrong,
-    # 5 unknown true return (left out)
-    assert oracle_agreement(pred1, pred2, true1, true2) == (pytest.approx(2 / 4), 4)
-    assert oracle_agreement(pred1[3:4], pred2[3:4], true1[3:4], true2[3:4])[1] == 0
+    pred1 = np.array([2.0, 1.0, 3.0, 2.0, 5.0, 0.0, 1.0])
+    pred2 = np.array([1.0, 2.0, 3.0, 2.0, 4.0, 9.0, 0.0])
+    true1 = np.array([10.0, 0.0, 20.0, 0.0, 7.0, 3.0, np.nan])
+    true2 = np.array([0.0, 10.0, 0.0, 5.0, 7.0, 1.0, 1.0])
+    # pairs 0 and 1 right; 2 and 3 predicted ties (wrong whichever segment is truly better);
+    # 4 a true tie and 6 an unknown true return (left out); 5 wrong. Counting a predicted tie as
+    # "second better", "first better" or half right gives 3/5; leaving it out gives 2/3.
+    assert oracle_agreement(pred1, pred2, true1, true2) == (pytest.approx(2 / 5), 5)
+    assert oracle_agreement(pred1[4:5], pred2[4:5], true1[4:5], true2[4:5])[1] == 0
+    share, n = oracle_agreement(pred1[6:], pred2[6:], true1[6:], true2[6:])
+    assert np.isnan(share) and n == 0
 
 
 def test_bench_quality_uses_the_same_rule():
@@ -362,7 +374,7 @@ def test_bench_quality_uses_the_same_rule():
     from quality import agreement
 
     segs = ["00/00000001.dat", "00/00000002.dat", "00/00000003.dat"]
-    p, t = np.array([1.0, 1.0, 0.0]), np.array([5.0, 0.0, 0.0])
-    # (0,1) predicted tie: wrong; (0,2) right; (1,2) true tie: left out
+    p, t = np.array([1.0, 1.0, 0.0]), np.array([0.0, 5.0, 0.0])
+    # (0,1) predicted tie, the second truly better: wrong; (0,2) true tie: left out; (1,2) right
     assert agreement(segs, p, t) == (pytest.approx(0.5), 2)
-    assert agreement(segs, p, t, skip={("00/00000001.dat", "00/00000003.dat")}) == (0.0, 1)
+    assert agreement(segs, p, t, skip={("00/00000002.dat", "00/00000003.dat")}) == (0.0, 1)
