@@ -476,16 +476,20 @@ def decode_segment(data: bytes, name: str = "<bytes>") -> Segment:
         raise SegmentError(f"{name}: corrupt segment ({type(e).__name__}: {str(e)[:200]})") from None
 
 
-def load_segment(path: str | os.PathLike) -> Segment:
-    """Read one segment file (a regular file of bounded size); SegmentError naming it otherwise.
-    Readers of a DB use ``read_segment``, which also keeps to the DB."""
+def _read_file(path: str | os.PathLike) -> bytes:
+    """A segment file's bytes (a regular file of bounded size); SegmentError naming it otherwise."""
     try:
-        data = read_regular(path, MAX_FILE_BYTES)
+        return read_regular(path, MAX_FILE_BYTES)
     except UnsafeFileError as e:
         raise SegmentError(str(e)) from None
     except OSError as e:
         raise SegmentError(f"{path}: cannot read ({e.strerror or e})") from None
-    return decode_segment(data, str(path))
+
+
+def load_segment(path: str | os.PathLike) -> Segment:
+    """Read one segment file (a regular file of bounded size); SegmentError naming it otherwise.
+    Readers of a DB use ``read_segment``, which also keeps to the DB."""
+    return decode_segment(_read_file(path), str(path))
 
 
 def segment_path(db_root: str | os.PathLike, rel: str) -> Path:
@@ -507,13 +511,7 @@ def read_segment(db_root: str | os.PathLike, rel: str) -> Segment:
 
 def read_segment_bytes(db_root: str | os.PathLike, rel: str) -> bytes:
     """The raw (still compressed) bytes of a DB's segment, with ``read_segment``'s checks."""
-    path = segment_path(db_root, rel)
-    try:
-        return read_regular(path, MAX_FILE_BYTES)
-    except UnsafeFileError as e:
-        raise SegmentError(str(e)) from None
-    except OSError as e:
-        raise SegmentError(f"{path}: cannot read ({e.strerror or e})") from None
+    return _read_file(segment_path(db_root, rel))
 
 
 def encode_segment(segment: Segment, level: int = ZSTD_LEVEL) -> bytes:
