@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from lib.envs import DEFAULT_ENV, AtariVec, VecStep, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
-from lib.games import play_games, score_stats, select_actions
+from lib.games import format_behaviour, play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
     atomic_torch_save,
@@ -617,12 +617,14 @@ class GameStats:
         self.length = np.zeros(n_envs, dtype=np.int64)
         self.recent: deque[float] = deque(maxlen=RECENT_GAMES)
         self.recent_pairs: deque[tuple[float, float]] = deque(maxlen=RECENT_GAMES)  # (true, predicted)
+        self.step_corr = StepCorrelation()  # per-step predicted vs true reward since the last log line
 
     def update(self, st: VecStep, progress: Progress, writer: Any) -> None:
         self.score += st.true_rewards
         self.length += 1
         if st.pred_rewards is not None:
             self.pred += st.pred_rewards
+            self.step_corr.add(st.pred_rewards, st.true_rewards)
         for i in np.flatnonzero(st.game_over):
             progress.games += 1
             self.recent.append(float(self.score[i]))
@@ -640,6 +642,30 @@ class GameStats:
             return None
         tr, pr = np.array(self.recent_pairs).T
         return float(np.corrcoef(tr, pr)[0, 1]) if tr.std() > 0 and pr.std() > 0 else None
+
+
+class StepCorrelation:
+    """Pearson correlation of two streams of numbers from running sums (no history kept): the
+    reward model's per-step prediction against the true reward, all envs, every step."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sums = np.zeros(5)  # x, y, xx, yy, xy
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        self.n += len(x)
+        self.sums += (x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
+
+    def value(self) -> float | None:
+        """The correlation, None with fewer than 2 steps or a constant stream (no points scored)."""
+        if self.n < 2:
+            return None
+        sx, sy, sxx, syy, sxy = self.sums / self.n
+        vx, vy = sxx - sx * sx, syy - sy * sy
+        if vx <= 1e-12 or vy <= 1e-12:
+            return None
+        return float((sxy - sx * sy) / np.sqrt(vx * vy))
 
 
 def _fmt_time(sec: float) -> str:
@@ -683,6 +709,10 @@ class ProgressLog:
                 w.add_scalar(f"reward_model/{k}", v, step)
             if (corr := games.true_vs_pred_corr()) is not None:
                 w.add_scalar("reward_model/true_vs_pred_corr", corr, step)
+            if (corr := games.step_corr.value()) is not None:
+                w.add_scalar("reward_model/step_corr", corr, step)
+                line += f" | step corr {corr:+.2f}"
+            games.step_corr = StepCorrelation()
         if run.cfg.max_steps:
             rate = (step - self.start_step) / max(now - self.t_start - self.eval_seconds, 1e-6)
             line += f" | ETA {_fmt_time((run.cfg.max_steps - step) / max(rate, 1e-6))}"
@@ -732,6 +762,8 @@ def evaluate_and_save(run: Run, stop: list[bool]) -> float:
         f"eval at {step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
         f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]"
     )
+    if behaviour := format_behaviour(res):
+        msg += f", {behaviour}"
     if res["score_mean"] > run.progress.best_mean:
         run.progress.best_mean = res["score_mean"]
         path = run.cfg.save_dir / f"best_{step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"

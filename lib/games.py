@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from lib.teachers import OXYGEN_GAMES, OxygenCounts, OxygenTracker, oxygen_levels
+
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
 
 
@@ -32,6 +34,8 @@ class EpisodeResult:
     video, gif:  recorded files (04_play.py -r), or None
     reward_corr: Pearson correlation of the reward model's per-step prediction with the true
                  reward; None without a reward model or when either is constant (no points scored)
+    oxygen:      SeaQuest's behaviour (voluntary refills, lives lost, lives lost to oxygen, as
+                 ``lib.teachers`` reads the gauge); None for other games
     """
 
     index: int
@@ -41,6 +45,7 @@ class EpisodeResult:
     video: Path | None = None
     gif: Path | None = None
     reward_corr: float | None = None
+    oxygen: OxygenCounts | None = None
 
 
 class GameObserver(Protocol):
@@ -72,6 +77,7 @@ class _Slot:
     index: int
     score: float = 0.0
     steps: int = 0
+    oxygen: OxygenTracker | None = None
 
 
 def play_games(
@@ -98,11 +104,12 @@ def play_games(
     slots: list[_Slot | None] = [None] * venv.n_envs
     started, resets, vec_steps, t0 = 0, 0, 0, time.monotonic()
     base_seed = getattr(venv, "seed", None)
+    track_oxygen = getattr(venv, "game", None) in OXYGEN_GAMES
 
     def start(i: int) -> None:
         nonlocal started
         started += 1
-        slots[i] = _Slot(started)
+        slots[i] = _Slot(started, oxygen=OxygenTracker() if track_oxygen else None)
         if observer is not None:
             observer.started(i, started)
 
@@ -111,6 +118,7 @@ def play_games(
         assert game is not None
         slots[i] = None
         res = EpisodeResult(game.index, game.score, game.steps, end)
+        res.oxygen = game.oxygen.counts if game.oxygen is not None else None
         if observer is not None:
             observer.finished(i, res)
         results.append(res)
@@ -128,6 +136,7 @@ def play_games(
             frames = venv.frames[active].copy()  # the frames the actions are chosen on
             actions = policy(obs)
             preds = predict(frames, actions[active]) if predict is not None else None
+            levels = oxygen_levels(frames).tolist() if track_oxygen else None
             step = venv.step(actions)
             obs = step.obs
             vec_steps += 1
@@ -139,6 +148,8 @@ def play_games(
                 r = float(step.true_rewards[i])
                 game.score += r
                 game.steps += 1
+                if game.oxygen is not None and levels is not None:
+                    game.oxygen.step(levels[k], bool(step.terminated[i]))
                 if observer is not None:
                     observer.stepped(i, frames[k], r, None if preds is None else float(preds[k]))
                 if step.game_over[i]:
@@ -166,13 +177,41 @@ def play_games(
 
 
 def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures."""
+    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures;
+    for SeaQuest also the behaviour figures (``behaviour_stats``)."""
     scores = np.array([r.score for r in results], dtype=np.float64)
     lengths = np.array([r.steps for r in results], dtype=np.float64)
-    return {
+    stats = {
         "score_mean": float(scores.mean()),
         "score_std": float(scores.std()),
         "score_max": float(scores.max()),
         "length_mean": float(lengths.mean()),
         "length_max": float(lengths.max()),
     }
+    stats.update(behaviour_stats(results))
+    return stats
+
+
+def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
+    """Voluntary refills and lives lost per game, and the share of lost lives lost to oxygen
+    (0 when no life was lost); empty unless every game was tracked (SeaQuest)."""
+    counts = [r.oxygen for r in results]
+    if not counts or any(c is None for c in counts):
+        return {}
+    deaths = sum(c.deaths for c in counts if c is not None)
+    oxygen_deaths = sum(c.oxygen_deaths for c in counts if c is not None)
+    return {
+        "refills_per_game": sum(c.refills for c in counts if c is not None) / len(counts),
+        "deaths_per_game": deaths / len(counts),
+        "oxygen_death_share": oxygen_deaths / deaths if deaths else 0.0,
+    }
+
+
+def format_behaviour(stats: dict[str, float]) -> str:
+    """``behaviour_stats`` as a log fragment ('' when there are none)."""
+    if "refills_per_game" not in stats:
+        return ""
+    return (
+        f"refills {stats['refills_per_game']:.2f}/game, lives lost {stats['deaths_per_game']:.2f}/game "
+        f"({100 * stats['oxygen_death_share']:.0f}% to oxygen)"
+    )

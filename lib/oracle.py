@@ -1,4 +1,4 @@
-"""Synthetic (oracle) labels from the segments' true rewards."""
+"""Synthetic labels for a DB: a teacher (``lib.teachers``) answers new random pairs."""
 
 from __future__ import annotations
 
@@ -11,17 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from lib.errors import UserError, warn
-from lib.labels import (
-    EQUAL,
-    FIRST_BETTER,
-    SECOND_BETTER,
-    Label,
-    append_labels,
-    load_labels,
-    pair_key,
-    sample_unlabeled_pairs,
-)
-from lib.segments import SegmentError, list_segments, read_segment
+from lib.labels import Label, append_labels, load_labels, pair_key, sample_unlabeled_pairs
+from lib.segments import SegmentError, db_game, list_segments, read_segment
+from lib.teachers import OXYGEN_GAMES, SegmentFacts, Teacher, segment_facts
 
 
 @dataclass
@@ -34,37 +26,54 @@ class OracleSummary:
     seconds: float
 
 
-def oracle_label_db(db_root: str | os.PathLike, n_pairs: int, seed: int | None = None) -> OracleSummary:
-    """Label ``n_pairs`` new random pairs of a DB from true rewards: the higher return wins,
-    equal returns are a tie (0). Source "oracle". Raises UserError for a legacy DB."""
+def oracle_label_db(
+    db_root: str | os.PathLike,
+    n_pairs: int,
+    seed: int | None = None,
+    teacher: str = "score",
+    noise: float = 0.0,
+    ties: str = "equal",
+) -> OracleSummary:
+    """Label ``n_pairs`` new random pairs of a DB with a synthetic teacher (``lib.teachers``:
+    ``score`` or ``oxygen``, ``noise`` share of random answers, ``ties`` equal|skip). Each label
+    records source "oracle", the teacher and what it saw. UserError for a DB without true
+    rewards (the book's) or a teacher that cannot read the DB's game."""
     t0 = time.time()
     root = Path(db_root)
     if not root.is_dir():
         raise UserError(f"DB not found: {root}")
+    rng = np.random.default_rng(seed)
+    try:
+        judge = Teacher(teacher, noise, ties, rng)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     segs = list_segments(root)
     if len(segs) < 2:
         raise UserError(f"DB {root} has {len(segs)} segment(s): at least 2 are needed to make a pair")
-    rng = np.random.default_rng(seed)
+    game = (db_game(root) or (None, None))[0]
+    if teacher == "oxygen" and game not in OXYGEN_GAMES:
+        held = game or "an unknown game"
+        raise UserError(f"the oxygen teacher reads SeaQuest's oxygen gauge; DB {root} holds {held}")
     taken = set(load_labels(root))
-    returns: dict[str, float | None] = {}
+    facts: dict[str, SegmentFacts | None] = {}
     bad = 0
 
-    def ret(rel: str) -> float | None:
+    def facts_of(rel: str) -> SegmentFacts | None:
         nonlocal bad
-        if rel not in returns:
+        if rel not in facts:
             try:
                 seg = read_segment(root, rel)
             except SegmentError as e:
                 warn(f"skipped: {e}")
                 bad += 1
-                returns[rel] = None
+                facts[rel] = None
                 return None
             if seg.rewards is None:
                 raise UserError(
                     f"DB {root} is a legacy DB without true rewards ({rel}): oracle labels are not possible"
                 )
-            returns[rel] = float(seg.rewards.sum())
-        return returns[rel]
+            facts[rel] = segment_facts(seg.frames, seg.rewards, seg.dones, game)
+        return facts[rel]
 
     labels: list[Label] = []
     while len(labels) < n_pairs:
@@ -73,11 +82,16 @@ def oracle_label_db(db_root: str | os.PathLike, n_pairs: int, seed: int | None =
             break
         for a, b in pairs:
             taken.add(pair_key(a, b))
-            ra, rb = ret(a), ret(b)
-            if ra is None or rb is None:
+            fa, fb = facts_of(a), facts_of(b)
+            if fa is None or fb is None:
                 continue
-            lab = FIRST_BETTER if ra > rb else SECOND_BETTER if rb > ra else EQUAL
-            labels.append(Label(a, b, lab, time=time.time(), source="oracle", extra={"returns": [ra, rb]}))
+            extra: dict[str, object] = {"teacher": teacher, "returns": [fa.ret, fb.ret]}
+            if noise:
+                extra["teacher_noise"] = noise
+            if fa.oxygen is not None and fb.oxygen is not None:
+                extra["refills"] = [fa.oxygen.refills, fb.oxygen.refills]
+                extra["oxygen_deaths"] = [fa.oxygen.oxygen_deaths, fb.oxygen.oxygen_deaths]
+            labels.append(Label(a, b, judge.answer(fa, fb), time=time.time(), source="oracle", extra=extra))
     append_labels(root, labels)
     return OracleSummary(
         db=str(root),

@@ -23,7 +23,7 @@ import torch
 
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
-from lib.games import EpisodeResult, play_games, select_actions
+from lib.games import EpisodeResult, behaviour_stats, format_behaviour, play_games, select_actions
 from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device, wrong_kind
 from lib.reward_wrapper import DEFAULT_CLIP
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
@@ -277,6 +277,9 @@ def _play_loop(
 def format_episode(res: EpisodeResult, with_reward: bool = False) -> str:
     """One console line per game; ``with_reward`` adds the predicted/true reward correlation."""
     parts = [f"episode {res.index}: score {res.score:g}, {res.steps} steps ({res.end})"]
+    if res.oxygen is not None:
+        ox = res.oxygen
+        parts.append(f"refills {ox.refills}, lives lost {ox.deaths} ({ox.oxygen_deaths} to oxygen)")
     if res.video is not None:
         parts.append(f"video {res.video}")
     if res.gif is not None:
@@ -295,6 +298,8 @@ def summary(results: list[EpisodeResult], with_reward: bool = False) -> str:
         f"{len(results)} episode(s): score mean {scores.mean():.1f}, std {scores.std():.1f}, "
         f"max {scores.max():g}; length mean {steps.mean():.0f} steps"
     )
+    if behaviour := format_behaviour(behaviour_stats(results)):
+        line += f"; {behaviour}"
     if with_reward:
         corrs = [r.reward_corr for r in results if r.reward_corr is not None]
         if corrs:

@@ -201,3 +201,67 @@ def make_atari_db(root: str | Path, n_segments: int, t: int = 50, n_envs: int = 
     finally:
         env.close()
     return sorted(out)
+
+
+# --- SeaQuest action plans whose oxygen story is known (found by a random search over plans and
+# seeds; ALE is deterministic with noop_max=0 and no sticky actions). Each is (seed, [(action, n)]).
+# REFILL: dive, shoot, pick up a diver, surface at step 146 with the gauge at 50: a voluntary refill.
+REFILL_PLAN = (383, [("NOOP", 16), ("DOWN", 36), ("DOWNRIGHTFIRE", 23), ("LEFTFIRE", 47), ("UP", 54)])
+REFILL_STEP = 146
+# OXYGEN_DEATH: stay just under the surface until the gauge runs out (it blinks from ~16 down),
+# the sub dies at step 565, the next one waits at the surface while its gauge fills by itself.
+OXYGEN_DEATH_PLAN = (545, [("NOOP", 32), ("DOWN", 2), ("LEFTFIRE", 536), ("NOOP", 40)])
+OXYGEN_DEATH_STEP = 565
+# ENEMY_DEATH: dive to the bottom and wait: an enemy hits the sub at step ~123 with the gauge at 54.
+ENEMY_DEATH_PLAN = (1, [("NOOP", 5), ("DOWN", 60), ("NOOP", 150)])
+
+
+def play_plan(plan: tuple[int, list[tuple[str, int]]]) -> Segment:
+    """Play a (seed, [(action name, repeat)]) plan in one real SeaQuest env; the whole record as a
+    ``Segment`` (frame, action, true reward, life-or-game ended, game over, lives of each step)."""
+    from lib.envs import AtariVec
+
+    seed, steps = plan
+    env = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
+    try:
+        env.reset()
+        index = {name: i for i, name in enumerate(env.action_meanings)}
+        actions = np.array([index[a] for a, n in steps for _ in range(n)], dtype=np.int64)
+        frames, rewards, dones, over, lives = [], [], [], [], []
+        for a in actions:
+            frames.append(env.frames[0].copy())
+            lives.append(int(env.lives[0]))
+            st = env.step(np.array([a]))
+            rewards.append(float(st.true_rewards[0]))
+            dones.append(bool(st.terminated[0] or st.truncated[0]))
+            over.append(bool(st.game_over[0]))
+        return Segment(
+            frames=np.stack(frames),
+            actions=actions,
+            rewards=np.array(rewards, dtype=np.float32),
+            dones=np.array(dones),
+            game_over=np.array(over),
+            lives=np.array(lives, dtype=np.int32),
+            env_id=env.env_id,
+            action_meanings=env.action_meanings,
+            env_index=0,
+            step=len(actions),
+        )
+    finally:
+        env.close()
+
+
+def cut(seg: Segment, start: int, stop: int, step: int | None = None) -> Segment:
+    """Steps [start, stop) of a record as a segment of its own (``step``: its step counter)."""
+    return Segment(
+        frames=seg.frames[start:stop].copy(),
+        actions=seg.actions[start:stop].copy(),
+        rewards=None if seg.rewards is None else seg.rewards[start:stop].copy(),
+        dones=None if seg.dones is None else seg.dones[start:stop].copy(),
+        game_over=None if seg.game_over is None else seg.game_over[start:stop].copy(),
+        lives=None if seg.lives is None else seg.lives[start:stop].copy(),
+        env_id=seg.env_id,
+        action_meanings=seg.action_meanings,
+        env_index=seg.env_index,
+        step=stop if step is None else step,
+    )

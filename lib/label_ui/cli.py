@@ -11,14 +11,15 @@ from lib.oracle import oracle_label_db
 
 
 def run_oracle(cfg: LabelConfig) -> None:
-    """Label ``cfg.oracle`` new random pairs of each DB from true rewards and print a summary."""
+    """Label ``cfg.oracle`` new random pairs of each DB with the synthetic teacher; print a summary."""
     assert cfg.oracle is not None
     for db in cfg.dbs:
-        s = oracle_label_db(db, cfg.oracle, seed=cfg.seed)
-        counts = ", ".join(f"{LABEL_NAMES[v]} {s.counts.get(v, 0)}" for v in (1, 2, 0))
+        s = oracle_label_db(db, cfg.oracle, cfg.seed, cfg.teacher, cfg.teacher_noise, cfg.teacher_ties)
+        counts = ", ".join(f"{LABEL_NAMES[v]} {s.counts.get(v, 0)}" for v in (1, 2, 0, -1))
         short = f" (only {s.labeled} unlabeled pairs were left)" if s.labeled < s.requested else ""
         bad = f"; skipped {s.skipped_unreadable} unreadable segment(s)" if s.skipped_unreadable else ""
-        print(f"{db}: {s.labeled} oracle labels in {s.seconds:.1f} s{short}: {counts}{bad} -> {db}/labels.jsonl")
+        got = f"{s.labeled} oracle labels ({cfg.teacher} teacher) in {s.seconds:.1f} s{short}"
+        print(f"{db}: {got}: {counts}{bad} -> {db}/labels.jsonl")
 
 
 def main(argv: list[str] | None = None) -> None:

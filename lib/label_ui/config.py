@@ -13,6 +13,7 @@ from lib.errors import UserError, warn
 from lib.files import read_regular
 from lib.labels import LABELS_FILE
 from lib.segments import check_same_game
+from lib.teachers import TEACHERS, TIE_RULES
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,9 @@ class LabelConfig:
     fps: float = 15.0
     cache_dir: Path = DEFAULT_CACHE_DIR
     oracle: int | None = None
+    teacher: str = "score"
+    teacher_noise: float = 0.0
+    teacher_ties: str = "equal"
     seed: int | None = None
     labeler: str | None = None
     public_hosts: tuple[str, ...] = ()
@@ -94,7 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="label N new random pairs of each DB from true rewards, print a summary and exit",
+        help="label N new random pairs of each DB with a synthetic teacher (--teacher), print a summary and exit",
+    )
+    p.add_argument(
+        "--teacher",
+        choices=TEACHERS,
+        default="score",
+        help="with --oracle: 'score' prefers the higher true return; 'oxygen' (SeaQuest) prefers fewer lives "
+        "lost to an empty oxygen gauge, then more refills at the surface, then the higher return",
+    )
+    p.add_argument(
+        "--teacher-noise",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="with --oracle: share of answers that are random (#1 or #2 at random), as the paper models people",
+    )
+    p.add_argument(
+        "--teacher-ties",
+        choices=TIE_RULES,
+        default="equal",
+        help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
     p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
@@ -138,6 +162,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
     if args.oracle is not None and args.oracle < 1:
         raise UserError(f"--oracle must be at least 1 pair, got {args.oracle}")
+    if not 0.0 <= args.teacher_noise <= 1.0:
+        raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
     token = _token(args, environ)
     if token is not None and len(token) < 8:
         raise UserError(
@@ -167,6 +193,9 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         fps=args.fps,
         cache_dir=cache_dir,
         oracle=args.oracle,
+        teacher=args.teacher,
+        teacher_noise=args.teacher_noise,
+        teacher_ties=args.teacher_ties,
         seed=args.seed,
         labeler=args.labeler,
         public_hosts=tuple(args.public_host),
