@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: setup demo test test-fast bench bench-quality lint format clean-demo
+.PHONY: setup demo test test-fast bench bench-quality bench-round lint format clean-demo
 
 setup: $(VENV_STAMP)
 
@@ -29,6 +29,12 @@ bench: $(VENV_STAMP)
 # Reward-model quality against the true score: records a DB, oracle-labels it, trains (~10-20 min).
 bench-quality: $(VENV_STAMP)
 	$(PY) bench/quality.py
+
+# A whole round with synthetic teachers (v0, labels, reward model, rlhf and control fine-tunes,
+# evaluation): ~1M + 3 x 500k agent steps on CPU, about 2 hours on 2 cores. Outputs in runs/round/.
+bench-round: $(VENV_STAMP)
+	$(PY) bench/round.py --teacher oxygen
+	$(PY) bench/round.py --teacher score
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .

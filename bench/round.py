@@ -1,0 +1,461 @@
+#!/usr/bin/env python3
+"""Does a round of labels change what the agent does? A whole round with no person, one command.
+
+1. v0: A2C from scratch for --v0-steps, recording a segment DB (``01_a2c.py --db-path``);
+2. --holdout of the DB's segments are set aside; a synthetic teacher (``lib/teachers.py``)
+   labels --labels random pairs of the others (``02_label_ui.py --oracle``'s code);
+3. a reward model with stage 3's defaults (``03_reward_train.py``), scored on the held-out
+   segments: agreement with the teacher over every held-out pair it prefers one of, per-step
+   correlation of predicted and true reward;
+4. arm ``rlhf``: v0's best policy fine-tuned on the reward model (``-r --finetune``) for
+   --ft-steps; arm ``control``: the same policy fine-tuned on the true score, same steps and
+   settings (shared by every teacher of the same --out);
+5. v0, control and rlhf each play --eval-games full games with the same seeds.
+
+Prints one table (rows v0, control, rlhf: score with a 95% interval, length, refills per game,
+lives lost, the share lost to oxygen) with the reward model's figures, says which of the issue's
+targets hold, and writes ``round.png`` (eval score and behaviour against fine-tune steps, both
+arms) and ``round.json`` under ``--out/<teacher>-<labels>``. Every stage's output is kept under
+--out and reused when the command runs again: a stopped run continues where it stopped.
+
+    python bench/round.py --teacher oxygen            # CPU defaults: ~1M + 2 x 500k steps
+    python bench/round.py --teacher score
+    python bench/round.py --scale 10 --dev cuda       # a 10M-step v0 on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lib.errors import UserError, run_cli, warn  # noqa: E402
+from lib.files import atomic_write  # noqa: E402
+from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels  # noqa: E402
+from lib.model import read_checkpoint  # noqa: E402
+from lib.oracle import oracle_label_db  # noqa: E402
+from lib.play import play  # noqa: E402
+from lib.reward_model import load_reward_model  # noqa: E402
+from lib.reward_train import oracle_agreement  # noqa: E402
+from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment  # noqa: E402
+from lib.teachers import TEACHERS, SegmentFacts, Teacher, segment_facts  # noqa: E402
+
+ARMS = ("v0", "control", "rlhf")
+CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
+V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
+EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
+Z95 = 1.96  # normal approximation of the 95% interval of a mean
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/round.py",
+        description="A whole RLHF round with a synthetic teacher: v0, labels, reward model, fine-tune on the "
+        "reward model (rlhf) and on the score (control), then the same evaluation games for all three.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--teacher", choices=TEACHERS, default="oxygen", help="who labels (lib/teachers.py)")
+    p.add_argument("--teacher-noise", type=float, default=0.0, help="share of random answers of the teacher")
+    p.add_argument("--labels", type=int, default=300, help="labeled pairs for the reward model")
+    p.add_argument("--v0-steps", type=int, default=1_000_000, help="agent steps of the from-scratch v0 run")
+    p.add_argument("--ft-steps", type=int, default=500_000, help="agent steps of each fine-tune arm")
+    p.add_argument("--eval-games", type=int, default=30, help="full games each of v0, control and rlhf plays")
+    p.add_argument("--out", type=Path, default=Path("runs/round"), help="where every stage's output is kept")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every step count by this (10 for a GPU)")
+    p.add_argument("--dev", default="cpu", help="torch device of every stage: cpu, cuda or cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="seed of v0, the split, the labels and the fine-tunes")
+    p.add_argument(
+        "--record-prob",
+        type=float,
+        default=0.001,
+        help="v0's per-step chance to start recording a segment (0.001: ~1,000 segments per 1M steps)",
+    )
+    p.add_argument("--holdout", type=float, default=0.2, help="share of the DB's segments never labeled")
+    p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
+    p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    wrong = [
+        (args.labels < 1, f"--labels must be at least 1, got {args.labels}"),
+        (args.v0_steps < 1 or args.ft_steps < 1, "--v0-steps and --ft-steps must be at least 1"),
+        (args.eval_games < 1, f"--eval-games must be at least 1, got {args.eval_games}"),
+        (not args.scale > 0, f"--scale must be positive, got {args.scale}"),
+        (not 0 <= args.teacher_noise <= 1, f"--teacher-noise must be in [0, 1], got {args.teacher_noise}"),
+        (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
+        (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
+        (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
+    ]  # fmt: skip
+    for bad, message in wrong:
+        if bad:
+            raise UserError(message)
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[round {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_stage(name: str, cmd: list[str], logfile: Path) -> None:
+    """Run a pipeline script, its output appended to ``logfile`` and echoed with a prefix."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: $ {' '.join(cmd[1:])}  (log: {logfile})")
+    with open(logfile, "a", encoding="utf-8") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            f.write(line)
+            f.flush()
+            print(f"  [{name}] {line}", end="", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        raise UserError(f"stage {name} failed (exit {rc}); its output is in {logfile}")
+
+
+def a2c_progress(save_dir: Path) -> int | None:
+    """Agent steps a run in ``save_dir`` has done (from its last.pt), None when it has none."""
+    last = save_dir / "last.pt"
+    if not last.exists():
+        return None
+    ck = read_checkpoint(last, "model")
+    return int(ck.get("progress", {}).get("step", 0))
+
+
+def train_a2c(name: str, save_dir: Path, steps: int, evals: int, args: argparse.Namespace, extra: list[str]) -> None:
+    """``01_a2c.py`` for ``steps`` with ``evals`` evaluations: skipped when done, continued
+    (--resume) when stopped."""
+    done = a2c_progress(save_dir)
+    if done is not None and done >= steps:
+        log(f"{name}: done ({done:,} steps in {save_dir}), reused")
+        return
+    test_every = max(steps // evals, 1)
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", name, "--save", str(save_dir), "--dev", args.dev]
+    cmd += ["--max-steps", str(steps), "--seed", str(args.seed), "--runs-dir", str(args.out / "tb")]
+    cmd += ["--test-every", str(test_every), "--test-episodes", str(args.test_episodes)]
+    if done is not None:  # stopped part-way: continue from last.pt (its policy, not -m's)
+        cmd += ["--resume", *_drop_flag_value(extra, "-m")]
+    else:
+        cmd += ["--force", *extra]
+    run_stage(name, cmd, args.out / "logs" / f"{name}.log")
+
+
+def _drop_flag_value(cmd: list[str], flag: str) -> list[str]:
+    """``cmd`` without ``flag`` and the value after it."""
+    out, skip = [], False
+    for x in cmd:
+        if skip:
+            skip = False
+            continue
+        if x == flag:
+            skip = True
+            continue
+        out.append(x)
+    return out
+
+
+def best_policy(save_dir: Path) -> Path:
+    """v0's best checkpoint: the last best_*.pt written (each one beat every earlier evaluation)."""
+    best = sorted(save_dir.glob("best_*.pt"))
+    if not best:
+        raise UserError(f"no best_*.pt in {save_dir}: v0 never finished an evaluation")
+    return best[-1]
+
+
+def split_db(db: Path, out: Path, holdout: float, seed: int) -> dict[str, list[str]]:
+    """Held-out and labelable segments of the v0 DB (kept in out/split.json, made once)."""
+    path = out / "split.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    segs = list_segments(db)
+    if len(segs) < 10:
+        raise UserError(f"v0 recorded {len(segs)} segments into {db}: too few for a round (raise --record-prob)")
+    order = np.random.default_rng(seed).permutation(len(segs))
+    n_hold = max(2, int(round(holdout * len(segs))))
+    split = {"holdout": sorted(segs[i] for i in order[:n_hold]), "train": sorted(segs[i] for i in order[n_hold:])}
+    atomic_write(path, json.dumps(split).encode())
+    return split
+
+
+def teacher_db(db: Path, tdb: Path, train: list[str]) -> None:
+    """A DB of the labelable segments for one teacher's labels: hard links to v0's files (a
+    DB holds one labels.jsonl, and teachers must not share it)."""
+    for rel in [DB_INFO_FILE, *train]:
+        src, dst = db / rel, tdb / rel
+        if dst.exists() or not src.exists():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            atomic_write(dst, src.read_bytes())
+
+
+def label(tdb: Path, args: argparse.Namespace) -> None:
+    have = len(load_labels(tdb, warn=None))
+    if have >= args.labels:
+        log(f"labels: {have} in {tdb}, reused")
+        return
+    s = oracle_label_db(tdb, args.labels - have, seed=args.seed, teacher=args.teacher, noise=args.teacher_noise)
+    log(f"labels: {s.labeled} from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
+
+
+def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
+    path = tdir / "reward-round.pt"
+    if path.exists():
+        log(f"reward model: {path}, reused")
+        return path
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", "round", "-o", str(tdir), "--dev", args.dev]
+    cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress", str(tdb)]
+    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.name}.log")
+    return path
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, float]:
+    """The reward model on segments it never saw: agreement with the teacher over every held-out
+    pair the teacher prefers one of (a predicted tie counts as wrong), agreement with the score,
+    and the per-step correlation of predicted with true reward."""
+    rm = load_reward_model(reward, device=dev)
+    game = (db_game(db) or (None, None))[0]
+    judge = Teacher(teacher)
+    facts: list[SegmentFacts] = []
+    pred_ret, steps_pred, steps_true = [], [], []
+    for rel in holdout:
+        try:
+            seg = read_segment(db, rel)
+        except SegmentError as e:
+            warn(f"skipped: {e}")
+            continue
+        pred = np.asarray(rm.predict(seg.frames, seg.actions), dtype=np.float64).reshape(-1)
+        pred_ret.append(pred.sum())
+        steps_pred.append(pred)
+        steps_true.append(np.asarray(seg.rewards, dtype=np.float64))
+        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
+    p1, p2, t1, t2, s1, s2 = [], [], [], [], [], []
+    for i, j in itertools.combinations(range(len(facts)), 2):
+        verdict = judge.judge(facts[i], facts[j])
+        p1.append(pred_ret[i])
+        p2.append(pred_ret[j])
+        # The teacher's preference as a "true return" pair: the one rule of oracle_agreement.
+        t1.append(1.0 if verdict == FIRST_BETTER else 0.0 if verdict == SECOND_BETTER else math.nan)
+        t2.append(0.0 if verdict == FIRST_BETTER else 1.0 if verdict == SECOND_BETTER else math.nan)
+        s1.append(facts[i].ret)
+        s2.append(facts[j].ret)
+    agree, n = oracle_agreement(np.array(p1), np.array(p2), np.array(t1), np.array(t2))
+    score_agree, n_score = oracle_agreement(np.array(p1), np.array(p2), np.array(s1), np.array(s2))
+    x, y = np.concatenate(steps_pred), np.concatenate(steps_true)
+    corr = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else math.nan
+    return {
+        "teacher_agreement": agree,
+        "teacher_pairs": n,
+        "score_agreement": score_agree,
+        "score_pairs": n_score,
+        "step_corr_heldout": corr,
+        "heldout_segments": len(facts),
+    }
+
+
+def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``."""
+    if cache.exists():
+        d = json.loads(cache.read_text())
+        if d.get("policy") == str(policy) and d.get("games") == args.eval_games:
+            return d
+    log(f"evaluating {policy}: {args.eval_games} games")
+    results = play(policy, episodes=args.eval_games, device=args.dev, seed=EVAL_SEED, log=lambda m: None)
+    d = {
+        "policy": str(policy),
+        "games": args.eval_games,
+        "scores": [r.score for r in results],
+        "lengths": [r.steps for r in results],
+        "refills": [r.oxygen.refills if r.oxygen else None for r in results],
+        "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
+        "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
+    }
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(cache, json.dumps(d).encode())
+    return d
+
+
+def summarise(d: dict[str, Any]) -> dict[str, float]:
+    scores = np.array(d["scores"], dtype=np.float64)
+    half = Z95 * scores.std(ddof=1) / math.sqrt(len(scores)) if len(scores) > 1 else math.nan
+    out = {"score": float(scores.mean()), "score_ci": half, "length": float(np.mean(d["lengths"]))}
+    if all(v is not None for v in d["refills"]):
+        deaths = sum(d["deaths"])
+        out["refills"] = float(np.mean(d["refills"]))
+        out["deaths"] = float(np.mean(d["deaths"]))
+        out["oxygen_deaths"] = float(np.mean(d["oxygen_deaths"]))
+        out["oxygen_share"] = sum(d["oxygen_deaths"]) / deaths if deaths else 0.0
+    return out
+
+
+def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``tag`` from the newest TensorBoard run whose name starts with
+    ``run_prefix`` (a resumed run continues in the same directory)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = sorted(p for p in tb_root.glob(f"{run_prefix}__*") if p.is_dir())
+    steps: dict[int, float] = {}
+    for run in runs:  # earlier directories of a run started over are overwritten by later ones
+        acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            steps.update({e.step: e.value for e in acc.Scalars(tag)})
+    keys = sorted(steps)
+    return keys, [steps[k] for k in keys]
+
+
+def plot(path: Path, curves: dict[str, dict[str, tuple[list[int], list[float]]]], v0: dict[str, float], title: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("eval/score_mean", "score", "mean eval score")]
+    if "refills" in v0:
+        panels += [
+            ("eval/refills_per_game", "refills", "voluntary refills per game"),
+            ("eval/oxygen_death_share", "oxygen_share", "share of lives lost to oxygen"),
+        ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (tag, key, label) in zip(axes[0], panels, strict=True):
+        for arm, style in (("control", "tab:grey"), ("rlhf", "tab:blue")):
+            steps, values = curves[arm].get(tag, ([], []))
+            ax.plot([0, *steps], [v0[key], *values], marker="o", color=style, label=arm)
+        ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
+        ax.set_xlabel("fine-tune agent steps")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def table(rows: dict[str, dict[str, float]]) -> str:
+    head = "| arm | score (95% CI) | length | refills/game | lives lost/game | lost to oxygen |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    for arm in ARMS:
+        r = rows[arm]
+        ox = (
+            f"{r['refills']:.2f} | {r['deaths']:.2f} | {100 * r['oxygen_share']:.0f}%"
+            if "refills" in r
+            else "n/a | n/a | n/a"
+        )
+        lines.append(f"| {arm} | {r['score']:.0f} ± {r['score_ci']:.0f} | {r['length']:.0f} | {ox} |")
+    return "\n".join(lines)
+
+
+def targets(teacher: str, rows: dict[str, dict[str, float]]) -> list[tuple[str, bool]]:
+    """The issue's targets for this teacher, each with whether it held."""
+    rl, ctl, v0 = rows["rlhf"], rows["control"], rows["v0"]
+    if teacher == "score":
+        return [("rlhf scores at least 0.9x control", rl["score"] >= 0.9 * ctl["score"])]
+    return [
+        ("rlhf refills at least once per game", rl["refills"] >= 1.0),
+        ("rlhf refills at least 3x as often as control", rl["refills"] >= 3 * ctl["refills"] and rl["refills"] > 0),
+        ("rlhf loses at most half as many lives to oxygen", rl["oxygen_deaths"] <= 0.5 * ctl["oxygen_deaths"]),
+        ("rlhf scores no less than v0", rl["score"] >= v0["score"]),
+    ]
+
+
+# --- the round ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    check(args)
+    t0 = time.time()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    v0_steps, ft_steps = int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)
+    db = out / "db"
+    noise = f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
+    tdir = out / f"{args.teacher}-{args.labels}{noise}"
+    tdir.mkdir(parents=True, exist_ok=True)
+
+    # 1. v0 and its DB
+    train_a2c(
+        "round-v0", out / "v0", v0_steps, V0_EVALS, args, ["--db-path", str(db), "--record-prob", str(args.record_prob)]
+    )
+    v0_policy = best_policy(out / "v0")
+    # 2. labels on the segments that are not held out
+    split = split_db(db, out, args.holdout, args.seed)
+    tdb = tdir / "db"
+    teacher_db(db, tdb, split["train"])
+    label(tdb, args)
+    # 3. the reward model, on never-seen segments
+    reward = train_reward(tdb, tdir, args)
+    fig_path = tdir / "reward_heldout.json"
+    if fig_path.exists():
+        rm_figs = json.loads(fig_path.read_text())
+    else:
+        rm_figs = held_out_figures(db, split["holdout"], reward, args.teacher, args.dev)
+        atomic_write(fig_path, json.dumps(rm_figs).encode())
+    # 4. the two arms from the same policy
+    ft = ["-m", str(v0_policy), "--finetune"]
+    train_a2c("round-control", out / "control", ft_steps, args.evals, args, ft)
+    rlhf_name = f"round-rlhf-{tdir.name}"
+    train_a2c(rlhf_name, tdir / "rlhf", ft_steps, args.evals, args, [*ft, "-r", str(reward)])
+    # 5. the same games for all three
+    policies = {"v0": v0_policy, "control": out / "control" / "last.pt", "rlhf": tdir / "rlhf" / "last.pt"}
+    caches = {"v0": out / "eval" / "v0.json", "control": out / "eval" / "control.json", "rlhf": tdir / "eval.json"}
+    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS}
+    _, corr = tb_scalars(out / "tb", rlhf_name, "reward_model/step_corr")
+    rm_figs["step_corr_finetune"] = float(np.mean(corr)) if corr else math.nan
+
+    curves = {
+        arm: {
+            tag: tb_scalars(out / "tb", name, tag)
+            for tag in ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
+        }
+        for arm, name in (("control", "round-control"), ("rlhf", rlhf_name))
+    }
+    title = f"{args.teacher} teacher, {args.labels} labels, v0 {v0_steps:,} steps, fine-tune {ft_steps:,} steps"
+    plot(tdir / "round.png", curves, rows["v0"], title)
+
+    print(f"\n## Round: {title}, {args.eval_games} eval games (seed {args.seed})\n")
+    print(table(rows))
+    print(
+        f"\nreward model on {rm_figs['heldout_segments']} never-seen segments: "
+        f"{100 * rm_figs['teacher_agreement']:.1f}% agreement with the teacher ({rm_figs['teacher_pairs']} pairs), "
+        f"{100 * rm_figs['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
+        f"{rm_figs['step_corr_heldout']:+.2f} (held out), "
+        f"{rm_figs['step_corr_finetune']:+.2f} (during the rlhf fine-tune)"
+    )
+    checks = targets(args.teacher, rows)
+    for what, ok in checks:
+        print(f"target: {what}: {'met' if ok else 'MISSED'}")
+    report = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "v0_steps": v0_steps,
+        "ft_steps": ft_steps,
+        "rows": rows,
+        "reward_model": rm_figs,
+        "targets": {what: ok for what, ok in checks},
+    }
+    atomic_write(tdir / "round.json", json.dumps(report, indent=1).encode())
+    print(f"\n{tdir / 'round.png'}, {tdir / 'round.json'} ({(time.time() - t0) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    run_cli(main)

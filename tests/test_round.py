@@ -1,0 +1,52 @@
+"""``bench/round.py`` at a tiny budget: every stage runs for real (A2C, teacher labels, reward
+model, both fine-tune arms, evaluation games), and a second run with the same --out reuses them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib.labels import read_label_log
+from lib.segments import list_segments
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--v0-steps", "2000", "--ft-steps", "1000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.05"]
+TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen"]
+
+
+def run_round(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "bench" / "round.py"), "--out", str(out), *TINY, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_round_runs_every_stage_and_continues(tmp_path: Path) -> None:
+    out = tmp_path / "round"
+    p = run_round(out)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for arm in ("v0", "control", "rlhf"):
+        assert f"\n| {arm} | " in p.stdout
+    assert "agreement with the teacher" in p.stdout and "target: rlhf refills at least once per game" in p.stdout
+    tdir = out / "oxygen-15"
+    png = (tdir / "round.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    report = json.loads((tdir / "round.json").read_text())
+    assert set(report["rows"]) == {"v0", "control", "rlhf"} and "refills" in report["rows"]["rlhf"]
+    # The teacher labeled only segments that are not held out, and the rlhf arm learned from its model.
+    split = json.loads((out / "split.json").read_text())
+    labels = read_label_log(tdir / "db")
+    assert len(labels) == 15 and all(lab.extra["teacher"] == "oxygen" for lab in labels)
+    seen = {s for lab in labels for s in (lab.sample1, lab.sample2)}
+    assert seen <= set(split["train"]) and not seen & set(split["holdout"])
+    assert set(list_segments(tdir / "db")) == set(split["train"])
+    rlhf_cmd = next(line for line in p.stdout.splitlines() if "round-rlhf-oxygen-15: $" in line)
+    assert f"-r {tdir / 'reward-round.pt'}" in rlhf_cmd and "--finetune" in rlhf_cmd
+    # Started again with the same --out: every stage is reused, nothing trains twice.
+    again = run_round(out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("reused") == 5 and "$ " not in again.stdout
+    assert json.loads((tdir / "round.json").read_text())["rows"] == report["rows"]
