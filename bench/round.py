@@ -272,6 +272,37 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
     }
 
 
+def teacher_evidence(db: Path, tdb: Path, train: list[str]) -> dict[str, int]:
+    """What the teacher had to go on: how its labels were decided, and how many of the labelable
+    segments show a voluntary refill or an oxygen death at all (SeaQuest)."""
+    ev = {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0}
+    for lab in load_labels(tdb, warn=None).values():
+        ev["labels"] += 1
+        deaths, refills, rets = (lab.extra.get(k) for k in ("oxygen_deaths", "refills", "returns"))
+        if lab.label not in (FIRST_BETTER, SECOND_BETTER):
+            ev["ties" if lab.label == 0 else "cant_tell"] += 1
+        elif deaths and deaths[0] != deaths[1]:
+            ev["by_oxygen_death"] += 1
+        elif refills and refills[0] != refills[1]:
+            ev["by_refill"] += 1
+        elif rets and rets[0] != rets[1]:
+            ev["by_score"] += 1
+    game = (db_game(db) or (None, None))[0]
+    ev.update(segments=0, with_refill=0, with_oxygen_death=0, lives_lost=0)
+    for rel in train:
+        try:
+            seg = read_segment(db, rel)
+        except SegmentError:
+            continue
+        f = segment_facts(seg.frames, seg.rewards, seg.dones, game)
+        ev["segments"] += 1
+        if f.oxygen is not None:
+            ev["with_refill"] += f.oxygen.refills > 0
+            ev["with_oxygen_death"] += f.oxygen.oxygen_deaths > 0
+            ev["lives_lost"] += f.oxygen.deaths
+    return ev
+
+
 def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``."""
     if cache.exists():
@@ -442,6 +473,18 @@ def main(argv: list[str] | None = None) -> None:
         f"{rm_figs['step_corr_heldout']:+.2f} (held out), "
         f"{rm_figs['step_corr_finetune']:+.2f} (during the rlhf fine-tune)"
     )
+    ev_path = tdir / "evidence.json"
+    if ev_path.exists():
+        ev = json.loads(ev_path.read_text())
+    else:
+        ev = teacher_evidence(db, tdb, split["train"])
+        atomic_write(ev_path, json.dumps(ev).encode())
+    print(
+        f"the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
+        f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
+        f"{ev['cant_tell']} can't tell; of the {ev['segments']} labelable segments {ev['with_refill']} show a "
+        f"voluntary refill and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
+    )
     checks = targets(args.teacher, rows)
     for what, ok in checks:
         print(f"target: {what}: {'met' if ok else 'MISSED'}")
@@ -451,6 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         "ft_steps": ft_steps,
         "rows": rows,
         "reward_model": rm_figs,
+        "teacher_evidence": ev,
         "targets": {what: ok for what, ok in checks},
     }
     atomic_write(tdir / "round.json", json.dumps(report, indent=1).encode())

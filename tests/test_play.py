@@ -149,7 +149,11 @@ def test_summary_line() -> None:
     res = [EpisodeResult(1, 100.0, 500, "game over"), EpisodeResult(2, 300.0, 700, "game over")]
     line = summary(res)
     assert "2 episode(s): score mean 200.0, std 100.0, max 300" in line
-    assert "length mean 600 steps" in line
+    assert "length mean 600 steps" in line and "refills" not in line  # no gauge was read
+    from lib.teachers import OxygenCounts
+
+    res[0].oxygen, res[1].oxygen = OxygenCounts(1, 4, 1), OxygenCounts(2, 4, 0)
+    assert "refills 1.50/game, lives lost 4.00/game (12% to oxygen)" in summary(res)
 
 
 # --- the reward view ---------------------------------------------------------------------------

@@ -205,3 +205,37 @@ def test_label_ui_oracle_flags(tmp_path: Path) -> None:
         p = subprocess.run([*main, *bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and p.stderr.startswith("error") or "usage" in p.stderr, (bad, p.stderr)
         assert "Traceback" not in p.stderr
+
+
+def test_full_games_report_the_same_oxygen_story(oxygen_death: Segment) -> None:
+    """play_games (01_a2c.py's evaluation, 04_play.py) reads the gauge with the teacher's tracker."""
+    from lib.envs import AtariVec
+    from lib.games import play_games, score_stats
+
+    seed, _ = OXYGEN_DEATH_PLAN
+    actions = iter(oxygen_death.actions.tolist())
+    venv = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
+    try:
+        results = play_games(venv, lambda obs: np.array([next(actions)]), 1, max_steps=len(oxygen_death))
+    finally:
+        venv.close()
+    assert results is not None and results[0].end == "max steps"
+    assert results[0].score == float(oxygen_death.rewards.sum())
+    assert results[0].oxygen == OxygenCounts(refills=0, deaths=1, oxygen_deaths=1)
+    stats = score_stats(results)
+    assert stats["refills_per_game"] == 0 and stats["deaths_per_game"] == 1 and stats["oxygen_death_share"] == 1
+
+
+def test_step_correlation_matches_numpy() -> None:
+    from lib.a2c import StepCorrelation
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=1000)
+    y = 0.5 * x + rng.normal(size=1000)
+    c = StepCorrelation()
+    for i in range(0, 1000, 16):
+        c.add(x[i : i + 16], y[i : i + 16])
+    assert c.value() == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-9)
+    flat = StepCorrelation()
+    flat.add(x[:50], np.zeros(50))  # no points scored: undefined, not 0
+    assert flat.value() is None and StepCorrelation().value() is None
