@@ -2,6 +2,7 @@
 """Train the reward model on the preference labels of one or more segment DBs.
 
     03_reward_train.py -n v0 -o saves/reward db/v0 [db/v1 ...]
+    03_reward_train.py --evaluate saves/reward/reward-v0.pt db/v1 [db/v2 ...]   # score, no training
 
 Writes the best model (lowest test loss) to OUTDIR/reward-NAME.pt, for ``01_a2c.py -r`` and
 ``04_play.py``; TensorBoard logs go under runs/. All the logic is in lib/reward_train.py.
@@ -21,8 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("dbs", nargs="+", metavar="DB", help="segment DB directories with labels (labels.jsonl)")
-    p.add_argument("-n", "--name", required=True, help="name of the run: the model is OUTDIR/reward-NAME.pt")
-    p.add_argument("-o", "--out", required=True, metavar="OUTDIR", help="directory for the model")
+    p.add_argument("-n", "--name", help="name of the run: the model is OUTDIR/reward-NAME.pt (needed to train)")
+    p.add_argument("-o", "--out", metavar="OUTDIR", help="directory for the model (needed to train)")
+    p.add_argument(
+        "--evaluate",
+        metavar="MODEL",
+        help="train nothing: score this reward model on the DBs' segments with true rewards (oracle agreement "
+        "over all pairs whose true returns differ, return and per-step correlation), one line per DB and a total",
+    )
     p.add_argument("--dev", default="cpu", help="torch device to train on: cpu or cuda")
     p.add_argument("--epochs", type=int, default=100, help="maximum epochs (early stopping usually ends sooner)")
     p.add_argument("--batch", type=int, default=16, help="labeled pairs per optimiser step (the book: 64)")
@@ -73,8 +80,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def evaluate(args: argparse.Namespace) -> int:
+    from lib.errors import UserError
+    from lib.model import resolve_device
+    from lib.reward_eval import evaluate_model
+    from lib.reward_model import load_reward_model
+    from lib.segments import check_same_game
+
+    device = resolve_device(args.dev)
+    for db in args.dbs:
+        if not Path(db).is_dir():
+            raise UserError(f"DB not found: {db}")
+    game = check_same_game(args.dbs, "--evaluate got")
+    rm = load_reward_model(args.evaluate, game=game, device=device)
+    print(f"scoring {args.evaluate} on {len(args.dbs)} DB(s), device {device}")
+    evaluate_model(rm, args.dbs)
+    return 0
+
+
 def main() -> int:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.evaluate:
+        return evaluate(args)
+    if not args.name or not args.out:
+        parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
     from torch.utils.tensorboard import SummaryWriter
 
     from lib.model import resolve_device

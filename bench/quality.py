@@ -37,6 +37,7 @@ from table import print_table  # noqa: E402  (bench/ is on sys.path when run as 
 
 from lib.labels import load_labels, pair_key  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
+from lib.reward_eval import Scores, predict_segments, score  # noqa: E402
 from lib.reward_model import RewardPredictor, load_reward_model  # noqa: E402
 from lib.reward_train import oracle_agreement  # noqa: E402
 from lib.segments import list_segments, read_segment  # noqa: E402
@@ -67,16 +68,6 @@ def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> N
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
-def predicted_returns(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(predicted, true) return of each segment of ``segs``."""
-    pred, true = [], []
-    for rel in segs:
-        seg = read_segment(db, rel)
-        pred.append(float(rm.predict(seg.frames, seg.actions).sum()))
-        true.append(seg.true_return)
-    return np.array(pred), np.array(true)
-
-
 def agreement(
     segs: list[str], p: np.ndarray, t: np.ndarray, skip: AbstractSet[tuple[str, str]] = frozenset()
 ) -> tuple[float, int]:
@@ -89,13 +80,9 @@ def agreement(
     return oracle_agreement(p[i], p[j], t[i], t[j])
 
 
-def heldout_agreement(rm: RewardPredictor, db: Path, segs: list[str]) -> tuple[float, int, float]:
-    """(agreement, pairs, Pearson r) of the model's predicted returns over all pairs of ``segs``
-    whose true returns differ."""
-    p, t = predicted_returns(rm, db, segs)
-    share, n = agreement(segs, p, t)
-    corr = float(np.corrcoef(p, t)[0, 1]) if np.std(t) > 0 and np.std(p) > 0 else float("nan")
-    return share, n, corr
+def heldout_agreement(rm: RewardPredictor, db: Path, segs: list[str]) -> Scores:
+    """``03_reward_train.py --evaluate``'s figures over the held-out segments ``segs``."""
+    return score(predict_segments(rm, db, segs))
 
 
 def main() -> None:
@@ -187,19 +174,20 @@ def main() -> None:
             path = out / f"reward-q-{inp}.pt"
             rm = load_reward_model(path)
             m = rm.metrics
-            agree, n_pairs, corr = heldout_agreement(rm, db, hold)
+            held = heldout_agreement(rm, db, hold)
             setting = f"--input {inp} {' '.join(extra)}".strip()
             rows.append(
                 (
                     "held-out oracle agreement",
-                    f"{100 * agree:.1f}",
+                    f"{100 * held.agreement:.1f}",
                     "%",
-                    f"{setting}: {n_pairs} pairs of {len(hold)} never-trained segments",
+                    f"{setting}: {held.pairs} pairs of {held.segments} never-trained segments",
                 )
             )
-            rows.append(("held-out return correlation", f"{corr:.3f}", "Pearson r", setting))
-            pp, pt = predicted_returns(rm, train_db, pool)
-            share, n_unl = agreement(pool, pp, pt, skip=labeled)
+            rows.append(("held-out return correlation", f"{held.return_corr:.3f}", "Pearson r", setting))
+            rows.append(("held-out per-step correlation", f"{held.step_corr:.3f}", "Pearson r", setting))
+            pool_pred = predict_segments(rm, train_db, pool)
+            share, n_unl = agreement(pool_pred.names, pool_pred.pred_returns, pool_pred.true_returns, skip=labeled)
             rows.append(
                 (
                     "unlabeled-pair oracle agreement",

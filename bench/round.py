@@ -26,7 +26,6 @@ arms) and ``round.json`` under ``--out/<teacher>-<labels>``. Every stage's outpu
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -41,16 +40,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lib.errors import UserError, run_cli, warn  # noqa: E402
+from lib.errors import UserError, run_cli  # noqa: E402
 from lib.files import atomic_write  # noqa: E402
 from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels  # noqa: E402
 from lib.model import read_checkpoint  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.play import play  # noqa: E402
+from lib.reward_eval import predict_segments, score  # noqa: E402
 from lib.reward_model import load_reward_model  # noqa: E402
 from lib.reward_train import oracle_agreement  # noqa: E402
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment  # noqa: E402
-from lib.teachers import TEACHERS, SegmentFacts, Teacher, segment_facts  # noqa: E402
+from lib.teachers import TEACHERS, Teacher, segment_facts  # noqa: E402
 
 ARMS = ("v0", "control", "rlhf")
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
@@ -230,45 +230,30 @@ def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
 
 def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, float]:
     """The reward model on segments it never saw: agreement with the teacher over every held-out
-    pair the teacher prefers one of (a predicted tie counts as wrong), agreement with the score,
-    and the per-step correlation of predicted with true reward."""
+    pair the teacher prefers one of (a predicted tie counts as wrong), and ``--evaluate``'s
+    figures against the score (agreement, per-step correlation)."""
     rm = load_reward_model(reward, device=dev)
+    preds = predict_segments(rm, db, holdout)
+    vs_score = score(preds)
     game = (db_game(db) or (None, None))[0]
-    judge = Teacher(teacher)
-    facts: list[SegmentFacts] = []
-    pred_ret, steps_pred, steps_true = [], [], []
-    for rel in holdout:
-        try:
-            seg = read_segment(db, rel)
-        except SegmentError as e:
-            warn(f"skipped: {e}")
-            continue
-        pred = np.asarray(rm.predict(seg.frames, seg.actions), dtype=np.float64).reshape(-1)
-        pred_ret.append(pred.sum())
-        steps_pred.append(pred)
-        steps_true.append(np.asarray(seg.rewards, dtype=np.float64))
+    facts = []
+    for rel in preds.names:
+        seg = read_segment(db, rel)
         facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
-    p1, p2, t1, t2, s1, s2 = [], [], [], [], [], []
-    for i, j in itertools.combinations(range(len(facts)), 2):
-        verdict = judge.judge(facts[i], facts[j])
-        p1.append(pred_ret[i])
-        p2.append(pred_ret[j])
-        # The teacher's preference as a "true return" pair: the one rule of oracle_agreement.
-        t1.append(1.0 if verdict == FIRST_BETTER else 0.0 if verdict == SECOND_BETTER else math.nan)
-        t2.append(0.0 if verdict == FIRST_BETTER else 1.0 if verdict == SECOND_BETTER else math.nan)
-        s1.append(facts[i].ret)
-        s2.append(facts[j].ret)
-    agree, n = oracle_agreement(np.array(p1), np.array(p2), np.array(t1), np.array(t2))
-    score_agree, n_score = oracle_agreement(np.array(p1), np.array(p2), np.array(s1), np.array(s2))
-    x, y = np.concatenate(steps_pred), np.concatenate(steps_true)
-    corr = float(np.corrcoef(x, y)[0, 1]) if x.std() > 0 and y.std() > 0 else math.nan
+    judge = Teacher(teacher)
+    i, j = np.triu_indices(len(facts), k=1)
+    verdicts = np.array([judge.judge(facts[a], facts[b]) for a, b in zip(i, j, strict=True)])
+    # The teacher's preference as a pair of "true returns", so that oracle_agreement's one rule
+    # applies: (1, 0) when #1 is preferred, (0, 1) for #2, NaN (left out) for ties and can't tell.
+    t1 = np.where(verdicts == FIRST_BETTER, 1.0, np.where(verdicts == SECOND_BETTER, 0.0, math.nan))
+    agree, n = oracle_agreement(preds.pred_returns[i], preds.pred_returns[j], t1, 1.0 - t1)
     return {
         "teacher_agreement": agree,
         "teacher_pairs": n,
-        "score_agreement": score_agree,
-        "score_pairs": n_score,
-        "step_corr_heldout": corr,
-        "heldout_segments": len(facts),
+        "score_agreement": vs_score.agreement,
+        "score_pairs": vs_score.pairs,
+        "step_corr_heldout": vs_score.step_corr,
+        "heldout_segments": vs_score.segments,
     }
 
 

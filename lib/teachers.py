@@ -133,7 +133,8 @@ def segment_facts(
 ) -> SegmentFacts:
     """Facts of one segment (``life_lost``: the segment's ``dones``, a life or the game ended)."""
     ret = None if rewards is None else float(np.sum(rewards, dtype=np.float64))
-    oxygen = oxygen_counts(frames, life_lost) if game in OXYGEN_GAMES else None
+    has_gauge = game in OXYGEN_GAMES and tuple(frames.shape[1:]) == (210, 160, 3)  # full-resolution frames
+    oxygen = oxygen_counts(frames, life_lost) if has_gauge else None
     return SegmentFacts(ret, oxygen)
 
 

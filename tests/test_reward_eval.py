@@ -1,0 +1,123 @@
+"""Scoring a trained reward model on DBs (lib/reward_eval.py, ``03_reward_train.py --evaluate``)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dbs import make_square_db, write_legacy_segment
+
+from lib.model import read_checkpoint
+from lib.oracle import oracle_label_db
+from lib.reward_eval import all_pairs_agreement, predict_segments, score
+from lib.reward_model import load_reward_model
+from lib.reward_train import TrainConfig, load_preferences, train_reward_model
+from lib.segments import list_segments, read_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_all_pairs_agreement_by_hand() -> None:
+    pred = [0.0, 1.0, 2.0, 2.0]
+    true = [0.0, 2.0, 1.0, 5.0]
+    # (0,1) ok, (0,2) ok, (0,3) ok, (1,2) wrong order, (1,3) ok, (2,3) a predicted tie: wrong
+    assert all_pairs_agreement(np.array(pred), np.array(true)) == (pytest.approx(4 / 6), 6)
+    # pairs with equal true returns are left out: only (0,1) and (0,2) remain, (0,1) is a tie
+    share, n = all_pairs_agreement(np.array([0.0, 0.0, 1.0]), np.array([1.0, 2.0, 2.0]))
+    assert (share, n) == (pytest.approx(0.5), 2)
+    share, n = all_pairs_agreement(np.array([1.0, 2.0]), np.array([3.0, 3.0]))
+    assert math.isnan(share) and n == 0
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A square-rule DB, a model trained on it for a few epochs, and the same model made constant."""
+    tmp = tmp_path_factory.mktemp("eval")
+    db = tmp / "db"
+    make_square_db(db, n_segments=24, steps=10, seed=0)
+    oracle_label_db(db, 80, seed=1)
+    data = load_preferences([db], log=lambda _: None)
+    res = train_reward_model(
+        data, TrainConfig(epochs=3, batch=16, lr=1e-3, seed=0), tmp / "r.pt", progress=False, log=lambda _: None
+    )
+    ck = read_checkpoint(res.path, "reward model")
+    for state in ck["state_dicts"]:
+        state["out.2.weight"].zero_()  # the last layer ignores its input: every step predicts the bias
+    flat = tmp / "flat.pt"
+    torch.save(ck, flat)
+    return db, res.path, flat
+
+
+def run_evaluate(model: Path, *dbs: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "--evaluate", str(model), *map(str, dbs)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_evaluate_a_constant_model_orders_nothing(trained: tuple[Path, Path, Path]) -> None:
+    db, _, flat = trained
+    returns = [read_segment(db, rel).true_return for rel in list_segments(db)]
+    differ = sum(a != b for a, b in itertools.combinations(returns, 2))
+    p = run_evaluate(flat, db)
+    assert p.returncode == 0, p.stderr
+    # Every pair is a predicted tie: wrong by the one rule; a constant prediction has no correlation.
+    assert f"oracle agreement 0.0% ({differ:,} pairs" in p.stdout
+    assert "return corr n/a, per-step corr n/a" in p.stdout
+
+
+@pytest.mark.slow
+def test_evaluate_matches_a_pair_by_pair_count(trained: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    db, model, _ = trained
+    other = tmp_path / "db2"
+    make_square_db(other, n_segments=12, steps=10, seed=7)
+    write_legacy_segment(other / "00" / "00099999.dat", np.zeros((10, 48, 48, 3), np.uint8), np.zeros(10, int))
+    rm = load_reward_model(model)
+    ok = n = 0
+    pred, true = [], []
+    for d in (db, other):
+        for rel in list_segments(d):
+            seg = read_segment(d, rel)
+            if seg.rewards is None:
+                continue
+            pred.append(float(rm.predict(seg.frames, seg.actions).sum()))
+            true.append(seg.true_return)
+    for i, j in itertools.combinations(range(len(pred)), 2):
+        if true[i] != true[j]:
+            n += 1
+            ok += np.sign(pred[i] - pred[j]) == np.sign(true[i] - true[j])
+    p = run_evaluate(model, db, other)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[1].startswith(f"{db}: 24 segments") and lines[2].startswith(f"{other}: 12 segments")
+    assert "(1 skipped: unreadable or without true rewards)" in lines[2]
+    total = re.search(r"total \(2 DBs\): 36 segments, oracle agreement ([0-9.]+)% \(([0-9,]+) pairs", lines[3])
+    assert total is not None
+    assert float(total[1]) == pytest.approx(100 * ok / n, abs=0.05) and int(total[2].replace(",", "")) == n
+    # the library function bench/quality.py uses gives the same figures for one DB
+    s = score(predict_segments(rm, db, list_segments(db)))
+    assert f"oracle agreement {100 * s.agreement:.1f}%" in lines[1] and f"per-step corr {s.step_corr:+.3f}" in lines[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--evaluate", "missing.pt", "DB"], "not found"),
+        (["--evaluate", "MODEL", "nope-db"], "DB not found"),
+        (["DB"], "training needs -n NAME and -o OUTDIR"),
+    ],
+)
+def test_evaluate_bad_input_one_line_exit_2(trained: tuple[Path, Path, Path], args: list[str], message: str) -> None:
+    db, model, _ = trained
+    argv = [str(db) if a == "DB" else str(model) if a == "MODEL" else a for a in args]
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "03_reward_train.py"), *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
