@@ -152,6 +152,9 @@ def train_a2c(name: str, save_dir: Path, steps: int, evals: int, args: argparse.
     else:
         cmd += ["--force", *extra]
     run_stage(name, cmd, args.out / "logs" / f"{name}.log")
+    reached = a2c_progress(save_dir) or 0
+    if reached < steps:  # Ctrl-C reached the child too: it saved last.pt and ended cleanly
+        raise UserError(f"{name} stopped at step {reached:,} of {steps:,}: run the same command to continue")
 
 
 def _drop_flag_value(cmd: list[str], flag: str) -> list[str]:
@@ -486,5 +489,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{tdir / 'round.png'}, {tdir / 'round.json'} ({(time.time() - t0) / 60:.1f} min)")
 
 
+def cli() -> None:
+    try:
+        run_cli(main)
+    except KeyboardInterrupt:
+        print("\ninterrupted: every finished stage is kept; run the same command to continue", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":
-    run_cli(main)
+    cli()
