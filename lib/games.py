@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from lib.teachers import OXYGEN_GAMES, OxygenCounts, OxygenTracker, oxygen_levels
+from lib.teachers import OxygenCounts, OxygenTracker, oxygen_levels, shows_gauge
 
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
 
@@ -104,7 +104,6 @@ def play_games(
     slots: list[_Slot | None] = [None] * venv.n_envs
     started, resets, vec_steps, t0 = 0, 0, 0, time.monotonic()
     base_seed = getattr(venv, "seed", None)
-    track_oxygen = getattr(venv, "game", None) in OXYGEN_GAMES
 
     def start(i: int) -> None:
         nonlocal started
@@ -124,6 +123,7 @@ def play_games(
         results.append(res)
 
     obs = venv.reset()
+    track_oxygen = shows_gauge(getattr(venv, "game", None), venv.frames.shape[1:])
     try:
         for i in range(min(venv.n_envs, episodes)):
             start(i)

@@ -51,13 +51,20 @@ OXYGEN_EMPTY_MAX = 2  # last level seen before the gauge emptied, at most this: 
 TEACHERS = ("score", "oxygen")
 TIE_RULES = ("equal", "skip")
 OXYGEN_GAMES = ("seaquest",)  # games whose frames have the gauge this module reads
+FRAME_SHAPE = (210, 160, 3)  # the full-resolution RGB frame the gauge rows and columns refer to
+
+
+def shows_gauge(game: str | None, frame_shape: tuple[int, ...]) -> bool:
+    """Whether frames of this shape from this game carry a gauge ``oxygen_levels`` can read
+    (SeaQuest at full resolution; a DB recorded downscaled, or a test env, has none)."""
+    return game in OXYGEN_GAMES and tuple(frame_shape) == FRAME_SHAPE
 
 
 def oxygen_levels(frames: np.ndarray) -> np.ndarray:
     """(T, 210, 160, 3) or (210, 160, 3) uint8 frames -> (T,) or () int16 oxygen level 0-63, -1
     where the frame shows no gauge."""
     frames = np.asarray(frames)
-    if frames.ndim < 3 or frames.shape[-3:-1] != (210, 160) or frames.shape[-1] != 3:
+    if frames.ndim < 3 or frames.shape[-3:] != FRAME_SHAPE:
         raise ValueError(f"oxygen_levels needs 210x160 RGB frames, got shape {frames.shape}")
     region = frames[..., GAUGE_ROWS, GAUGE_COLS, :]
     red = (region == GAUGE_RED).all(-1).sum(-1).max(-1)
@@ -133,8 +140,7 @@ def segment_facts(
 ) -> SegmentFacts:
     """Facts of one segment (``life_lost``: the segment's ``dones``, a life or the game ended)."""
     ret = None if rewards is None else float(np.sum(rewards, dtype=np.float64))
-    has_gauge = game in OXYGEN_GAMES and tuple(frames.shape[1:]) == (210, 160, 3)  # full-resolution frames
-    oxygen = oxygen_counts(frames, life_lost) if has_gauge else None
+    oxygen = oxygen_counts(frames, life_lost) if shows_gauge(game, frames.shape[1:]) else None
     return SegmentFacts(ret, oxygen)
 
 
