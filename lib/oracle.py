@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from lib.errors import UserError, warn
-from lib.labels import Label, append_labels, load_labels, pair_key, sample_unlabeled_pairs
+from lib.labels import Label, append_labels, load_labels, pair_key
+from lib.sampling import MODEL_MODES, SegmentBeliefs, choose_pairs
 from lib.segments import SegmentError, db_game, list_segments, read_segment
 from lib.teachers import OXYGEN_GAMES, SegmentFacts, Teacher, segment_facts
 
@@ -33,11 +34,16 @@ def oracle_label_db(
     teacher: str = "score",
     noise: float = 0.0,
     ties: str = "equal",
+    sampling: str = "random",
+    reward: str | os.PathLike | None = None,
+    pool: int | None = None,
 ) -> OracleSummary:
-    """Label ``n_pairs`` new random pairs of a DB with a synthetic teacher (``lib.teachers``:
-    ``score`` or ``oxygen``, ``noise`` share of random answers, ``ties`` equal|skip). Each label
-    records source "oracle", the teacher and what it saw. UserError for a DB without true
-    rewards (the book's) or a teacher that cannot read the DB's game."""
+    """Label ``n_pairs`` new pairs of a DB with a synthetic teacher (``lib.teachers``: ``score``
+    or ``oxygen``, ``noise`` share of random answers, ``ties`` equal|skip), the pairs picked as
+    the label page would pick them (``lib.sampling``: ``sampling`` mode, ``reward`` model,
+    ``pool`` of candidates). Each label records source "oracle", the teacher and what it saw.
+    UserError for a DB without true rewards (the book's) or a teacher that cannot read the DB's
+    game."""
     t0 = time.time()
     root = Path(db_root)
     if not root.is_dir():
@@ -54,6 +60,13 @@ def oracle_label_db(
     if teacher == "oxygen" and game not in OXYGEN_GAMES:
         held = game or "an unknown game"
         raise UserError(f"the oxygen teacher reads SeaQuest's oxygen gauge; DB {root} holds {held}")
+    beliefs = None
+    if sampling in MODEL_MODES:
+        if reward is None:
+            raise UserError(f"--sampling {sampling} needs the reward model's view: pass --reward MODEL")
+        from lib.reward_model import load_reward_model  # torch only when a model is used
+
+        beliefs = SegmentBeliefs(load_reward_model(reward, game=game), root)
     taken = set(load_labels(root))
     facts: dict[str, SegmentFacts | None] = {}
     bad = 0
@@ -77,7 +90,7 @@ def oracle_label_db(
 
     labels: list[Label] = []
     while len(labels) < n_pairs:
-        pairs = sample_unlabeled_pairs(segs, taken, n_pairs - len(labels), rng)
+        pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool)
         if not pairs:
             break
         for a, b in pairs:
@@ -88,6 +101,8 @@ def oracle_label_db(
             extra: dict[str, object] = {"teacher": teacher, "returns": [fa.ret, fb.ret]}
             if noise:
                 extra["teacher_noise"] = noise
+            if sampling != "random":
+                extra["sampling"] = sampling
             if fa.oxygen is not None and fb.oxygen is not None:
                 extra["refills"] = [fa.oxygen.refills, fb.oxygen.refills]
                 extra["oxygen_deaths"] = [fa.oxygen.oxygen_deaths, fb.oxygen.oxygen_deaths]

@@ -12,6 +12,7 @@ from pathlib import Path
 from lib.errors import UserError, warn
 from lib.files import read_regular
 from lib.labels import LABELS_FILE
+from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
 from lib.segments import check_same_game
 from lib.teachers import TEACHERS, TIE_RULES
 
@@ -38,6 +39,9 @@ class LabelConfig:
     seed: int | None = None
     labeler: str | None = None
     public_hosts: tuple[str, ...] = ()
+    reward: Path | None = None
+    sampling: str = "random"
+    pool: int | None = None
 
     def allowed_hosts(self) -> set[str]:
         """Host names the server answers to: its address, loopback names, and --public-host."""
@@ -120,6 +124,29 @@ def build_parser() -> argparse.ArgumentParser:
         default="equal",
         help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
     )
+    p.add_argument(
+        "--reward",
+        type=Path,
+        default=None,
+        metavar="MODEL",
+        help="a reward model (03_reward_train.py) whose view picks the pairs (--sampling)",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=SAMPLING_MODES,
+        default="random",
+        help="which pairs to ask about: 'random'; 'uncertain', those the model's predicted preference is "
+        "closest to 50/50 on (from --pool random candidates); 'disagree', those an ensemble model's members "
+        "disagree on most; 'exploits', first the segments the model overrates most against their true return. "
+        "All but random need --reward; --oracle picks the same way",
+    )
+    p.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"random candidate pairs that uncertain / disagree choose from (default {POOL_FACTOR}x the pairs wanted)",
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
     p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
     return p  # fmt: skip
@@ -162,6 +189,12 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
     if args.oracle is not None and args.oracle < 1:
         raise UserError(f"--oracle must be at least 1 pair, got {args.oracle}")
+    if args.sampling in MODEL_MODES and args.reward is None:
+        raise UserError(f"--sampling {args.sampling} picks pairs by the reward model's view: pass --reward MODEL")
+    if args.reward is not None and not args.reward.is_file():
+        raise UserError(f"--reward {args.reward}: no such file (a model made by 03_reward_train.py)")
+    if args.pool is not None and args.pool < 1:
+        raise UserError(f"--pool must be at least 1 pair, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
     token = _token(args, environ)
@@ -199,6 +232,9 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         seed=args.seed,
         labeler=args.labeler,
         public_hosts=tuple(args.public_host),
+        reward=args.reward,
+        sampling=args.sampling,
+        pool=args.pool,
     )
 
 

@@ -9,6 +9,7 @@ reaches the file system).
 from __future__ import annotations
 
 import sys
+import time
 
 from fastapi import HTTPException
 from fastapi.responses import FileResponse
@@ -19,13 +20,32 @@ from lib.label_ui.clips import ClipStore, prune_cache
 from lib.label_ui.config import LabelConfig, check_port_free
 from lib.label_ui.pages import make_root
 from lib.label_ui.state import AppState, DbState
-from lib.segments import SegmentError
+from lib.reward_model import load_reward_model
+from lib.sampling import SegmentBeliefs
+from lib.segments import SegmentError, db_game
+
+
+def model_view(cfg: LabelConfig, dbs: list[DbState]) -> list[SegmentBeliefs]:
+    """The reward model's view of every DB (--reward), computed before the page opens so that
+    picking a list of pairs never waits on the model."""
+    assert cfg.reward is not None
+    rm = load_reward_model(cfg.reward, game=(db_game(dbs[0].root) or (None, None))[0])
+    beliefs = [SegmentBeliefs(rm, d.root, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) for d in dbs]
+    if cfg.sampling != "random":
+        t0 = time.monotonic()
+        for d, b in zip(dbs, beliefs, strict=True):
+            b.all(d.usable_segments(), log=lambda m: print(m, flush=True))
+        print(f"reward model view of {sum(len(b.views) for b in beliefs)} segments in {time.monotonic() - t0:.1f} s")
+    return beliefs
 
 
 def build_app(cfg: LabelConfig) -> AppState:
     """Open the DBs, register the clip route (and the token middleware); returns the state."""
     dbs = [DbState.open(i, path) for i, path in enumerate(cfg.dbs)]
-    state = AppState(dbs, pairs=cfg.pairs, seed=cfg.seed, labeler=cfg.labeler)
+    beliefs = model_view(cfg, dbs) if cfg.reward is not None else None
+    state = AppState(
+        dbs, pairs=cfg.pairs, seed=cfg.seed, labeler=cfg.labeler, sampling=cfg.sampling, beliefs=beliefs, pool=cfg.pool
+    )
     prune_cache(cfg.cache_dir)
     state.clips = ClipStore(cfg.cache_dir, cfg.fps)
 

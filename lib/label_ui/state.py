@@ -30,8 +30,8 @@ from lib.labels import (
     load_labels,
     pair_key,
     parse_label_lines,
-    sample_unlabeled_pairs,
 )
+from lib.sampling import SegmentBeliefs, choose_pairs
 from lib.segments import list_segments, segment_path
 
 PairKey = tuple[str, str]
@@ -192,9 +192,21 @@ class PairItem:
 class AppState:
     """Server-wide state shared by all tabs: DBs, clip store, pairs reserved by tabs."""
 
-    def __init__(self, dbs: list[DbState], pairs: int = 20, seed: int | None = None, labeler: str | None = None):
+    def __init__(
+        self,
+        dbs: list[DbState],
+        pairs: int = 20,
+        seed: int | None = None,
+        labeler: str | None = None,
+        sampling: str = "random",
+        beliefs: list[SegmentBeliefs] | None = None,
+        pool: int | None = None,
+    ):
         self.dbs = dbs
         self.pairs = pairs
+        self.sampling = sampling  # lib.sampling mode; beliefs: the reward model's view of each DB
+        self.beliefs = beliefs
+        self.pool = pool
         self.labeler = labeler
         self.seed_rng = np.random.default_rng(seed)
         self.reserved: dict[tuple[int, PairKey], str] = {}  # (db, pair) -> tab id
@@ -231,10 +243,12 @@ class AppState:
             taken = set(d.labels.labels)
             taken.update(key for (i, key) in self.reserved if i == d.index)
             taken.update(key for (i, key) in exclude if i == d.index)
-            for a, b in sample_unlabeled_pairs(d.usable_segments(), taken, int(k), rng):
+            beliefs = self.beliefs[d.index] if self.beliefs is not None else None
+            for a, b in choose_pairs(d.usable_segments(), taken, int(k), rng, self.sampling, beliefs, self.pool):
                 out.append(PairItem(d.index, a, b))
-        order = rng.permutation(len(out))
-        out = [out[i] for i in order]
+        if self.sampling in ("random", "uncertain", "disagree"):  # exploits: most suspect first
+            order = rng.permutation(len(out))
+            out = [out[i] for i in order]
         for item in out:
             self.reserved[(item.db, item.key)] = tab_id
         return out

@@ -1,0 +1,175 @@
+"""Which pairs to ask about: ``02_label_ui.py --sampling`` (the page and ``--oracle`` alike).
+
+- ``random``: pairs drawn uniformly from the unlabeled ones (the book, and the default);
+- ``uncertain``: from a pool of random unlabeled pairs (``--pool``, by default 10x the number
+  wanted), those whose predicted preference P(#1 better) is closest to 50/50;
+- ``disagree`` (an ensemble checkpoint): from the same kind of pool, those where the members'
+  predicted preferences vary most (Christiano et al. 2017, section 2.2.4);
+- ``exploits``: the segments whose predicted return is highest where their true return is low
+  (both standardised over the DB, rank by the difference) come first, each paired with a random
+  segment: where a fine-tuned agent fools the model. Needs a DB with true rewards.
+
+The predicted preference of a pair is the Bradley-Terry probability the reward model is trained
+on: P(a > b) = sigmoid(R_a - R_b), with R the sum of a member's per-step predictions over the
+segment; ``uncertain`` uses the members' mean probability.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lib.errors import UserError, warn
+from lib.labels import pair_key, sample_unlabeled_pairs
+from lib.segments import SegmentError, read_segment
+
+if TYPE_CHECKING:  # torch is imported only where a model is loaded
+    from lib.reward_model import RewardPredictor
+
+SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits")
+MODEL_MODES = ("uncertain", "disagree", "exploits")  # the modes that need --reward
+POOL_FACTOR = 10  # default pool of candidate pairs: 10x the pairs wanted
+
+Pair = tuple[str, str]
+
+
+@dataclass
+class SegmentView:
+    """What the reward model believes about one segment."""
+
+    member_returns: np.ndarray  # (K,) each member's predicted return (sum of its per-step rewards)
+    steps: np.ndarray  # (T,) the per-step prediction (the members' mean), for the page's plot
+    true_return: float | None  # None: a DB without true rewards (the book's)
+
+
+def preference(a: SegmentView, b: SegmentView) -> np.ndarray:
+    """Each member's probability that ``a`` is better than ``b``: (K,)."""
+    d = np.clip(a.member_returns - b.member_returns, -60.0, 60.0)
+    return 1.0 / (1.0 + np.exp(-d))
+
+
+class SegmentBeliefs:
+    """The reward model's view of the segments of one DB, each computed once, on demand.
+
+    An unreadable segment warns once and has no view (None); a DB whose frames do not fit the
+    model is a UserError."""
+
+    def __init__(self, rm: RewardPredictor, root: str | os.PathLike, warn: Callable[[str], None] = warn):
+        self.rm = rm
+        self.root = Path(root)
+        self.warn = warn
+        self.views: dict[str, SegmentView | None] = {}
+
+    def get(self, rel: str) -> SegmentView | None:
+        if rel not in self.views:
+            self.views[rel] = self._compute(rel)
+        return self.views[rel]
+
+    def _compute(self, rel: str) -> SegmentView | None:
+        try:
+            seg = read_segment(self.root, rel)
+        except SegmentError as e:
+            self.warn(f"skipped: {e}")
+            return None
+        if tuple(seg.frames.shape[1:]) != tuple(self.rm.frame_shape):
+            raise UserError(
+                f"reward model {self.rm.path} reads {'x'.join(map(str, self.rm.frame_shape))} frames, "
+                f"DB {self.root} holds {'x'.join(map(str, seg.frames.shape[1:]))}: "
+                "use a model trained on this kind of DB"
+            )
+        if seg.actions.size and int(seg.actions.max()) >= self.rm.n_actions:
+            raise UserError(
+                f"reward model {self.rm.path} knows {self.rm.n_actions} actions, {self.root}/{rel} uses "
+                f"action {int(seg.actions.max())}: a model of another game"
+            )
+        members = self.rm.predict_members(seg.frames, seg.actions).double().cpu().numpy()
+        true = None if seg.rewards is None else float(np.sum(seg.rewards, dtype=np.float64))
+        return SegmentView(members.sum(1), members.mean(0).astype(np.float32), true)
+
+    def all(self, segments: list[str], log: Callable[[str], None] | None = None) -> None:
+        """Compute every segment's view now (the page does this before serving)."""
+        todo = [s for s in segments if s not in self.views]
+        for n, rel in enumerate(todo, 1):
+            self.get(rel)
+            if log is not None and (n % 200 == 0 or n == len(todo)):
+                log(f"... reward model view: {n}/{len(todo)} segments of {self.root}")
+
+
+def exploit_ranking(views: dict[str, SegmentView]) -> list[tuple[str, float]]:
+    """Segments with true rewards, most exploit-like first: z(predicted return) - z(true return),
+    both standardised over the given segments."""
+    rels = [r for r, v in views.items() if v is not None and v.true_return is not None]
+    if not rels:
+        return []
+    pred = np.array([views[r].member_returns.mean() for r in rels])
+    true = np.array([views[r].true_return for r in rels], dtype=np.float64)
+
+    def z(x: np.ndarray) -> np.ndarray:
+        sd = x.std()
+        return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
+
+    gap = z(pred) - z(true)
+    order = np.argsort(-gap, kind="stable")
+    return [(rels[i], float(gap[i])) for i in order]
+
+
+def choose_pairs(
+    segments: list[str],
+    taken: set[tuple[str, str]],
+    count: int,
+    rng: np.random.Generator,
+    mode: str = "random",
+    beliefs: SegmentBeliefs | None = None,
+    pool: int | None = None,
+) -> list[Pair]:
+    """Up to ``count`` unlabeled pairs of ``segments`` (none in ``taken``), picked by ``mode``;
+    the order within a pair is random. ``beliefs`` is needed for every mode but random."""
+    if mode not in SAMPLING_MODES:
+        raise ValueError(f"unknown sampling mode {mode!r}")
+    if mode == "random" or count <= 0:
+        return sample_unlabeled_pairs(segments, taken, count, rng)
+    if beliefs is None:
+        raise ValueError(f"sampling {mode!r} needs the reward model's beliefs")
+    if mode == "exploits":
+        return _exploit_pairs(segments, taken, count, rng, beliefs)
+    if mode == "disagree" and beliefs.rm.ensemble < 2:
+        raise UserError("--sampling disagree needs an ensemble reward model (03_reward_train.py --ensemble K, K >= 2)")
+    size = max(count, pool if pool is not None else POOL_FACTOR * count)
+    scored: list[tuple[float, Pair]] = []
+    for a, b in sample_unlabeled_pairs(segments, taken, size, rng):
+        va, vb = beliefs.get(a), beliefs.get(b)
+        if va is None or vb is None:
+            continue
+        p = preference(va, vb)
+        # lower comes first: closest to 50/50, or the largest spread of the members
+        key = abs(float(p.mean()) - 0.5) if mode == "uncertain" else -float(p.var())
+        scored.append((key, (a, b)))
+    scored.sort(key=lambda kv: kv[0])  # stable: equal keys keep the pool's random order
+    return [pair for _, pair in scored[:count]]
+
+
+def _exploit_pairs(
+    segments: list[str], taken: set[tuple[str, str]], count: int, rng: np.random.Generator, beliefs: SegmentBeliefs
+) -> list[Pair]:
+    views = {rel: beliefs.get(rel) for rel in segments}
+    ranking = exploit_ranking(views)
+    if not ranking and any(v is not None for v in views.values()):
+        raise UserError(f"--sampling exploits needs true rewards; DB {beliefs.root} has none (the book's format)")
+    readable = [r for r, v in views.items() if v is not None]
+    seen = set(taken)
+    out: list[Pair] = []
+    for rel, _gap in ranking:
+        if len(out) >= count:
+            break
+        partners = [p for p in readable if p != rel and pair_key(rel, p) not in seen]
+        if not partners:
+            continue
+        other = partners[int(rng.integers(len(partners)))]
+        seen.add(pair_key(rel, other))
+        out.append((rel, other) if rng.random() < 0.5 else (other, rel))
+    return out

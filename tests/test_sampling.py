@@ -1,0 +1,200 @@
+"""Which pairs get asked (lib/sampling.py, ``02_label_ui.py --sampling``): each mode picks what it
+claims on a DB whose answer is known.
+
+The reward models here are real checkpoints whose per-step prediction depends only on the action
+(conv features weighted 0, the action's one-hot weighted c[a] into one hidden unit): a segment
+that always takes action a has predicted return T * c[a], exactly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dbs import SEAQUEST, synthetic_frames
+
+from lib.errors import UserError
+from lib.label_ui.state import AppState, DbState
+from lib.labels import Label, append_labels, load_labels, pair_key, read_label_log
+from lib.oracle import oracle_label_db
+from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+from lib.sampling import SegmentBeliefs, choose_pairs, exploit_ranking, preference
+from lib.segments import Segment, save_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+T, SIZE, N_ACTIONS = 10, 64, 18
+
+
+def action_model(path: Path, members: list[dict[int, float]]) -> Path:
+    """A reward model checkpoint whose member k predicts c[a] = members[k].get(a, 0) per step."""
+    nets = []
+    for values in members:
+        m = RewardModel(N_ACTIONS, (SIZE, SIZE, 3))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.zero_()
+            features = m.out[0].in_features - N_ACTIONS
+            for a, c in values.items():
+                assert c >= 0  # through the LeakyReLU unchanged
+                m.out[0].weight[0, features + a] = c
+            m.out[2].weight[0, 0] = 1.0
+        nets.append(m.eval())
+    save_reward_checkpoint(reward_checkpoint(nets, SEAQUEST, "seaquest", None), path)
+    return path
+
+
+def write_db(root: Path, specs: list[tuple[int, float]]) -> list[str]:
+    """One segment per (action, true reward per step): every step takes that action."""
+    out = []
+    for k, (action, reward) in enumerate(specs):
+        seg = Segment(
+            frames=synthetic_frames(T, SIZE, SIZE, k),
+            actions=np.full(T, action, dtype=np.int64),
+            rewards=np.full(T, reward, dtype=np.float32),
+            dones=np.zeros(T, dtype=bool),
+            game_over=np.zeros(T, dtype=bool),
+            lives=np.full(T, 3, dtype=np.int32),
+            env_id=SEAQUEST,
+            env_index=0,
+            step=(k + 1) * T,
+        )
+        out.append(save_segment(root, seg, fsync=False).relative_to(root).as_posix())
+    return out
+
+
+# predicted return per step of actions 0..7 under a one-member model, and the segments using them
+VALUES = {0: 0.0, 1: 0.05, 2: 0.3, 3: 0.32, 4: 1.0, 5: 1.6, 6: 2.0, 7: 2.01}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> tuple[Path, list[str]]:
+    root = tmp_path / "db"
+    return root, write_db(root, [(a, 0.0) for a in VALUES])
+
+
+def all_free(segs: list[str], taken: set) -> list[tuple[str, str]]:
+    return [p for p in itertools.combinations(segs, 2) if pair_key(*p) not in taken]
+
+
+def test_uncertain_takes_the_pairs_closest_to_even(db, tmp_path: Path) -> None:
+    root, segs = db
+    rm = load_reward_model(action_model(tmp_path / "m.pt", [VALUES]))
+    beliefs = SegmentBeliefs(rm, root)
+    ret = {s: T * VALUES[a] for s, a in zip(segs, VALUES, strict=True)}
+    taken = {pair_key(segs[6], segs[7])}  # the closest pair is labeled already
+    got = choose_pairs(segs, taken, 3, np.random.default_rng(0), "uncertain", beliefs, pool=1000)
+    by_gap = sorted(all_free(segs, taken), key=lambda p: abs(ret[p[0]] - ret[p[1]]))
+    assert {pair_key(*p) for p in got} == {pair_key(*p) for p in by_gap[:3]}
+    assert pair_key(segs[2], segs[3]) in {pair_key(*p) for p in got}  # |0.3 - 0.32| * 10 = 0.2
+    p = preference(beliefs.get(segs[2]), beliefs.get(segs[3]))
+    assert p.shape == (1,) and p[0] == pytest.approx(1 / (1 + math.exp(0.2)), abs=1e-5)
+    random = choose_pairs(segs, taken, 3, np.random.default_rng(0), "random")
+    assert {pair_key(*p) for p in random} != {pair_key(*p) for p in got}  # the mode matters
+
+
+def test_disagree_takes_the_pairs_the_members_split_on(db, tmp_path: Path) -> None:
+    root, segs = db
+    # member 1 agrees with VALUES except that it ranks action 1 above everything
+    other = {**VALUES, 1: 3.0}
+    rm = load_reward_model(action_model(tmp_path / "ens.pt", [VALUES, other]))
+    assert rm.ensemble == 2
+    beliefs = SegmentBeliefs(rm, root)
+    got = choose_pairs(segs, set(), 4, np.random.default_rng(1), "disagree", beliefs, pool=1000)
+    spread = {}
+    for a, b in all_free(segs, set()):
+        p = preference(beliefs.get(a), beliefs.get(b))
+        spread[pair_key(a, b)] = float(p.var())
+    best = sorted(spread, key=lambda k: -spread[k])[:4]
+    assert {pair_key(*p) for p in got} == set(best)
+    assert all(segs[1] in p for p in got)  # the pairs with the segment the members split on
+    single = SegmentBeliefs(load_reward_model(action_model(tmp_path / "one.pt", [VALUES])), root)
+    with pytest.raises(UserError, match="ensemble"):
+        choose_pairs(segs, set(), 2, np.random.default_rng(0), "disagree", single)
+
+
+def test_exploits_puts_overrated_segments_first(tmp_path: Path) -> None:
+    root = tmp_path / "ft"
+    # (action, true reward per step): action 6 is predicted highest; the segment taking it earns
+    # nothing, while action 4's segment earns the most
+    specs = [(0, 0.0), (2, 0.5), (4, 2.0), (6, 0.0), (5, 1.0), (1, 0.0)]
+    segs = write_db(root, specs)
+    beliefs = SegmentBeliefs(load_reward_model(action_model(tmp_path / "m.pt", [VALUES])), root)
+    views = {s: beliefs.get(s) for s in segs}
+    ranking = exploit_ranking(views)
+    # predicted returns 0, 3, 10, 20, 16, 0.5 against true 0, 5, 20, 0, 10, 0: z(pred) - z(true)
+    # ranks them 3, 4, 5, 0, 1, 2 (segment 3: highest prediction, no reward; 2: the most reward)
+    assert [r for r, _ in ranking] == [segs[i] for i in (3, 4, 5, 0, 1, 2)]
+    assert ranking[0][1] == pytest.approx(2.3213, abs=1e-3)
+    pairs = choose_pairs(segs, set(), 3, np.random.default_rng(0), "exploits", beliefs)
+    assert [ranking[i][0] in pairs[i] for i in range(3)] == [True] * 3
+    assert len({pair_key(*p) for p in pairs}) == 3
+
+
+def test_exploits_needs_true_rewards(tmp_path: Path) -> None:
+    root = tmp_path / "book"
+    segs = write_db(root, [(0, 0.0), (4, 0.0), (6, 0.0)])
+    beliefs = SegmentBeliefs(load_reward_model(action_model(tmp_path / "m.pt", [VALUES])), root)
+    for s in segs:
+        beliefs.get(s).true_return = None  # as a DB in the book's format has
+    with pytest.raises(UserError, match="true rewards"):
+        choose_pairs(segs, set(), 2, np.random.default_rng(0), "exploits", beliefs)
+
+
+def test_a_model_of_other_frames_is_one_error(tmp_path: Path) -> None:
+    root = tmp_path / "db"
+    segs = write_db(root, [(0, 0.0), (1, 0.0)])
+    m = RewardModel(N_ACTIONS, (48, 48, 3))
+    save_reward_checkpoint(reward_checkpoint([m.eval()], SEAQUEST, "seaquest", None), tmp_path / "small.pt")
+    beliefs = SegmentBeliefs(load_reward_model(tmp_path / "small.pt"), root)
+    with pytest.raises(UserError, match="48x48x3 frames"):
+        beliefs.get(segs[0])
+
+
+def test_oracle_labels_what_the_page_would_show(db, tmp_path: Path) -> None:
+    root, segs = db
+    model = action_model(tmp_path / "m.pt", [VALUES])
+    summary = oracle_label_db(root, 3, seed=0, sampling="uncertain", reward=model, pool=1000)
+    assert summary.labeled == 3
+    log = read_label_log(root)
+    assert all(lab.extra["sampling"] == "uncertain" for lab in log)
+    ret = {s: T * VALUES[a] for s, a in zip(segs, VALUES, strict=True)}
+    by_gap = sorted(all_free(segs, set()), key=lambda p: abs(ret[p[0]] - ret[p[1]]))
+    assert {lab.key for lab in log} == {pair_key(*p) for p in by_gap[:3]}
+    # the page, from the same DB state, offers the next most uncertain pairs
+    d = DbState.open(0, root)
+    beliefs = [SegmentBeliefs(load_reward_model(model), root)]
+    app = AppState([d], pairs=2, seed=0, sampling="uncertain", beliefs=beliefs, pool=1000)
+    items = app.sample(2, np.random.default_rng(0), "tab", set())
+    assert {it.key for it in items} == {pair_key(*p) for p in by_gap[3:5]}
+
+
+def test_label_cli_sampling_flags(db, tmp_path: Path) -> None:
+    root, segs = db
+    model = action_model(tmp_path / "m.pt", [VALUES])
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "02_label_ui.py"), "-d", str(root), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+
+    p = run("--oracle", "2", "--sampling", "uncertain")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--reward MODEL" in p.stderr
+    p = run("--oracle", "2", "--sampling", "uncertain", "--reward", str(tmp_path / "nope.pt"))
+    assert p.returncode == 2 and "no such file" in p.stderr
+    p = run("--oracle", "2", "--sampling", "disagree", "--reward", str(model))
+    assert p.returncode == 2 and "ensemble" in p.stderr and "Traceback" not in p.stderr
+    append_labels(root, [Label(segs[6], segs[7], 1, source="human")])
+    p = run("--oracle", "2", "--sampling", "uncertain", "--reward", str(model), "--seed", "0")
+    assert p.returncode == 0, p.stderr
+    assert "2 oracle labels (score teacher, uncertain pairs)" in p.stdout
+    new = [lab for lab in load_labels(root).values() if lab.source == "oracle"]
+    assert {lab.key for lab in new} == {pair_key(segs[2], segs[3]), pair_key(segs[0], segs[1])}
