@@ -71,6 +71,7 @@ class A2CConfig:
     model: str | None = None
     finetune: bool = False
     reward: str | None = None
+    reward_penalty: float = 0.0
     save: str | None = None
     db_path: str | None = None
     envs: int = 16
@@ -111,6 +112,8 @@ class A2CConfig:
             (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
             (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
+            (not self.reward_penalty >= 0, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
+            (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
             (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),
@@ -141,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
         "-r",
         "--reward",
         help="learn from this reward model (.pt from 03_reward_train.py) instead of the game score",
+    )
+    p.add_argument(
+        "--reward-penalty",
+        type=float,
+        default=d.reward_penalty,
+        metavar="L",
+        help="with an ensemble reward model (-r, --ensemble K): learn from mean - L * std of the members' "
+        "normalised predictions, lower where they disagree (default 0: the mean)",
     )
     p.add_argument("--save", help="checkpoint directory (default: saves/<name>)")
     p.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
@@ -423,7 +434,7 @@ def make_env_stack(
     if cfg.reward:
         from lib.reward_wrapper import RewardModelWrapper
 
-        env = RewardModelWrapper(env, cfg.reward, device=device)
+        env = RewardModelWrapper(env, cfg.reward, device=device, penalty=cfg.reward_penalty)
     return env, recorder
 
 
@@ -852,6 +863,7 @@ def announce(run: Run) -> None:
         + (f", finetune from {cfg.model}" if run.finetune and cfg.model else "")
         + (f", resumed at step {run.progress.step:,}" if run.resumed else "")
         + (f", reward model {cfg.reward}" if cfg.reward else "")
+        + (f" with penalty {cfg.reward_penalty:g} x ensemble std" if cfg.reward_penalty else "")
         + (f", recording into {cfg.db_path} (p={cfg.record_prob})" if cfg.db_path else ""),
         flush=True,
     )

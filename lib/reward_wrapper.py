@@ -16,6 +16,12 @@ What the learner gets (``VecStep``):
   only centred.
 - ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
 
+With an ensemble and ``penalty`` L > 0 (``01_a2c.py --reward-penalty L``) each member's
+prediction is normalised on its own running window and the learner gets mean - L * std of the
+members' normalised predictions (then clipped): where the members disagree the reward is lower,
+a pessimism against steps the labels never covered (as model-based RL penalises ensemble
+variance). ``stats()`` reports the mean penalty L * std as ``penalty``.
+
 On CPU the overlapped forward runs on ``infer_threads`` torch threads (1 by default), leaving the
 other cores to the env's stepping threads, and torch's thread count is restored afterwards.
 
@@ -87,6 +93,15 @@ class RunningNorm:
         return ((np.asarray(x, dtype=np.float64) - self.mean) / scale).astype(np.float32)
 
 
+def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) raw member predictions -> (N,) mean - penalty * std of the members' normalised
+    predictions (each member on its own window; std over members, population), and (N,) the
+    penalty subtracted."""
+    z = np.stack([norm.normalise(m) for norm, m in zip(norms, members, strict=True)]).astype(np.float64)
+    pen = penalty * z.std(0)
+    return (z.mean(0) - pen).astype(np.float32), pen
+
+
 class RewardModelWrapper:
     """A vector env whose ``rewards`` come from a reward model (see the module docstring).
 
@@ -102,6 +117,7 @@ class RewardModelWrapper:
         norm_window: int = DEFAULT_NORM_WINDOW,
         clip: float | None = DEFAULT_CLIP,
         infer_threads: int | None = 1,
+        penalty: float = 0.0,
     ):
         self.env = env
         self.model: RewardPredictor = load_reward_model(
@@ -114,8 +130,19 @@ class RewardModelWrapper:
             )
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
+        if penalty < 0 or not math.isfinite(penalty):
+            raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
+        if penalty > 0 and self.model.ensemble < 2:
+            raise UserError(
+                f"--reward-penalty needs an ensemble reward model (03_reward_train.py --ensemble K); "
+                f"{model_path} has one member"
+            )
         prior = (self.model.norm_mean, self.model.norm_std) if self.model.has_norm_stats else None
         self.norm = RunningNorm(norm_window, prior=prior)
+        self.penalty = float(penalty)
+        # with a penalty: one window per member (their scales differ), mean - L * std across them
+        members = self.model.ensemble if penalty else 0
+        self.member_norms = [RunningNorm(norm_window, prior=prior) for _ in range(members)]
         self.clip = clip
         self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
         self._pending: torch.Tensor | None = None
@@ -190,6 +217,10 @@ class RewardModelWrapper:
         self._pending = None
         raw = members.mean(0).astype(np.float32)
         rewards = self.norm.normalise(raw)
+        penalty = None
+        if self.penalty:
+            rewards, pen = penalised(members, self.member_norms, self.penalty)
+            penalty = float(pen.mean())
         clipped = 0.0
         if self.clip is not None:
             clipped = float(np.mean(np.abs(rewards) > self.clip))
@@ -203,12 +234,15 @@ class RewardModelWrapper:
             "clipped": clipped,
             "disagreement": float(members.std(0).mean()) if len(members) > 1 else 0.0,
         }
+        if penalty is not None:
+            self._last["penalty"] = penalty
         return st
 
     def stats(self) -> dict[str, float]:
         """Scalars for TensorBoard: the running normalisation mean/std, the last step's raw
         prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
-        members, 0 for one model) and the reward model's milliseconds per agent step."""
+        members, 0 for one model), with --reward-penalty the mean penalty subtracted, and the
+        reward model's milliseconds per agent step."""
         out = {"norm_mean": self.norm.mean, "norm_std": self.norm.std, **self._last}
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps

@@ -214,6 +214,8 @@ def test_help_explains_every_flag():
         ),
         ("db under /proc", ["--db-path", "/proc/forbidden/db"], "cannot create DB dir /proc/forbidden/db"),
         ("resume and force", ["--resume", "--force"], "give one of them"),
+        ("penalty without model", ["--reward-penalty", "1"], "--reward-penalty needs a reward model"),
+        ("negative penalty", ["--reward-penalty", "-1"], "--reward-penalty must be >= 0"),
     ],
 )
 def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):

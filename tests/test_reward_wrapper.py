@@ -11,7 +11,7 @@ import torch
 from lib.envs import VecStep
 from lib.errors import UserError
 from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
-from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm
+from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm, penalised
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 
@@ -197,3 +197,41 @@ def test_real_atari_env(tmp_path):
         np.testing.assert_allclose(st.pred_rewards, rm.predict(frames, actions), rtol=1e-4, atol=1e-6)
         assert st.obs.shape == (3, 4, 84, 84)
     env.close()
+
+
+def test_penalty_arithmetic():
+    # two members, three envs; windows with a prior and no warm-up keep mean 0 / std 1 only for
+    # the first batch, so compute the expected value from the norms' own statistics
+    members = np.array([[1.0, 2.0, 3.0], [3.0, 2.0, -1.0]])
+    norms = [RunningNorm(100, prior=(0.0, 1.0), warmup=1000) for _ in range(2)]  # prior stays
+    rewards, pen = penalised(members, norms, 0.5)
+    # member z = the raw values (prior 0/1): mean (2, 2, 1), population std (1, 0, 2)
+    assert pen == pytest.approx([0.5, 0.0, 1.0])
+    assert rewards == pytest.approx([2.0 - 0.5, 2.0, 1.0 - 1.0])
+    # each member is normalised on its own window: a member on another scale weighs the same
+    norms = [RunningNorm(3, prior=None) for _ in range(2)]
+    rewards, pen = penalised(np.array([[0.0, 1.0, 2.0], [0.0, 100.0, 200.0]]), norms, 1.0)
+    assert pen == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)
+    assert rewards == pytest.approx([-1.2247449, 0.0, 1.2247449], abs=1e-5)
+
+
+def test_wrapper_penalty_needs_an_ensemble_and_lowers_disputed_steps(tmp_path):
+    with pytest.raises(UserError, match="ensemble"):
+        RewardModelWrapper(FakeVec(), _model_file(tmp_path, k=1), penalty=1.0)
+    with pytest.raises(UserError, match="reward-penalty"):
+        RewardModelWrapper(FakeVec(), _model_file(tmp_path, k=2, name="e.pt"), penalty=-1.0)
+    path = _model_file(tmp_path, k=3, name="e3.pt")
+    plain = RewardModelWrapper(FakeVec(seed=5), path, clip=None)
+    pess = RewardModelWrapper(FakeVec(seed=5), path, clip=None, penalty=2.0)
+    mine = [RunningNorm(10_000, prior=(0.0, 1.0)) for _ in range(3)]  # the checkpoint's stats
+    acts = np.arange(4) % 18
+    for _ in range(3):
+        frames = pess.env.frames.copy()
+        members = pess.model.predict_members(frames, acts).numpy()
+        a, b = plain.step(acts), pess.step(acts)
+        expected, pen = penalised(members, mine, 2.0)
+        assert b.rewards == pytest.approx(expected, abs=1e-5)
+        assert np.allclose(a.pred_rewards, b.pred_rewards)  # the raw prediction is the same
+        assert (pen > 0).all() and not np.allclose(a.rewards, b.rewards)
+    assert pess.stats()["penalty"] == pytest.approx(float(pen.mean()), rel=1e-5)
+    assert "penalty" not in plain.stats()
