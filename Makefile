@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: setup demo test test-fast bench bench-quality bench-round lint format clean-demo
+.PHONY: setup demo test test-fast bench bench-quality bench-round bench-sampling lint format clean-demo
 
 setup: $(VENV_STAMP)
 
@@ -35,6 +35,11 @@ bench-quality: $(VENV_STAMP)
 bench-round: $(VENV_STAMP)
 	$(PY) bench/round.py --teacher oxygen
 	$(PY) bench/round.py --teacher score
+
+# Reward-model learning curves per --sampling mode (random, uncertain, disagree) with synthetic
+# teachers, on the round's DB (make bench-round first): 7 ensemble trainings per teacher and seed.
+bench-sampling: $(VENV_STAMP)
+	$(PY) bench/sampling.py
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Which pairs should a person be asked about? Learning curves of the reward model for each
+``--sampling`` mode of the label page, with a synthetic teacher as the labeler.
+
+For each teacher and seed, on one recorded DB (by default the round benchmark's, ``runs/round/db``,
+with its held-out split):
+
+1. the teacher labels the first --steps[0] pairs at random (no model exists yet) and a reward
+   model is trained on them (``03_reward_train.py --ensemble K``, the same K for every mode);
+2. for each mode (random, uncertain, disagree): the teacher labels the next pairs the way the
+   page would offer them to a person (``02_label_ui.py --oracle --sampling MODE --reward``, the
+   latest model of that mode), a model is trained on all labels so far, and so on to the last
+   step;
+3. every model is scored on the held-out segments it never saw: agreement with the teacher on
+   every held-out pair it prefers one of, agreement with the score, per-step correlation.
+
+Prints one table (mean over seeds), writes ``sampling.json`` and ``sampling.png`` (held-out
+agreement against labels, one line per mode, one panel per teacher) under --out. Models and
+labels are kept and reused when the command runs again.
+
+    python bench/sampling.py                              # the round's DB, both teachers, 1 seed
+    python bench/sampling.py --db DB --teachers score --steps 100,200,300 --seeds 0,1,2
+    python bench/sampling.py ... -- --downscale 2         # arguments after -- go to 03_reward_train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from round import held_out_figures, log, run_stage, split_db, teacher_db  # noqa: E402
+from table import print_table  # noqa: E402
+
+from lib.errors import UserError, run_cli  # noqa: E402
+from lib.files import atomic_write  # noqa: E402
+from lib.labels import LABELS_FILE, load_labels  # noqa: E402
+from lib.oracle import oracle_label_db  # noqa: E402
+from lib.segments import db_game  # noqa: E402
+from lib.teachers import OXYGEN_GAMES, TEACHERS  # noqa: E402
+
+MODES = ("random", "uncertain", "disagree")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/sampling.py",
+        description="Reward-model learning curves for each --sampling mode, labeled by synthetic teachers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--db", type=Path, default=ROOT / "runs" / "round" / "db", help="a segment DB with true rewards")
+    p.add_argument(
+        "--split",
+        type=Path,
+        default=None,
+        help="held-out / labelable split (JSON); default: DB/../split.json when it exists (the round's), "
+        "else made with --holdout and kept in --out",
+    )
+    p.add_argument("--holdout", type=float, default=0.2, help="share of the DB's segments never labeled")
+    p.add_argument("--teachers", default="score,oxygen", help="comma-separated teachers (lib/teachers.py)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated sampling modes")
+    p.add_argument("--steps", default="100,200,300", help="label counts at which a model is trained and scored")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (labels, training)")
+    p.add_argument("--ensemble", type=int, default=3, help="members of every reward model (disagree needs >= 2)")
+    p.add_argument("--pool", type=int, default=None, help="candidate pairs per pick (default 10x the pairs picked)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "sampling", help="where labels and models are kept")
+    p.add_argument("--dev", default="cpu", help="torch device of training and scoring")
+    p.add_argument("train_args", nargs="*", help="after --: extra arguments of 03_reward_train.py")
+    return p
+
+
+def _csv(text: str, what: str, cast: Any = str) -> list[Any]:
+    try:
+        items = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what}: expected a comma-separated list, got {text!r}") from None
+    if not items:
+        raise UserError(f"{what} is empty")
+    return items
+
+
+def train(tdb: Path, out_dir: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
+    path = out_dir / f"reward-{name}.pt"
+    if path.exists():
+        return path
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", name, "-o", str(out_dir), "--dev", args.dev]
+    cmd += ["--seed", str(seed), "--ensemble", str(args.ensemble), "--runs-dir", str(args.out / "tb")]
+    cmd += ["--no-progress", *args.train_args, str(tdb)]
+    run_stage(f"reward {name}", cmd, args.out / "logs" / f"reward-{name}.log")
+    return path
+
+
+def grow(db: Path, tdb: Path, train_segs: list[str], parent: Path | None) -> None:
+    """A DB of the labelable segments (hard links) holding the parent step's labels."""
+    teacher_db(db, tdb, train_segs)
+    if parent is not None and not (tdb / LABELS_FILE).exists():
+        shutil.copyfile(parent / LABELS_FILE, tdb / LABELS_FILE)
+
+
+def curve(
+    db: Path, split: dict[str, list[str]], teacher: str, mode: str, seed: int, steps: list[int], args: argparse.Namespace
+) -> list[dict[str, float]]:
+    """Labels and models of one (teacher, mode, seed); the first step is shared by every mode."""
+    base = args.out / f"{teacher}-s{seed}"
+    points: list[dict[str, float]] = []
+    parent_db: Path | None = None
+    model: Path | None = None
+    for k, n in enumerate(steps):
+        name = f"{teacher}-s{seed}-{n}" if k == 0 else f"{teacher}-s{seed}-{mode}-{n}"
+        tdb = base / (f"first-{n}" if k == 0 else f"{mode}-{n}") / "db"
+        grow(db, tdb, split["train"], parent_db)
+        have = len(load_labels(tdb, warn=None))
+        if have < n:
+            how = "random" if k == 0 else mode
+            s = oracle_label_db(
+                tdb,
+                n - have,
+                seed=seed * 1000 + n,
+                teacher=teacher,
+                sampling=how,
+                reward=model if how != "random" else None,
+                pool=args.pool,
+            )
+            log(f"{name}: {s.labeled} {how} labels from the {teacher} teacher: {s.counts}")
+        model = train(tdb, tdb.parent, name, seed, args)
+        fig_path = tdb.parent / "heldout.json"
+        if fig_path.exists():
+            figs = json.loads(fig_path.read_text())
+        else:
+            figs = held_out_figures(db, split["holdout"], model, teacher, args.dev)
+            atomic_write(fig_path, json.dumps(figs).encode())
+        points.append({"labels": n, **figs})
+        parent_db = tdb
+    return points
+
+
+def plot(path: Path, results: dict[str, dict[str, dict[int, list[dict[str, float]]]]], steps: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    teachers = list(results)
+    fig, axes = plt.subplots(1, len(teachers), figsize=(5.5 * len(teachers), 4), squeeze=False)
+    for ax, teacher in zip(axes[0], teachers, strict=True):
+        for mode, by_seed in results[teacher].items():
+            ys = np.array([[p["teacher_agreement"] * 100 for p in pts] for pts in by_seed.values()])
+            mean = ys.mean(0)
+            ax.plot(steps, mean, marker="o", label=f"{mode} ({len(ys)} seed{'s' if len(ys) > 1 else ''})")
+            if len(ys) > 1:
+                ax.fill_between(steps, ys.min(0), ys.max(0), alpha=0.15)
+        ax.set_title(f"{teacher} teacher")
+        ax.set_xlabel("labels")
+        ax.set_ylabel("held-out agreement with the teacher (%)")
+        ax.set_xticks(steps)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    teachers = _csv(args.teachers, "--teachers")
+    modes = _csv(args.modes, "--modes")
+    steps = _csv(args.steps, "--steps", int)
+    seeds = _csv(args.seeds, "--seeds", int)
+    wrong = [
+        (not args.db.is_dir(), f"--db {args.db}: not a DB directory (run bench/round.py first, or pass --db)"),
+        (any(t not in TEACHERS for t in teachers), f"--teachers must be among {', '.join(TEACHERS)}"),
+        (any(m not in MODES for m in modes), f"--modes must be among {', '.join(MODES)}"),
+        (steps != sorted(set(steps)) or steps[0] < 1, "--steps must be increasing label counts"),
+        ("disagree" in modes and args.ensemble < 2, "--modes disagree needs --ensemble 2 or more"),
+        (args.ensemble < 1, "--ensemble must be at least 1"),
+    ]  # fmt: skip
+    for bad, message in wrong:
+        if bad:
+            raise UserError(message)
+    game = (db_game(args.db) or (None, None))[0]
+    if "oxygen" in teachers and game not in OXYGEN_GAMES:
+        teachers = [t for t in teachers if t != "oxygen"]
+        log(f"oxygen teacher left out: {args.db} holds {game or 'an unknown game'}, not SeaQuest")
+        if not teachers:
+            raise UserError("no teacher can label this DB")
+    t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    split_file = args.split or (args.db.parent / "split.json")
+    if split_file.exists():
+        split = json.loads(split_file.read_text())
+    else:
+        split = split_db(args.db, args.out, args.holdout, 0)
+    results: dict[str, dict[str, dict[int, list[dict[str, float]]]]] = {}
+    for teacher in teachers:
+        for seed in seeds:
+            for mode in modes:
+                pts = curve(args.db, split, teacher, mode, seed, steps, args)
+                results.setdefault(teacher, {}).setdefault(mode, {})[seed] = pts
+
+    rows = []
+    for teacher, by_mode in results.items():
+        for mode, by_seed in by_mode.items():
+            for k, n in enumerate(steps):
+                pts = [by_seed[s][k] for s in seeds]
+                agree = [100 * p["teacher_agreement"] for p in pts]
+                spread = f" (seeds {min(agree):.1f}-{max(agree):.1f})" if len(pts) > 1 else ""
+                setting = f"{mode}, {n} labels, {len(pts)} seed(s){spread}"
+                rows.append((f"{teacher}: held-out teacher agreement", f"{np.mean(agree):.1f}", "%", setting))
+                score_agree = [100 * p["score_agreement"] for p in pts]
+                rows.append((f"{teacher}: held-out score agreement", f"{np.mean(score_agree):.1f}", "%", setting))
+                corr = [p["step_corr_heldout"] for p in pts]
+                ok = [c for c in corr if not math.isnan(c)]
+                rows.append(
+                    (f"{teacher}: per-step correlation", f"{np.mean(ok):+.3f}" if ok else "n/a", "Pearson r", setting)
+                )
+    segs = len(split["holdout"])
+    title = f"bench_sampling ({args.db}, {segs} held-out segments, ensemble {args.ensemble})"
+    print_table(title, rows)
+    plot(args.out / "sampling.png", results, steps)
+    report = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "results": {t: {m: {str(s): p for s, p in bs.items()} for m, bs in bm.items()} for t, bm in results.items()},
+    }
+    atomic_write(args.out / "sampling.json", json.dumps(report, indent=1).encode())
+    print(f"\n{args.out / 'sampling.png'}, {args.out / 'sampling.json'} ({(time.time() - t0) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    run_cli(main)
