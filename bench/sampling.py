@@ -109,7 +109,13 @@ def grow(db: Path, tdb: Path, train_segs: list[str], parent: Path | None) -> Non
 
 
 def curve(
-    db: Path, split: dict[str, list[str]], teacher: str, mode: str, seed: int, steps: list[int], args: argparse.Namespace
+    db: Path,
+    split: dict[str, list[str]],
+    teacher: str,
+    mode: str,
+    seed: int,
+    steps: list[int],
+    args: argparse.Namespace,
 ) -> list[dict[str, float]]:
     """Labels and models of one (teacher, mode, seed); the first step is shared by every mode."""
     base = args.out / f"{teacher}-s{seed}"
@@ -171,6 +177,23 @@ def plot(path: Path, results: dict[str, dict[str, dict[int, list[dict[str, float
     plt.close(fig)
 
 
+def read_split(args: argparse.Namespace) -> dict[str, list[str]] | None:
+    """--split, else the round's split.json beside the DB; None when neither exists."""
+    path = args.split or (args.db.parent / "split.json")
+    if not path.exists():
+        if args.split is not None:
+            raise UserError(f"--split {path}: no such file")
+        return None
+    try:
+        split = json.loads(path.read_text())
+        ok = all(isinstance(split.get(k), list) and split[k] for k in ("holdout", "train"))
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        ok = False
+    if not ok:
+        raise UserError(f"{path} is not a split (JSON with non-empty 'holdout' and 'train' lists)")
+    return split
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     teachers = _csv(args.teachers, "--teachers")
@@ -196,11 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError("no teacher can label this DB")
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    split_file = args.split or (args.db.parent / "split.json")
-    if split_file.exists():
-        split = json.loads(split_file.read_text())
-    else:
-        split = split_db(args.db, args.out, args.holdout, 0)
+    split = read_split(args) or split_db(args.db, args.out, args.holdout, 0)
     results: dict[str, dict[str, dict[int, list[dict[str, float]]]]] = {}
     for teacher in teachers:
         for seed in seeds:
