@@ -45,7 +45,7 @@ from table import print_table  # noqa: E402
 
 from lib.errors import UserError, run_cli  # noqa: E402
 from lib.files import atomic_write  # noqa: E402
-from lib.labels import LABELS_FILE, load_labels  # noqa: E402
+from lib.labels import LABELS_FILE, check_relpath, load_labels  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
 from lib.segments import db_game  # noqa: E402
 from lib.teachers import OXYGEN_GAMES, TEACHERS  # noqa: E402
@@ -187,10 +187,11 @@ def read_split(args: argparse.Namespace) -> dict[str, list[str]] | None:
     try:
         split = json.loads(path.read_text())
         ok = all(isinstance(split.get(k), list) and split[k] for k in ("holdout", "train"))
-    except (ValueError, UnicodeDecodeError, AttributeError):
+        split = {k: [check_relpath(rel) for rel in split[k]] for k in ("holdout", "train")} if ok else None
+    except (ValueError, TypeError, UnicodeDecodeError, AttributeError):
         ok = False
     if not ok:
-        raise UserError(f"{path} is not a split (JSON with non-empty 'holdout' and 'train' lists)")
+        raise UserError(f"{path} is not a split (JSON with non-empty 'holdout' and 'train' lists of DB paths)")
     return split
 
 
