@@ -265,3 +265,47 @@ def cut(seg: Segment, start: int, stop: int, step: int | None = None) -> Segment
         env_index=seg.env_index,
         step=stop if step is None else step,
     )
+
+
+def write_action_db(root: Path, specs: list[tuple[int, float]], t: int = 10, size: int = 64) -> list[str]:
+    """One segment per (action, true reward per step): every step takes that action, frames are
+    ``size`` x ``size`` moving blocks. With ``action_model`` the predicted returns are known."""
+    out = []
+    for k, (action, reward) in enumerate(specs):
+        seg = Segment(
+            frames=synthetic_frames(t, size, size, k),
+            actions=np.full(t, action, dtype=np.int64),
+            rewards=np.full(t, reward, dtype=np.float32),
+            dones=np.zeros(t, dtype=bool),
+            game_over=np.zeros(t, dtype=bool),
+            lives=np.full(t, 3, dtype=np.int32),
+            env_id=SEAQUEST,
+            env_index=0,
+            step=(k + 1) * t,
+        )
+        out.append(save_segment(root, seg, fsync=False).relative_to(root).as_posix())
+    return out
+
+
+def action_model(size: int, path: Path, members: list[dict[int, float]], n_actions: int = 18) -> Path:
+    """A real reward-model checkpoint for ``size`` x ``size`` frames whose member k predicts
+    ``members[k].get(a, 0)`` (>= 0) for every step that takes action a, whatever the frame: the
+    conv features are weighted 0, the action's one-hot feeds one hidden unit."""
+    import torch
+
+    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+
+    nets = []
+    for values in members:
+        m = RewardModel(n_actions, (size, size, 3))
+        with torch.no_grad():
+            for p in m.parameters():
+                p.zero_()
+            features = m.out[0].in_features - n_actions
+            for a, c in values.items():
+                assert c >= 0  # passes the LeakyReLU unchanged
+                m.out[0].weight[0, features + a] = c
+            m.out[2].weight[0, 0] = 1.0
+        nets.append(m.eval())
+    save_reward_checkpoint(reward_checkpoint(nets, SEAQUEST, "seaquest", None), path)
+    return path

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 import socket
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dbs import make_synthetic_db
+from dbs import action_model, make_synthetic_db, write_action_db
 from nicegui import Client, core, ui
 from nicegui.testing import User
 from nicegui.testing.user_simulation import user_simulation
@@ -535,3 +537,76 @@ def test_labels_file_that_is_not_a_plain_file_is_refused(db: Path, tmp_path: Pat
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "labels.jsonl is" in err and err.count("\n") == 1, err
     assert target.read_text() == "# a shell start-up file\n"
+
+
+# --- the reward model's view (--reward) ------------------------------------------------------
+
+# per-step prediction of each action under action_model: segment k always takes action k
+MODEL_VALUES = {0: 0.0, 1: 0.1, 2: 0.5, 3: 1.0, 4: 2.0}
+MODEL_T = 10
+
+
+@pytest.fixture
+def model_db(tmp_path: Path) -> tuple[Path, list[str], Path]:
+    root = tmp_path / "mdb"
+    segs = write_action_db(root, [(a, float(a)) for a in MODEL_VALUES], MODEL_T, 64)
+    return root, segs, action_model(64, tmp_path / "model.pt", [MODEL_VALUES])
+
+
+def model_p(segs: list[str], a: str, b: str) -> float:
+    """P(a better) under the action model: sigmoid of the predicted return difference."""
+    ra, rb = (MODEL_T * MODEL_VALUES[segs.index(s)] for s in (a, b))
+    return 1.0 / (1.0 + math.exp(-(ra - rb)))
+
+
+async def test_label_page_shows_the_model_view(label_app, model_db) -> None:
+    db, segs, model = model_db
+    async with label_app("-d", str(db), "--reward", str(model), "--sampling", "uncertain") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        a, b = shown_pair(user)
+        # uncertain: the first pair is the closest one, segments 0 and 1 (returns 0 and 1)
+        assert pair_key(a, b) == pair_key(segs[0], segs[1])
+        await see(user, f"reward model: P(#1 better) = {model_p(segs, a, b):.2f}")
+        for k, rel in ((1, a), (2, b)):
+            (plot,) = user.find(marker=f"model-plot-{k}").elements
+            svg = plot.content
+            (vid,) = user.find(marker=f"clip-{k}").elements
+            assert f'data-plot-for="{vid.html_id}"' in svg and f'data-steps="{MODEL_T}"' in svg
+            points = re.search(r'<polyline points="([^"]+)"', svg).group(1).split()
+            assert len(points) == MODEL_T
+            # both clips on one scale: the higher predicting clip (segment 1) is at the top
+            ys = {float(pt.split(",")[1]) for pt in points}
+            assert ys == ({2.0} if rel == segs[1] else {46.0})
+        await press(user, "1")
+        await until(lambda: shown_pair(user) != (a, b))
+        a2, b2 = shown_pair(user)
+        await see(user, f"reward model: P(#1 better) = {model_p(segs, a2, b2):.2f}")
+
+
+async def test_model_vs_you_lists_contradicted_labels_most_confident_first(label_app, model_db) -> None:
+    db, segs, model = model_db
+    append_labels(
+        db,
+        [
+            Label(segs[0], segs[4], 1, time=1.0, source="human"),  # model: #2 by 20 -> contradicted, most sure
+            Label(segs[1], segs[2], 1, time=2.0, source="human"),  # model: #2 by 4 -> contradicted
+            Label(segs[3], segs[0], 1, time=3.0, source="human"),  # model agrees
+            Label(segs[2], segs[3], 0, time=4.0, source="human"),  # a tie: not a preference
+        ],
+    )
+    async with label_app("-d", str(db), "--reward", str(model)) as user:
+        await user.open("/labels")
+        await see(user, "4 labels")
+        user.find(marker="filter-order").elements.pop().set_value("model")
+        await see(user, "2 labels")
+        rows = [
+            " ".join(
+                el.text
+                for el in user.find(marker=f"label-row-{n}").elements.pop().descendants()
+                if isinstance(el, ui.label)
+            )
+            for n in range(2)
+        ]
+        assert f"{segs[0]} vs {segs[4]}" in rows[0] and f"{segs[1]} vs {segs[2]}" in rows[1]
+        await see(user, f"model P(#1) {model_p(segs, segs[1], segs[2]):.2f}")

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from dbs import SEAQUEST, synthetic_frames
+from dbs import SEAQUEST, action_model, write_action_db
 
 from lib.errors import UserError
 from lib.label_ui.state import AppState, DbState
@@ -24,47 +23,9 @@ from lib.labels import Label, append_labels, load_labels, pair_key, read_label_l
 from lib.oracle import oracle_label_db
 from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
 from lib.sampling import SegmentBeliefs, choose_pairs, exploit_ranking, preference
-from lib.segments import Segment, save_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 T, SIZE, N_ACTIONS = 10, 64, 18
-
-
-def action_model(path: Path, members: list[dict[int, float]]) -> Path:
-    """A reward model checkpoint whose member k predicts c[a] = members[k].get(a, 0) per step."""
-    nets = []
-    for values in members:
-        m = RewardModel(N_ACTIONS, (SIZE, SIZE, 3))
-        with torch.no_grad():
-            for p in m.parameters():
-                p.zero_()
-            features = m.out[0].in_features - N_ACTIONS
-            for a, c in values.items():
-                assert c >= 0  # through the LeakyReLU unchanged
-                m.out[0].weight[0, features + a] = c
-            m.out[2].weight[0, 0] = 1.0
-        nets.append(m.eval())
-    save_reward_checkpoint(reward_checkpoint(nets, SEAQUEST, "seaquest", None), path)
-    return path
-
-
-def write_db(root: Path, specs: list[tuple[int, float]]) -> list[str]:
-    """One segment per (action, true reward per step): every step takes that action."""
-    out = []
-    for k, (action, reward) in enumerate(specs):
-        seg = Segment(
-            frames=synthetic_frames(T, SIZE, SIZE, k),
-            actions=np.full(T, action, dtype=np.int64),
-            rewards=np.full(T, reward, dtype=np.float32),
-            dones=np.zeros(T, dtype=bool),
-            game_over=np.zeros(T, dtype=bool),
-            lives=np.full(T, 3, dtype=np.int32),
-            env_id=SEAQUEST,
-            env_index=0,
-            step=(k + 1) * T,
-        )
-        out.append(save_segment(root, seg, fsync=False).relative_to(root).as_posix())
-    return out
 
 
 # predicted return per step of actions 0..7 under a one-member model, and the segments using them
@@ -74,7 +35,7 @@ VALUES = {0: 0.0, 1: 0.05, 2: 0.3, 3: 0.32, 4: 1.0, 5: 1.6, 6: 2.0, 7: 2.01}
 @pytest.fixture
 def db(tmp_path: Path) -> tuple[Path, list[str]]:
     root = tmp_path / "db"
-    return root, write_db(root, [(a, 0.0) for a in VALUES])
+    return root, write_action_db(root, [(a, 0.0) for a in VALUES], T, SIZE)
 
 
 def all_free(segs: list[str], taken: set) -> list[tuple[str, str]]:
@@ -83,7 +44,7 @@ def all_free(segs: list[str], taken: set) -> list[tuple[str, str]]:
 
 def test_uncertain_takes_the_pairs_closest_to_even(db, tmp_path: Path) -> None:
     root, segs = db
-    rm = load_reward_model(action_model(tmp_path / "m.pt", [VALUES]))
+    rm = load_reward_model(action_model(SIZE, tmp_path / "m.pt", [VALUES]))
     beliefs = SegmentBeliefs(rm, root)
     ret = {s: T * VALUES[a] for s, a in zip(segs, VALUES, strict=True)}
     taken = {pair_key(segs[6], segs[7])}  # the closest pair is labeled already
@@ -101,7 +62,7 @@ def test_disagree_takes_the_pairs_the_members_split_on(db, tmp_path: Path) -> No
     root, segs = db
     # member 1 agrees with VALUES except that it ranks action 1 above everything
     other = {**VALUES, 1: 3.0}
-    rm = load_reward_model(action_model(tmp_path / "ens.pt", [VALUES, other]))
+    rm = load_reward_model(action_model(SIZE, tmp_path / "ens.pt", [VALUES, other]))
     assert rm.ensemble == 2
     beliefs = SegmentBeliefs(rm, root)
     got = choose_pairs(segs, set(), 4, np.random.default_rng(1), "disagree", beliefs, pool=1000)
@@ -112,7 +73,7 @@ def test_disagree_takes_the_pairs_the_members_split_on(db, tmp_path: Path) -> No
     best = sorted(spread, key=lambda k: -spread[k])[:4]
     assert {pair_key(*p) for p in got} == set(best)
     assert all(segs[1] in p for p in got)  # the pairs with the segment the members split on
-    single = SegmentBeliefs(load_reward_model(action_model(tmp_path / "one.pt", [VALUES])), root)
+    single = SegmentBeliefs(load_reward_model(action_model(SIZE, tmp_path / "one.pt", [VALUES])), root)
     with pytest.raises(UserError, match="ensemble"):
         choose_pairs(segs, set(), 2, np.random.default_rng(0), "disagree", single)
 
@@ -122,8 +83,8 @@ def test_exploits_puts_overrated_segments_first(tmp_path: Path) -> None:
     # (action, true reward per step): action 6 is predicted highest; the segment taking it earns
     # nothing, while action 4's segment earns the most
     specs = [(0, 0.0), (2, 0.5), (4, 2.0), (6, 0.0), (5, 1.0), (1, 0.0)]
-    segs = write_db(root, specs)
-    beliefs = SegmentBeliefs(load_reward_model(action_model(tmp_path / "m.pt", [VALUES])), root)
+    segs = write_action_db(root, specs, T, SIZE)
+    beliefs = SegmentBeliefs(load_reward_model(action_model(SIZE, tmp_path / "m.pt", [VALUES])), root)
     views = {s: beliefs.get(s) for s in segs}
     ranking = exploit_ranking(views)
     # predicted returns 0, 3, 10, 20, 16, 0.5 against true 0, 5, 20, 0, 10, 0: z(pred) - z(true)
@@ -137,8 +98,8 @@ def test_exploits_puts_overrated_segments_first(tmp_path: Path) -> None:
 
 def test_exploits_needs_true_rewards(tmp_path: Path) -> None:
     root = tmp_path / "book"
-    segs = write_db(root, [(0, 0.0), (4, 0.0), (6, 0.0)])
-    beliefs = SegmentBeliefs(load_reward_model(action_model(tmp_path / "m.pt", [VALUES])), root)
+    segs = write_action_db(root, [(0, 0.0), (4, 0.0), (6, 0.0)], T, SIZE)
+    beliefs = SegmentBeliefs(load_reward_model(action_model(SIZE, tmp_path / "m.pt", [VALUES])), root)
     for s in segs:
         beliefs.get(s).true_return = None  # as a DB in the book's format has
     with pytest.raises(UserError, match="true rewards"):
@@ -147,7 +108,7 @@ def test_exploits_needs_true_rewards(tmp_path: Path) -> None:
 
 def test_a_model_of_other_frames_is_one_error(tmp_path: Path) -> None:
     root = tmp_path / "db"
-    segs = write_db(root, [(0, 0.0), (1, 0.0)])
+    segs = write_action_db(root, [(0, 0.0), (1, 0.0)], T, SIZE)
     m = RewardModel(N_ACTIONS, (48, 48, 3))
     save_reward_checkpoint(reward_checkpoint([m.eval()], SEAQUEST, "seaquest", None), tmp_path / "small.pt")
     beliefs = SegmentBeliefs(load_reward_model(tmp_path / "small.pt"), root)
@@ -157,7 +118,7 @@ def test_a_model_of_other_frames_is_one_error(tmp_path: Path) -> None:
 
 def test_oracle_labels_what_the_page_would_show(db, tmp_path: Path) -> None:
     root, segs = db
-    model = action_model(tmp_path / "m.pt", [VALUES])
+    model = action_model(SIZE, tmp_path / "m.pt", [VALUES])
     summary = oracle_label_db(root, 3, seed=0, sampling="uncertain", reward=model, pool=1000)
     assert summary.labeled == 3
     log = read_label_log(root)
@@ -175,7 +136,7 @@ def test_oracle_labels_what_the_page_would_show(db, tmp_path: Path) -> None:
 
 def test_label_cli_sampling_flags(db, tmp_path: Path) -> None:
     root, segs = db
-    model = action_model(tmp_path / "m.pt", [VALUES])
+    model = action_model(SIZE, tmp_path / "m.pt", [VALUES])
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

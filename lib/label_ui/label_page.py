@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import numpy as np
 from nicegui import background_tasks, run, ui
 from nicegui.events import KeyEventArguments
 
@@ -38,6 +39,7 @@ class LabelPage:
         self.paused, self.speed_value = False, 1.0
         self.vids: dict[int, ui.element] = {}
         self.names: dict[int, ui.label] = {}
+        self.plots: dict[int, ui.html] = {}
         self.rows: list[tuple[ui.item, ui.label]] = []
         # key -> action (KeyEventArguments.key.name); answers come from the session's own table
         self.keys: dict[str, Callable[[], Awaitable[None] | None]] = {
@@ -65,6 +67,8 @@ class LabelPage:
                         ui.button(BUTTON_TEXT[value], on_click=partial(self.answer, value)).props(
                             "unelevated no-caps"
                         ).mark(f"answer-{KEY_OF[value]}")
+                if self.state.beliefs is not None:
+                    self.model_line = ui.label().classes("text-sm").mark("model-view")
                 self._player_controls()
                 ui.label(KEYS_HELP).classes("text-xs text-grey-7")
                 self.notices = ui.column().classes("gap-0").mark("notices")
@@ -83,6 +87,8 @@ class LabelPage:
                 .mark(f"clip-{k}")
             )
             self.names[k] = ui.label().classes("text-xs font-mono text-grey-7").mark(f"name-{k}")
+            if self.state.beliefs is not None:  # --reward: the model's per-step prediction, a cursor at the frame
+                self.plots[k] = ui.html("").mark(f"model-plot-{k}")
 
     def _player_controls(self) -> None:
         with ui.row().classes("gap-2 items-center"):
@@ -134,6 +140,8 @@ class LabelPage:
             )
         self.names[1].set_text(item.a if item else "")
         self.names[2].set_text(item.b if item else "")
+        if self.state.beliefs is not None:
+            self.update_model_view(item)
         self.notices.clear()
         with self.notices:
             for note in self.state.notices[-5:]:
@@ -144,6 +152,24 @@ class LabelPage:
                 ui.label("No pairs to label.").classes("text-h6")
                 for why in self.state.why_no_pairs():
                     ui.label(why)
+
+    def update_model_view(self, item: PairItem | None) -> None:
+        """Under each clip the model's per-step prediction; above the buttons its P(#1 better)."""
+        view = self.state.model_views(item.db, item.a, item.b) if item is not None else None
+        if view is None:
+            for k in self.plots:
+                self.plots[k].set_content("")
+            self.model_line.set_text("" if item is None else "reward model: no prediction (unreadable segment)")
+            return
+        va, vb, p = view
+        lo = float(min(va.steps.min(), vb.steps.min()))
+        hi = float(max(va.steps.max(), vb.steps.max()))
+        for k, v in ((1, va), (2, vb)):
+            self.plots[k].set_content(reward_plot_svg(v.steps, lo, hi, self.vids[k].html_id))
+        self.model_line.set_text(
+            f"reward model: P(#1 better) = {p:.2f} · predicted returns {va.member_returns.mean():+.2f} "
+            f"vs {vb.member_returns.mean():+.2f}"
+        )
 
     # -- the clip player ---------------------------------------------------------------------
 
@@ -303,6 +329,29 @@ class LabelPage:
             result: Any = action()
             if asyncio.iscoroutine(result):
                 await result
+
+
+PLOT_H = 48  # px: the model's plot under a clip, as wide as the clip
+
+
+def reward_plot_svg(steps: np.ndarray, lo: float, hi: float, video_id: str) -> str:
+    """An SVG line of the per-step predictions (both clips of a pair on one scale, ``lo``..``hi``;
+    a dashed line at 0 when it is in range) and a cursor ``player.js`` moves with the video."""
+    n = len(steps)
+    span = hi - lo if hi > lo else 1.0
+    xs = [CLIP_W * (i + 0.5) / max(n, 1) for i in range(n)]
+    ys = [PLOT_H - 2 - (PLOT_H - 4) * (float(v) - lo) / span for v in steps]
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys, strict=True))
+    zero = ""
+    if lo < 0 < hi:
+        y0 = PLOT_H - 2 - (PLOT_H - 4) * (0 - lo) / span
+        zero = f'<line x1="0" x2="{CLIP_W}" y1="{y0:.1f}" y2="{y0:.1f}" stroke="#999" stroke-dasharray="3 3"/>'
+    return (
+        f'<svg width="{CLIP_W}" height="{PLOT_H}" data-plot-for="{video_id}" data-steps="{n}" '
+        f'style="background:#f5f5f5"><title>predicted reward per step ({lo:+.3f} .. {hi:+.3f})</title>{zero}'
+        f'<polyline points="{points}" fill="none" stroke="#1565c0" stroke-width="1.5"/>'
+        f'<line class="rlhf-cursor" x1="0" x2="0" y1="0" y2="{PLOT_H}" stroke="#c62828" stroke-width="1.5"/></svg>'
+    )
 
 
 async def label_page(state: AppState, tab: TabSession) -> None:

@@ -12,7 +12,7 @@ from nicegui import run, ui
 from lib.errors import UserError
 from lib.label_ui.common import ANSWERS, CLIP_H, CLIP_W, KEY_OF, clip_error, clip_url, refresh_dbs
 from lib.label_ui.state import AppState, DbState
-from lib.labels import LABEL_NAMES, Label
+from lib.labels import FIRST_BETTER, LABEL_NAMES, SECOND_BETTER, Label
 
 PAGE_SIZE = 25
 
@@ -25,6 +25,21 @@ def when(t: float | None) -> str:
         return "?"
 
 
+def model_vs_you(state: AppState, rows: list[tuple[DbState, Label]]) -> list[tuple[DbState, Label]]:
+    """Labels with a preference (#1 or #2 better) whose pair the reward model orders the other
+    way, the model's most confident first: check either the label or the model."""
+    out = []
+    for d, lab in rows:
+        view = state.model_views(d.index, lab.sample1, lab.sample2)
+        if view is None or lab.label not in (FIRST_BETTER, SECOND_BETTER):
+            continue
+        p = view[2]
+        if (lab.label == FIRST_BETTER and p < 0.5) or (lab.label == SECOND_BETTER and p > 0.5):
+            out.append((abs(p - 0.5), d, lab))
+    out.sort(key=lambda r: -r[0])
+    return [(d, lab) for _, d, lab in out]
+
+
 class LabelsPage:
     """One tab's Existing labels page: filters, the table, a pager, and a dialog to replay a pair."""
 
@@ -32,6 +47,7 @@ class LabelsPage:
         self.state = state
         self.client = ui.context.client
         self.answer, self.source, self.page = "all", "all", 1
+        self.order = "newest"  # or "model": labels the reward model contradicts, most confident first
 
     def build(self) -> None:
         answers = {"all": "any answer", **{str(v): LABEL_NAMES[v] for v in ANSWERS}}
@@ -45,6 +61,13 @@ class LabelsPage:
             ui.select(
                 sources, value="all", label="source", on_change=lambda e: self.set_filter("source", e.value)
             ).classes("w-40").mark("filter-source")
+            if self.state.beliefs is not None:
+                orders = {"newest": "newest first", "model": "model vs you"}
+                ui.select(
+                    orders, value="newest", label="show", on_change=lambda e: self.set_filter("order", e.value)
+                ).classes("w-44").mark("filter-order").tooltip(
+                    "model vs you: labels where the reward model prefers the other clip, most confident first"
+                )
             self.summary = ui.label().mark("labels-summary")
         self.table = ui.column().classes("w-full gap-0")
         self.pager = ui.pagination(1, 1, direction_links=True, on_change=lambda e: self.set_page(e.value))
@@ -67,6 +90,8 @@ class LabelsPage:
         if self.source != "all":
             rows = [(d, lab) for d, lab in rows if lab.source == self.source]
         rows.sort(key=lambda r: r[1].time or 0.0, reverse=True)
+        if self.order == "model":
+            rows = model_vs_you(self.state, rows)
         return rows
 
     def render(self) -> None:
@@ -90,6 +115,9 @@ class LabelsPage:
             ui.label(f"{prefix}{lab.sample1} vs {lab.sample2}").classes("font-mono text-xs w-80")
             ui.label(LABEL_NAMES.get(lab.label, str(lab.label))).classes("w-24 font-bold").mark(f"label-value-{n}")
             ui.label(f"{lab.source} · {when(lab.time)}").classes("text-xs text-grey-7 w-44")
+            view = self.state.model_views(d.index, lab.sample1, lab.sample2) if self.state.beliefs else None
+            if view is not None:
+                ui.label(f"model P(#1) {view[2]:.2f}").classes("text-xs w-28").mark(f"label-model-{n}")
             for value in ANSWERS:
                 ui.button(KEY_OF[value], on_click=partial(self.change, d, lab, value)).props(
                     f"dense no-caps {'unelevated' if value == lab.label else 'outline'}"

@@ -115,6 +115,21 @@
     current = [];
   }
 
+  // The reward model's plot under each clip (label page with --reward): a cursor at the frame
+  // on show, moved every animation frame.
+  function moveCursors() {
+    document.querySelectorAll('svg[data-plot-for]').forEach((svg) => {
+      const v = document.getElementById(svg.dataset.plotFor);
+      const cursor = svg.querySelector('.rlhf-cursor');
+      if (!v || !cursor || !(v.duration > 0)) return;
+      const x = (Math.min(v.currentTime / v.duration, 1) * svg.width.baseVal.value).toFixed(1);
+      cursor.setAttribute('x1', x);
+      cursor.setAttribute('x2', x);
+    });
+    requestAnimationFrame(moveCursors);
+  }
+  requestAnimationFrame(moveCursors);
+
   window.rlhfTiming = timing;
   window.rlhfPlayer = { show, prefetch, setRate, setPaused, stop };
 })();

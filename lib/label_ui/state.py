@@ -31,7 +31,7 @@ from lib.labels import (
     pair_key,
     parse_label_lines,
 )
-from lib.sampling import SegmentBeliefs, choose_pairs
+from lib.sampling import SegmentBeliefs, SegmentView, choose_pairs, preference
 from lib.segments import list_segments, segment_path
 
 PairKey = tuple[str, str]
@@ -246,12 +246,22 @@ class AppState:
             beliefs = self.beliefs[d.index] if self.beliefs is not None else None
             for a, b in choose_pairs(d.usable_segments(), taken, int(k), rng, self.sampling, beliefs, self.pool):
                 out.append(PairItem(d.index, a, b))
-        if self.sampling in ("random", "uncertain", "disagree"):  # exploits: most suspect first
+        if self.sampling == "random":  # the model's modes keep their order: most informative first
             order = rng.permutation(len(out))
             out = [out[i] for i in order]
         for item in out:
             self.reserved[(item.db, item.key)] = tab_id
         return out
+
+    def model_views(self, db: int, a: str, b: str) -> tuple[SegmentView, SegmentView, float] | None:
+        """With --reward: the model's views of two segments and its P(a better than b) (the
+        members' mean); None without a model or when a segment is unreadable."""
+        if self.beliefs is None:
+            return None
+        va, vb = self.beliefs[db].get(a), self.beliefs[db].get(b)
+        if va is None or vb is None:
+            return None
+        return va, vb, float(preference(va, vb).mean())
 
     def release(self, tab_id: str, items: list[PairItem]) -> None:
         for item in items:
