@@ -287,8 +287,8 @@ def write_action_db(root: Path, specs: list[tuple[int, float]], t: int = 10, siz
     return out
 
 
-def action_model(size: int, path: Path, members: list[dict[int, float]], n_actions: int = 18) -> Path:
-    """A real reward-model checkpoint for ``size`` x ``size`` frames whose member k predicts
+def action_model(size: int | tuple[int, int], path: Path, members: list[dict[int, float]], n_actions: int = 18) -> Path:
+    """A real reward-model checkpoint for ``size`` x ``size`` (or (H, W)) frames whose member k predicts
     ``members[k].get(a, 0)`` (>= 0) for every step that takes action a, whatever the frame: the
     conv features are weighted 0, the action's one-hot feeds one hidden unit."""
     import torch
@@ -297,7 +297,8 @@ def action_model(size: int, path: Path, members: list[dict[int, float]], n_actio
 
     nets = []
     for values in members:
-        m = RewardModel(n_actions, (size, size, 3))
+        h, w = (size, size) if isinstance(size, int) else size
+        m = RewardModel(n_actions, (h, w, 3))
         with torch.no_grad():
             for p in m.parameters():
                 p.zero_()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dbs import make_atari_db
+from dbs import action_model, make_atari_db
 from label_harness import LabelServer, answer_and_wait, chromium, shown_pair, wait_shown
 
 from lib.labels import CANT_TELL, pair_key
@@ -140,3 +140,31 @@ def test_only_its_own_host_names_and_origins_are_served(atari_db: Path, tmp_path
         socketio = f"{server.url}/_nicegui_ws/socket.io/?EIO=4&transport=polling"
         assert _get(socketio, Origin="http://attacker.example")[0] == 403
         assert _get(socketio, Origin=f"http://127.0.0.1:{port}")[0] == 200
+
+
+def test_model_view_plots_follow_the_clips(atari_db: Path, tmp_path: Path) -> None:
+    """--reward: under each clip the model's per-step prediction, its cursor moving with the video."""
+    model = action_model((210, 160), tmp_path / "model.pt", [{a: 0.1 * (a % 5) for a in range(18)}])
+    args = ("-d", str(atari_db), "--cache-dir", str(tmp_path / "clips"), "--reward", str(model))
+    with LabelServer(*args) as server, chromium() as page:
+        page.set_viewport_size({"width": 1280, "height": 760})
+        page.goto(f"{server.url}/label")
+        wait_shown(page, 1)
+        page.get_by_text("reward model: P(#1 better) =").wait_for()
+        assert page.locator("svg[data-plot-for] polyline").count() == 2
+        cursor = "document.querySelector('svg[data-plot-for] .rlhf-cursor').getAttribute('x1')"
+        page.wait_for_function(f"Number({cursor}) > 0")
+        first = float(page.evaluate(cursor))
+        page.wait_for_function(f"Number({cursor}) !== {first}")  # it moves as the clip plays
+        # the cursor sits where the video is: x / width = currentTime / duration
+        frac = page.evaluate(
+            "(() => { const s = document.querySelector('svg[data-plot-for]');"
+            " const v = document.getElementById(s.dataset.plotFor); v.pause();"
+            " return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r("
+            "[Number(s.querySelector('.rlhf-cursor').getAttribute('x1')) / s.width.baseVal.value,"
+            " v.currentTime / v.duration]))))})()"
+        )
+        assert abs(frac[0] - frac[1]) < 0.02, frac
+        shot = tmp_path / "label_model_view.png"
+        page.screenshot(path=str(shot))
+        assert shot.stat().st_size > 20_000
