@@ -162,14 +162,52 @@ def read_label_log(db_root: str | os.PathLike, warn: Warn = warn) -> list[Label]
     return out
 
 
+def is_control(lab: Label) -> bool:
+    """A control answer: the label page showed an answered pair again (order swapped) to check
+    the labeler's consistency. It never changes the pair's label and is never trained on."""
+    return lab.extra.get("control") is True
+
+
 def load_labels(db_root: str | os.PathLike, warn: Warn = warn) -> dict[tuple[str, str], Label]:
-    """The current label of every pair: the last line for a pair wins, (a,b) == (b,a)."""
+    """The current label of every pair: the last line for a pair wins, (a,b) == (b,a); control
+    answers (``is_control``) are left out."""
     current: dict[tuple[str, str], Label] = {}
     for lab in read_label_log(db_root, warn):
+        if is_control(lab):
+            continue
         current.pop(lab.key, None)  # keep insertion order = order of last answer
         if lab.label != RETRACTED:
             current[lab.key] = lab
     return current
+
+
+def _winner(lab: Label) -> str | None:
+    """The segment a label prefers, "" for equal, None when it has no answer to compare."""
+    return {FIRST_BETTER: lab.sample1, SECOND_BETTER: lab.sample2, EQUAL: ""}.get(lab.label)
+
+
+def consistency(log: list[Label]) -> dict[str, tuple[int, int]]:
+    """Per labeler (``labeler`` field, else the source): (control answers that agree with the
+    pair's label at the time, control answers compared). A control answer is compared when it and
+    that label both say #1, #2 or equal; an undone control answer does not count."""
+    current: dict[tuple[str, str], Label] = {}
+    checks: dict[tuple[str, tuple[str, str]], bool | None] = {}
+    for lab in log:
+        if is_control(lab):
+            who = str(lab.extra.get("labeler") or lab.source)
+            before = current.get(lab.key)
+            mine, theirs = _winner(lab), _winner(before) if before is not None else None
+            checks[(who, lab.key)] = None if mine is None or theirs is None else mine == theirs
+            continue
+        current.pop(lab.key, None)
+        if lab.label != RETRACTED:
+            current[lab.key] = lab
+    out: dict[str, tuple[int, int]] = {}
+    for (who, _), ok in checks.items():
+        if ok is not None:
+            agree, n = out.get(who, (0, 0))
+            out[who] = (agree + int(ok), n + 1)
+    return out
 
 
 def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:

@@ -610,3 +610,38 @@ async def test_model_vs_you_lists_contradicted_labels_most_confident_first(label
         ]
         assert f"{segs[0]} vs {segs[4]}" in rows[0] and f"{segs[1]} vs {segs[2]}" in rows[1]
         await see(user, f"model P(#1) {model_p(segs, segs[1], segs[2]):.2f}")
+
+
+async def test_control_pairs_come_back_swapped_and_never_change_a_label(label_app, db: Path) -> None:
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    done = [
+        Label(segs[0], segs[1], 1, time=1.0, source="human", extra={"labeler": "ann"}),
+        Label(segs[2], segs[3], 2, time=2.0, source="human", extra={"labeler": "ann"}),
+        Label(segs[4], segs[5], 1, time=3.0, source="oracle"),
+    ]  # not ann's: never a control
+    append_labels(db, done)
+    async with label_app("-d", str(db), "--pairs", "4", "--control-rate", "1", "--labeler", "ann") as user:
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        texts = list_texts(user, 6)  # 4 new pairs and both of ann's answered pairs, swapped
+        assert sum(f"{segs[1]} vs {segs[0]}" in t for t in texts) == 1
+        assert sum(f"{segs[3]} vs {segs[2]}" in t for t in texts) == 1
+        assert not any(segs[4] in t and segs[5] in t for t in texts)
+        answers = {pair_key(segs[0], segs[1]): "2", pair_key(segs[2], segs[3]): "2"}  # agree, contradict
+        for k in range(6):
+            a, b = shown_pair(user)
+            n = len(label_lines(db))
+            await press(user, answers.get(pair_key(a, b), "0"))
+            await until(lambda n=n: len(label_lines(db)) == n + 1)
+            if k < 5:
+                await until(lambda p=(a, b): shown_pair(user) != p)
+        controls = [x for x in label_lines(db) if x.get("control")]
+        assert [(x["sample1"], x["sample2"]) for x in controls] == [(segs[1], segs[0]), (segs[3], segs[2])] or [
+            (x["sample1"], x["sample2"]) for x in controls
+        ] == [(segs[3], segs[2]), (segs[1], segs[0])]
+        current = load_labels(db)
+        assert current[pair_key(segs[0], segs[1])].label == 1 and current[pair_key(segs[2], segs[3])].label == 2
+        await user.open("/")
+        await see(user, marker="consistency-0")
+        text = user.find(marker="consistency-0").elements.pop().text
+        assert text == "consistency (pairs shown again, order swapped) — ann: 1/2 (50%)", text

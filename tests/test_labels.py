@@ -17,6 +17,7 @@ from lib.labels import (
     Label,
     append_label,
     append_labels,
+    consistency,
     load_labels,
     pair_key,
     read_label_log,
@@ -157,3 +158,31 @@ def test_label_index_keeps_the_torn_line_warning(tmp_path: Path) -> None:
     index = LabelIndex(tmp_path)
     assert len(index.labels) == 1
     assert any("torn last line" in w for w in index.warnings)
+
+
+def test_control_answers_never_change_a_label_and_are_scored_per_labeler(tmp_path: Path) -> None:
+    def lab(a: str, b: str, v: int, who: str | None = None, control: bool = False) -> Label:
+        extra = {**({"labeler": who} if who else {}), **({"control": True} if control else {})}
+        return Label(a, b, v, source="human", extra=extra)
+
+    log = [
+        lab("a", "b", 1, "ann"),
+        lab("c", "d", 2, "ann"),
+        lab("e", "f", 0, "bob"),
+        lab("g", "h", 1, "bob"),
+        lab("b", "a", 2, "ann", control=True),  # swapped: #2 is a -> agrees with "a better"
+        lab("d", "c", 2, "ann", control=True),  # swapped: #2 is c -> contradicts "d better"
+        lab("f", "e", 0, "bob", control=True),  # equal again: agrees
+        lab("h", "g", 1, "bob", control=True),  # h better: contradicts...
+        lab("h", "g", RETRACTED, "bob", control=True),  # ...but undone: not counted
+        lab("x", "y", 1, "bob", control=True),  # a pair with no label: nothing to compare
+        lab("g", "h", CANT_TELL, "bob", control=True),  # can't tell: not compared
+    ]
+    append_labels(tmp_path, log)
+    current = load_labels(tmp_path)
+    assert {k: v.label for k, v in current.items()} == {("a", "b"): 1, ("c", "d"): 2, ("e", "f"): 0, ("g", "h"): 1}
+    assert not any(v.extra.get("control") for v in current.values())
+    assert consistency(read_label_log(tmp_path)) == {"ann": (1, 2), "bob": (1, 1)}
+    index = LabelIndex(tmp_path)  # the page's index, loaded and then appended to, agrees
+    index.append(lab("a", "b", 2, "ann", control=True))
+    assert index.get(("a", "b")).label == 1

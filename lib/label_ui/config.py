@@ -42,6 +42,7 @@ class LabelConfig:
     reward: Path | None = None
     sampling: str = "random"
     pool: int | None = None
+    control_rate: float = 0.05
 
     def allowed_hosts(self) -> set[str]:
         """Host names the server answers to: its address, loopback names, and --public-host."""
@@ -147,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"random candidate pairs that uncertain / disagree choose from (default {POOL_FACTOR}x the pairs wanted)",
     )
+    p.add_argument(
+        "--control-rate",
+        type=float,
+        default=0.05,
+        metavar="P",
+        help="share of list entries that show again a pair this labeler answered, order swapped, unmarked; "
+        "Overview reports how often the answers agree (default 0.05; 0 turns it off)",
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
     p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
     return p  # fmt: skip
@@ -193,6 +202,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--sampling {args.sampling} picks pairs by the reward model's view: pass --reward MODEL")
     if args.reward is not None and not args.reward.is_file():
         raise UserError(f"--reward {args.reward}: no such file (a model made by 03_reward_train.py)")
+    if not 0.0 <= args.control_rate <= 1.0:
+        raise UserError(f"--control-rate must be in [0, 1], got {args.control_rate:g}")
     if args.pool is not None and args.pool < 1:
         raise UserError(f"--pool must be at least 1 pair, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
@@ -235,6 +246,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         reward=args.reward,
         sampling=args.sampling,
         pool=args.pool,
+        control_rate=args.control_rate,
     )
 
 

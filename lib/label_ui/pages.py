@@ -83,6 +83,10 @@ def _db_card(d: DbState) -> None:
         sources = ", ".join(f"{src}: {n}" for src, n in sorted(by_source.items())) or "none yet"
         ui.label(f"by source — {sources}")
         ui.label(f"{s['untouched']} segments no label has touched yet")
+        checks = s["consistency"]
+        if checks:
+            per = ", ".join(f"{who}: {a}/{n} ({100 * a / n:.0f}%)" for who, (a, n) in sorted(checks.items()))
+            ui.label(f"consistency (pairs shown again, order swapped) — {per}").mark(f"consistency-{d.index}")
         if s["free_pairs"] > 0:
             ui.label(f"{s['free_pairs']} unlabeled pairs left")
         else:

@@ -44,7 +44,14 @@ def build_app(cfg: LabelConfig) -> AppState:
     dbs = [DbState.open(i, path) for i, path in enumerate(cfg.dbs)]
     beliefs = model_view(cfg, dbs) if cfg.reward is not None else None
     state = AppState(
-        dbs, pairs=cfg.pairs, seed=cfg.seed, labeler=cfg.labeler, sampling=cfg.sampling, beliefs=beliefs, pool=cfg.pool
+        dbs,
+        pairs=cfg.pairs,
+        seed=cfg.seed,
+        labeler=cfg.labeler,
+        sampling=cfg.sampling,
+        beliefs=beliefs,
+        pool=cfg.pool,
+        control_rate=cfg.control_rate,
     )
     prune_cache(cfg.cache_dir)
     state.clips = ClipStore(cfg.cache_dir, cfg.fps)

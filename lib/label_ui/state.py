@@ -22,14 +22,20 @@ import numpy as np
 
 from lib.labels import (
     CANT_TELL,
+    EQUAL,
+    FIRST_BETTER,
     LABELS_FILE,
     RETRACTED,
+    SECOND_BETTER,
     VALID_LABELS,
     Label,
     append_labels,
+    consistency,
+    is_control,
     load_labels,
     pair_key,
     parse_label_lines,
+    read_label_log,
 )
 from lib.sampling import SegmentBeliefs, SegmentView, choose_pairs, preference
 from lib.segments import list_segments, segment_path
@@ -81,6 +87,8 @@ class LabelIndex:
             end = data.rfind(b"\n") + 1  # a line still being written is read next time
             new = parse_label_lines(data[:end], str(self.path), warn=self.warnings.append)
             for lab in new:
+                if is_control(lab):
+                    continue
                 self.labels.pop(lab.key, None)
                 if lab.label != RETRACTED:
                     self.labels[lab.key] = lab
@@ -170,6 +178,7 @@ class DbState:
             "by_source": Counter(lab.source for lab in labels),
             "untouched": sum(1 for s in self.segments if s not in touched),
             "free_pairs": self.free_pairs(),
+            "consistency": consistency(read_label_log(self.root, warn=lambda _: None)),
         }
 
 
@@ -183,6 +192,7 @@ class PairItem:
     status: str = "open"
     answer: int | None = None
     note: str = ""
+    control: bool = False  # an answered pair shown again, order swapped (--control-rate)
 
     @property
     def key(self) -> PairKey:
@@ -201,12 +211,14 @@ class AppState:
         sampling: str = "random",
         beliefs: list[SegmentBeliefs] | None = None,
         pool: int | None = None,
+        control_rate: float = 0.0,
     ):
         self.dbs = dbs
         self.pairs = pairs
         self.sampling = sampling  # lib.sampling mode; beliefs: the reward model's view of each DB
         self.beliefs = beliefs
         self.pool = pool
+        self.control_rate = control_rate
         self.labeler = labeler
         self.seed_rng = np.random.default_rng(seed)
         self.reserved: dict[tuple[int, PairKey], str] = {}  # (db, pair) -> tab id
@@ -251,6 +263,30 @@ class AppState:
             out = [out[i] for i in order]
         for item in out:
             self.reserved[(item.db, item.key)] = tab_id
+        return self._with_controls(out, rng, exclude)
+
+    def _with_controls(
+        self, items: list[PairItem], rng: np.random.Generator, exclude: set[tuple[int, PairKey]]
+    ) -> list[PairItem]:
+        """Each new pair brings, with probability ``control_rate``, a control: a pair answered
+        before (by this labeler, else by a person), order swapped, at a random place in the list,
+        not marked. ``exclude`` (the tab's pairs so far) keeps a control from coming twice."""
+        n = int(rng.binomial(len(items), self.control_rate)) if items and self.control_rate > 0 else 0
+        if n == 0:
+            return items
+        pool = [
+            (d.index, lab)
+            for d in self.dbs
+            for lab in d.labels.snapshot()
+            if lab.label in (FIRST_BETTER, SECOND_BETTER, EQUAL)
+            and (lab.extra.get("labeler") == self.labeler if self.labeler else lab.source == "human")
+            and (d.index, lab.key) not in exclude
+        ]
+        out = list(items)
+        for k in rng.permutation(len(pool))[:n]:
+            db, lab = pool[k]
+            control = PairItem(db, lab.sample2, lab.sample1, control=True)
+            out.insert(int(rng.integers(len(out) + 1)), control)
         return out
 
     def model_views(self, db: int, a: str, b: str) -> tuple[SegmentView, SegmentView, float] | None:
@@ -336,7 +372,7 @@ class TabSession:
         if item.status != "open":
             return False
         db = self.app.dbs[item.db]
-        if db.labels.get(item.key) is not None:
+        if not item.control and db.labels.get(item.key) is not None:
             item.status, item.note = "taken", "labeled elsewhere"
             self.app.release(self.tab_id, [item])
             return False
@@ -394,8 +430,8 @@ class TabSession:
         item = self.item
         if item is None:
             return None
-        before = self.app.dbs[item.db].labels.get(item.key)
-        label = self.app.make_label(item, value)
+        before = None if item.control else self.app.dbs[item.db].labels.get(item.key)
+        label = self.app.make_label(item, value, **({"control": True} if item.control else {}))
         item.status, item.answer, item.note = "answered", value, ""
         self.history.append(Answer(item, before))
         self.app.release(self.tab_id, [item])
@@ -409,7 +445,8 @@ class TabSession:
                 del self.history[k]
                 break
         item.status, item.answer = "open", None
-        self.app.reserved[(item.db, item.key)] = self.tab_id
+        if not item.control:
+            self.app.reserved[(item.db, item.key)] = self.tab_id
         self.current = next(i for i, it in enumerate(self.items) if it is item)
 
     def undo(self) -> tuple[PairItem, Label] | None:
@@ -420,7 +457,8 @@ class TabSession:
         entry = self.history.pop()
         item, before = entry.item, entry.before
         if before is None:
-            label = self.app.make_label(item, RETRACTED, undo=True)
+            control = {"control": True} if item.control else {}
+            label = self.app.make_label(item, RETRACTED, undo=True, **control)
         else:
             label = Label(
                 before.sample1,
@@ -432,7 +470,8 @@ class TabSession:
             )
         if before is None:
             item.status, item.answer, item.note = "open", None, ""
-            self.app.reserved[(item.db, item.key)] = self.tab_id
+            if not item.control:
+                self.app.reserved[(item.db, item.key)] = self.tab_id
         else:  # an answer that replaced an earlier one: the earlier one is back
             mine = any(e.item is item for e in self.history)
             item.status, item.answer = ("answered", before.label) if mine else ("taken", before.label)
