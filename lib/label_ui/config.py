@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="label N new random pairs of each DB with a synthetic teacher (--teacher), print a summary and exit",
+        help="label N new pairs of each DB (random, or as --sampling picks) with a synthetic teacher "
+        "(--teacher), print a summary and exit",
     )
     p.add_argument(
         "--teacher",
@@ -130,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="MODEL",
-        help="a reward model (03_reward_train.py) whose view picks the pairs (--sampling)",
+        help="a reward model (03_reward_train.py): the page shows its per-step prediction under each clip and "
+        "its P(#1 better), Existing labels its 'model vs you' view; --sampling picks pairs by it",
     )
     p.add_argument(
         "--sampling",
