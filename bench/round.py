@@ -260,21 +260,28 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
     }
 
 
-def teacher_evidence(db: Path, tdb: Path, train: list[str]) -> dict[str, int]:
-    """What the teacher had to go on: how its labels were decided, and how many of the labelable
-    segments show a voluntary refill or an oxygen death at all (SeaQuest)."""
+# What decides a label, in the teacher's order: the first of its facts that differs between the clips.
+DECIDED_BY = {
+    "oxygen": (("oxygen_deaths", "by_oxygen_death"), ("refills", "by_refill"), ("returns", "by_score")),
+    "score": (("returns", "by_score"),),
+}
+
+
+def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dict[str, int]:
+    """What the teacher had to go on: how its labels were decided (by the teacher's own rule: the
+    score teacher decides every label by the score), and how many of the labelable segments show a
+    voluntary refill or an oxygen death at all (SeaQuest)."""
     ev = {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0}
     for lab in load_labels(tdb, warn=None).values():
         ev["labels"] += 1
-        deaths, refills, rets = (lab.extra.get(k) for k in ("oxygen_deaths", "refills", "returns"))
         if lab.label not in (FIRST_BETTER, SECOND_BETTER):
             ev["ties" if lab.label == 0 else "cant_tell"] += 1
-        elif deaths and deaths[0] != deaths[1]:
-            ev["by_oxygen_death"] += 1
-        elif refills and refills[0] != refills[1]:
-            ev["by_refill"] += 1
-        elif rets and rets[0] != rets[1]:
-            ev["by_score"] += 1
+            continue
+        for fact, key in DECIDED_BY[teacher]:
+            values = lab.extra.get(fact)
+            if isinstance(values, list) and len(values) == 2 and values[0] != values[1]:
+                ev[key] += 1
+                break
     game = (db_game(db) or (None, None))[0]
     ev.update(segments=0, with_refill=0, with_oxygen_death=0, lives_lost=0)
     for rel in train:
@@ -465,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     if ev_path.exists():
         ev = json.loads(ev_path.read_text())
     else:
-        ev = teacher_evidence(db, tdb, split["train"])
+        ev = teacher_evidence(db, tdb, split["train"], args.teacher)
         atomic_write(ev_path, json.dumps(ev).encode())
     print(
         f"the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "

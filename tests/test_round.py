@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lib.labels import read_label_log
+from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
 from lib.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 TINY = ["--v0-steps", "2000", "--ft-steps", "1000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.05"]
 TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen"]
 
@@ -50,3 +51,28 @@ def test_round_runs_every_stage_and_continues(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reused") == 5 and "$ " not in again.stdout
     assert json.loads((tdir / "round.json").read_text())["rows"] == report["rows"]
+
+
+def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> None:
+    """A pair that differs in oxygen deaths and in score was decided by the oxygen death for the
+    oxygen teacher, by the score for the score teacher."""
+    from round import teacher_evidence
+
+    def lab(i: int, label: int, deaths: list[int], refills: list[int], returns: list[float]) -> Label:
+        extra = {"oxygen_deaths": deaths, "refills": refills, "returns": returns}
+        return Label(f"00/{i:08d}.dat", f"00/{i + 100:08d}.dat", label, source="oracle", extra=extra)
+
+    append_labels(
+        tmp_path,
+        [
+            lab(0, FIRST_BETTER, [0, 1], [0, 0], [0.0, 20.0]),  # oxygen: death; score: the score
+            lab(1, SECOND_BETTER, [0, 0], [0, 1], [20.0, 0.0]),  # oxygen: refill; score: the score
+            lab(2, FIRST_BETTER, [0, 0], [0, 0], [40.0, 20.0]),  # both: the score
+            lab(3, EQUAL, [0, 0], [0, 0], [20.0, 20.0]),
+        ],
+    )
+    oxygen = teacher_evidence(tmp_path, tmp_path, [], "oxygen")
+    assert (oxygen["by_oxygen_death"], oxygen["by_refill"], oxygen["by_score"], oxygen["ties"]) == (1, 1, 1, 1)
+    score = teacher_evidence(tmp_path, tmp_path, [], "score")
+    assert (score["by_oxygen_death"], score["by_refill"], score["by_score"], score["ties"]) == (0, 0, 3, 1)
+    assert score["labels"] == oxygen["labels"] == 4
