@@ -50,7 +50,7 @@ from lib.reward_eval import predict_segments, score  # noqa: E402
 from lib.reward_model import load_reward_model  # noqa: E402
 from lib.reward_train import oracle_agreement  # noqa: E402
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment  # noqa: E402
-from lib.teachers import TEACHERS, Teacher, segment_facts  # noqa: E402
+from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts  # noqa: E402
 
 ARMS = ("v0", "control", "rlhf")
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
@@ -260,11 +260,7 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
     }
 
 
-# What decides a label, in the teacher's order: the first of its facts that differs between the clips.
-DECIDED_BY = {
-    "oxygen": (("oxygen_deaths", "by_oxygen_death"), ("refills", "by_refill"), ("returns", "by_score")),
-    "score": (("returns", "by_score"),),
-}
+EVIDENCE_KEY = {"oxygen_deaths": "by_oxygen_death", "refills": "by_refill", "returns": "by_score"}
 
 
 def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dict[str, int]:
@@ -277,10 +273,10 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
         if lab.label not in (FIRST_BETTER, SECOND_BETTER):
             ev["ties" if lab.label == 0 else "cant_tell"] += 1
             continue
-        for fact, key in DECIDED_BY[teacher]:
+        for fact in RULE_FACTS[teacher]:
             values = lab.extra.get(fact)
             if isinstance(values, list) and len(values) == 2 and values[0] != values[1]:
-                ev[key] += 1
+                ev[EVIDENCE_KEY[fact]] += 1
                 break
     game = (db_game(db) or (None, None))[0]
     ev.update(segments=0, with_refill=0, with_oxygen_death=0, lives_lost=0)

@@ -162,6 +162,9 @@ def _by_oxygen(a: SegmentFacts, b: SegmentFacts) -> int | None:
 
 
 _RULES: dict[str, Callable[[SegmentFacts, SegmentFacts], int | None]] = {"score": _by_score, "oxygen": _by_oxygen}
+# The facts each rule compares, first to last (the first that differs decides), by the names an
+# oracle label records them under (lib/oracle.py): how a recorded label was decided.
+RULE_FACTS: dict[str, tuple[str, ...]] = {"score": ("returns",), "oxygen": ("oxygen_deaths", "refills", "returns")}
 
 
 @dataclass
