@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="02_label_ui.py",
         description="Label pairs of clips from segment DBs in a web page (or with --oracle, from true rewards).",
     )
+    _add_page_args(p)
+    _add_oracle_args(p)
+    _add_pair_args(p)
+    return p
+
+
+def _add_page_args(p: argparse.ArgumentParser) -> None:
+    """The DBs, the server, its access and the clips."""
     p.add_argument(
         "-d",
         "--db",
@@ -98,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_CACHE_DIR,
         help=f"where encoded clips are cached (default {DEFAULT_CACHE_DIR})",
     )
+
+
+def _add_oracle_args(p: argparse.ArgumentParser) -> None:
+    """--oracle and its synthetic teacher."""
     p.add_argument(
         "--oracle",
         type=int,
@@ -126,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="equal",
         help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
     )
+
+
+def _add_pair_args(p: argparse.ArgumentParser) -> None:
+    """Which pairs to ask, the reward model's view, control pairs, who answers."""
     p.add_argument(
         "--reward",
         type=Path,
@@ -160,7 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
     p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
-    return p  # fmt: skip
 
 
 def is_loopback(host: str) -> bool:
