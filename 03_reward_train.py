@@ -15,6 +15,8 @@ from pathlib import Path
 
 from lib.errors import run_cli
 
+ARCHS = ("diff", "book")  # lib.reward_model.ARCHS, the default first (not imported: --help stays torch-free)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -50,10 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="train K models on bootstrap samples; predict their mean, log their disagreement",
     )
     p.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default=ARCHS[0],
+        help="network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
+        "points are scored); book = the book's net on the colour frame the action is chosen on",
+    )
+    p.add_argument(
+        "--mask-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
+        "(10 covers SeaQuest's score): the model must then learn from the scene",
+    )
+    p.add_argument(
         "--input",
         choices=("full", "half"),
         default="full",
-        help="network input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
+        help="--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
     )
     p.add_argument(
         "--micro-frames",
@@ -126,6 +143,8 @@ def main() -> int:
         downscale=2 if args.input == "half" else 1,
         augment=args.augment,
         device=str(device),
+        arch=args.arch,
+        mask_rows=args.mask_rows,
     )
     writer = SummaryWriter(log_dir=str(run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)))
     writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))

@@ -1,217 +1,235 @@
 #!/usr/bin/env python3
-"""Quality benchmark of the reward model: does it order segments as the true score does?
+"""Quality benchmark of the reward model: does it order segments it never saw as the teacher does?
 
+For each seed:
 1. record a DB with a short A2C run (``01_a2c.py --db-path``), or reuse one with ``--db``;
-2. set aside ``--holdout`` of its segments, never trained on;
-3. oracle-label ``--labels`` random pairs of the other segments (the higher true return wins);
-4. train with ``03_reward_train.py`` (once per ``--inputs`` entry: full and/or half resolution);
-5. report the oracle agreement on ALL held-out pairs with different true returns (segments the
-   model never saw), next to the agreement on pairs of training-pool segments that no label
-   compares, on the trainer's own test split (pairs held out, their segments not), and the
-   correlation of predicted with true returns.
+2. set aside ``--holdout`` of its segments (a split of its own per seed), never trained on;
+3. a synthetic teacher (``--teacher``, ``lib/teachers.py``) labels ``--labels`` random pairs of the
+   other segments;
+4. each ``--variant`` (a name and 03_reward_train.py flags, the levers of the ablation) trains on
+   exactly these labels, with ``--seed`` set to the seed;
+5. every model is scored on ALL held-out pairs the teacher prefers one of (segments the model never
+   saw; a predicted tie counts as wrong), against the score (``03_reward_train.py --evaluate``'s
+   figures: agreement and per-step correlation with the true reward), and its cost is read from
+   the trainer: seconds per labeled pair per epoch and peak memory.
 
-    python bench/quality.py [--steps 120000] [--labels 300] [--inputs full,half] [--db DB]
+Prints one row per variant and seed, then the ablation table: the mean over seeds (each seed's
+value in the setting column). ``--keep DIR`` keeps DBs, labels, models and logs, and a run that
+finds a model there already scores it instead of training again.
 
-Target: at least 85% agreement on at least 100 held-out pairs. Prints a table: figure | value |
-unit | setting.
+    python bench/quality.py                                   # record a DB, diff vs book, seed 0
+    python bench/quality.py --db runs/round/db --seeds 0,1,2 --variant diff="--arch diff" \\
+        --variant book-half="--arch book --input half"
+
+Targets (issue: a reward model from few labels): at 300 score labels, mean of 3 seeds, at least
+90% held-out agreement and a per-step correlation of at least 0.5.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
+from round import held_out_figures  # noqa: E402
+from table import print_table  # noqa: E402
 
-from lib.labels import load_labels, pair_key  # noqa: E402
+from lib.errors import UserError, run_cli  # noqa: E402
+from lib.labels import EQUAL, load_labels  # noqa: E402
 from lib.oracle import oracle_label_db  # noqa: E402
-from lib.reward_eval import Scores, predict_segments, score  # noqa: E402
-from lib.reward_model import RewardPredictor, load_reward_model  # noqa: E402
-from lib.reward_train import oracle_agreement  # noqa: E402
-from lib.segments import list_segments, read_segment  # noqa: E402
+from lib.reward_model import load_reward_model  # noqa: E402
+from lib.segments import list_segments  # noqa: E402
+from lib.teachers import TEACHERS  # noqa: E402
+
+DEFAULT_VARIANTS = ("diff=--arch diff", "book=--arch book")
+PEAK = re.compile(r"peak memory (\d+) MB")
 
 
-def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> None:
-    cmd = [
-        sys.executable,
-        str(ROOT / "01_a2c.py"),
-        "-n",
-        "quality",
-        "--db-path",
-        str(db),
-        "--max-steps",
-        str(steps),
-        "--record-prob",
-        str(record_prob),
-        "--test-every",
-        "0",
-        "--seed",
-        str(seed),
-        "--save",
-        str(work / "a2c"),
-        "--runs-dir",
-        str(work / "runs"),
-    ]
+def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> float:
+    """Record a DB with a short A2C run; returns its seconds."""
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", "quality", "--db-path", str(db)]
+    cmd += ["--max-steps", str(steps), "--record-prob", str(record_prob), "--test-every", "0"]
+    cmd += ["--seed", str(seed), "--save", str(work / "a2c"), "--runs-dir", str(work / "runs")]
     print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
 
 
-def agreement(
-    segs: list[str], p: np.ndarray, t: np.ndarray, skip: AbstractSet[tuple[str, str]] = frozenset()
-) -> tuple[float, int]:
-    """``oracle_agreement`` (the trainer's rule: a predicted tie counts as wrong) over every pair
-    of ``segs`` not in ``skip``."""
-    pairs = [(i, j) for i, j in itertools.combinations(range(len(segs)), 2) if pair_key(segs[i], segs[j]) not in skip]
-    if not pairs:
-        return float("nan"), 0
-    i, j = np.array(pairs).T
-    return oracle_agreement(p[i], p[j], t[i], t[j])
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    name, sep, flags = text.partition("=")
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise UserError(f'--variant must be NAME="03_reward_train.py flags", got {text!r}')
+    return name, shlex.split(flags)
 
 
-def heldout_agreement(rm: RewardPredictor, db: Path, segs: list[str]) -> Scores:
-    """``03_reward_train.py --evaluate``'s figures over the held-out segments ``segs``."""
-    return score(predict_segments(rm, db, segs))
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--db", help="reuse this recorded DB instead of recording one (it is not modified)")
-    ap.add_argument("--steps", type=int, default=120_000, help="agent steps of the recording A2C run")
-    ap.add_argument("--record-prob", type=float, default=0.004, help="recording probability of that run")
-    ap.add_argument("--labels", type=int, default=300, help="oracle labels to train on")
-    ap.add_argument("--holdout", type=float, default=0.25, help="share of segments never trained on")
-    ap.add_argument("--inputs", default="full,half", help="comma-separated --input values to compare")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the recording, split and labels")
-    ap.add_argument("--keep", help="keep the work directory here (DB, labels, models)")
-    ap.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: extra 03_reward_train.py flags")
-    args = ap.parse_args()
-    extra = [a for a in args.train_args if a != "--"]
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlhf-quality-"))
-    work.mkdir(parents=True, exist_ok=True)
-    rows: list[tuple[str, str, str, str]] = []
-    try:
-        db = Path(args.db) if args.db else work / "db"
-        if not args.db:
-            t0 = time.perf_counter()
-            record(db, work, args.steps, args.record_prob, args.seed)
-            rows.append(
-                (
-                    "recording run",
-                    f"{time.perf_counter() - t0:.0f}",
-                    "s",
-                    f"01_a2c.py {args.steps:,} steps, --record-prob {args.record_prob}",
-                )
-            )
-        segs = list_segments(db)
-        rng = np.random.default_rng(args.seed)
-        perm = rng.permutation(len(segs))
-        n_hold = int(round(len(segs) * args.holdout))
-        hold = sorted(segs[i] for i in perm[:n_hold])
-        train_db = work / "train-db"
+def split_and_label(db: Path, work: Path, seed: int, args: argparse.Namespace) -> tuple[Path, list[str], int]:
+    """Seed ``seed``'s training DB (a copy of the non-held-out segments, labeled by the teacher)
+    and held-out segments; reused from ``work`` when there. Returns (train DB, held out, ties)."""
+    segs = list_segments(db)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(segs))
+    n_hold = int(round(len(segs) * args.holdout))
+    hold = sorted(segs[i] for i in perm[:n_hold])
+    train_db = work / f"train-db-s{seed}"
+    done = train_db / "labels.jsonl"
+    if not done.is_file():
         shutil.rmtree(train_db, ignore_errors=True)
         for i in perm[n_hold:]:
             (train_db / segs[i]).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(db / segs[i], train_db / segs[i])
-        summary = oracle_label_db(train_db, args.labels, seed=args.seed)
-        returns = [read_segment(db, s).true_return for s in segs]
-        rows.append(
-            (
-                "DB",
-                f"{len(segs)}",
-                "segments",
-                f"{np.mean(np.array(returns) > 0):.0%} with points, mean return {np.mean(returns):.1f}",
-            )
-        )
-        ties = summary.counts.get(0, 0)
-        rows.append(
-            (
-                "oracle labels",
-                f"{summary.labeled}",
-                "pairs",
-                f"over {len(segs) - n_hold} training-pool segments, {ties} ties",
-            )
-        )
-        # The looser reading of "held-out pairs": pairs never labeled, but of segments that
-        # other (training) pairs contain.
-        pool = list_segments(train_db)
-        labeled = set(load_labels(train_db))
-        for inp in [s.strip() for s in args.inputs.split(",") if s.strip()]:
-            out = work / "saves"
-            cmd = [
-                sys.executable,
-                str(ROOT / "03_reward_train.py"),
-                "-n",
-                f"q-{inp}",
-                "-o",
-                str(out),
-                str(train_db),
-                "--input",
-                inp,
-                "--runs-dir",
-                str(work / "runs"),
-                "--no-progress",
-                *extra,
-            ]
-            print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-            dt = time.perf_counter() - t0
-            sys.stderr.write(r.stdout[-3000:] + r.stderr[-1000:])
-            if r.returncode != 0:
-                raise SystemExit(f"training failed: {r.stderr.strip().splitlines()[-1:]}")
-            path = out / f"reward-q-{inp}.pt"
-            rm = load_reward_model(path)
-            m = rm.metrics
-            held = heldout_agreement(rm, db, hold)
-            setting = f"--input {inp} {' '.join(extra)}".strip()
+        if (db / "db.json").is_file():
+            shutil.copy2(db / "db.json", train_db / "db.json")
+        oracle_label_db(train_db, args.labels, seed=seed, teacher=args.teacher)
+    ties = sum(1 for lab in load_labels(train_db, warn=None).values() if lab.label == EQUAL)
+    return train_db, hold, ties
+
+
+def train_variant(
+    name: str, flags: list[str], train_db: Path, seed: int, work: Path, extra: list[str]
+) -> tuple[Path, float, float | None]:
+    """Train one variant on one seed's labels (or reuse its model): (model, seconds, peak MB)."""
+    out = work / "saves"
+    path = out / f"reward-{name}-s{seed}.pt"
+    cost = work / "logs" / f"{name}-s{seed}.json"
+    if path.is_file() and cost.is_file():
+        c = json.loads(cost.read_text())
+        return path, float(c["seconds"]), c.get("peak_mb")
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", f"{name}-s{seed}", "-o", str(out)]
+    cmd += [str(train_db), "--seed", str(seed), "--runs-dir", str(work / "runs"), "--no-progress", *flags, *extra]
+    print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    cost.parent.mkdir(parents=True, exist_ok=True)
+    (work / "logs" / f"{name}-s{seed}.log").write_text(r.stdout + r.stderr)
+    if r.returncode != 0:
+        raise UserError(f"training {name} (seed {seed}) failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    m = PEAK.search(r.stdout)
+    peak = float(m.group(1)) if m else None
+    cost.write_text(json.dumps({"seconds": dt, "peak_mb": peak}))
+    return path, dt, peak
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="bench/quality.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--db", help="reuse this recorded DB instead of recording one (it is not modified)")
+    ap.add_argument("--steps", type=int, default=120_000, help="agent steps of the recording A2C run")
+    ap.add_argument("--record-prob", type=float, default=0.004, help="recording probability of that run")
+    ap.add_argument("--labels", type=int, default=300, help="teacher labels to train on")
+    ap.add_argument("--holdout", type=float, default=0.25, help="share of segments never trained on")
+    ap.add_argument("--teacher", choices=TEACHERS, default="score", help="the synthetic labeler (lib/teachers.py)")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds: split, labels and training seed")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        metavar='NAME="FLAGS"',
+        help="a lever to compare: a name and 03_reward_train.py flags (repeatable; default: "
+        + ", ".join(DEFAULT_VARIANTS)
+        + ")",
+    )
+    ap.add_argument("--dev", default="cpu", help="torch device of training and scoring")
+    ap.add_argument("--keep", help="keep the work directory here (DB, labels, models, logs) and reuse what is there")
+    ap.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: flags for every variant's training")
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    extra = [a for a in args.train_args if a != "--"]
+    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    if not seeds:
+        raise UserError("--seeds names no seed")
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlhf-quality-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[tuple[str, str, str, str]] = []
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
+    try:
+        db = Path(args.db) if args.db else work / "db"
+        if args.db and not db.is_dir():
+            raise UserError(f"DB not found: {db}")
+        if not args.db and not list_segments(db, warn=None):
+            dt = record(db, work, args.steps, args.record_prob, seeds[0])
+            rows.append(("recording run", f"{dt:.0f}", "s", f"01_a2c.py {args.steps:,} steps"))
+        for seed in seeds:
+            train_db, hold, ties = split_and_label(db, work, seed, args)
             rows.append(
                 (
-                    "held-out oracle agreement",
-                    f"{100 * held.agreement:.1f}",
-                    "%",
-                    f"{setting}: {held.pairs} pairs of {held.segments} never-trained segments",
+                    f"seed {seed}: labels",
+                    f"{args.labels}",
+                    "pairs",
+                    f"{args.teacher} teacher, {ties} ties; {len(hold)} segments held out",
                 )
             )
-            rows.append(("held-out return correlation", f"{held.return_corr:.3f}", "Pearson r", setting))
-            rows.append(("held-out per-step correlation", f"{held.step_corr:.3f}", "Pearson r", setting))
-            pool_pred = predict_segments(rm, train_db, pool)
-            share, n_unl = agreement(pool_pred.names, pool_pred.pred_returns, pool_pred.true_returns, skip=labeled)
-            rows.append(
-                (
-                    "unlabeled-pair oracle agreement",
-                    f"{100 * share:.1f}",
-                    "%",
-                    f"{setting}: {n_unl} never-labeled pairs of {len(pool)} training-pool segments",
+            for name, flags in variants:
+                path, dt, peak = train_variant(name, flags, train_db, seed, work, extra)
+                fig = held_out_figures(db, hold, path, args.teacher, args.dev)
+                m = load_reward_model(path).metrics
+                fig.update(seconds=dt, peak_mb=peak, s_per_pair=m.get("s_per_pair"), epoch=m.get("epoch"))
+                results[name].append(fig)
+                rows.append(
+                    (
+                        f"seed {seed}: {name}",
+                        f"{100 * fig['teacher_agreement']:.1f}",
+                        "%",
+                        f"{fig['teacher_pairs']} held-out pairs; per-step corr {fig['step_corr_heldout']:+.3f}; "
+                        f"{dt:.0f} s",
+                    )
                 )
-            )
-            ta = m.get("oracle_agreement")
-            rows.append(
-                (
-                    "test-split oracle agreement",
-                    "n/a" if ta is None else f"{100 * ta:.1f}",
-                    "%",
-                    f"{setting}: {int(m.get('oracle_pairs') or 0)} held-out pairs, best epoch {int(m['epoch'])}",
-                )
-            )
-            rows.append(("training time", f"{dt:.0f}", "s", f"{setting}, {1000 * m['s_per_pair']:.0f} ms/pair/epoch"))
+        (work / "quality.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    print_table(f"quality: {args.labels} {args.teacher} labels, seeds {args.seeds}", rows)
+    print_table("ablation (mean over seeds; each seed's value in brackets)", ablation_rows(variants, results))
+    return 0
 
-    print_table("quality (reward model vs the true score)", rows)
+
+def ablation_rows(
+    variants: list[tuple[str, list[str]]], results: dict[str, list[dict[str, Any]]]
+) -> list[tuple[str, str, str, str]]:
+    def cell(name: str, key: str, scale: float, fmt: str) -> tuple[str, str]:
+        vals = [r[key] for r in results[name] if r.get(key) is not None]
+        if not vals:
+            return "n/a", ""
+        each = ", ".join(format(scale * v, fmt) for v in vals)
+        return format(scale * float(np.mean(vals)), fmt), f"[{each}]"
+
+    rows = []
+    for name, flags in variants:
+        setting = " ".join(flags) or "(defaults)"
+        v, each = cell(name, "teacher_agreement", 100, ".1f")
+        rows.append((f"{name}: held-out agreement", v, "%", f"{setting} {each}"))
+        v, each = cell(name, "step_corr_heldout", 1, "+.3f")
+        rows.append((f"{name}: per-step corr", v, "Pearson r", each))
+        v, each = cell(name, "s_per_pair", 1, ".3f")
+        rows.append((f"{name}: training cost", v, "s/pair/epoch", each))
+        peaks = [r["peak_mb"] for r in results[name] if r.get("peak_mb") is not None]
+        rows.append((f"{name}: peak memory", f"{max(peaks):.0f}" if peaks else "n/a", "MB RSS", "max over seeds"))
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

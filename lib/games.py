@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from lib.reward_model import step_next_frames
 from lib.teachers import OxygenCounts, OxygenTracker, oxygen_levels, shows_gauge
 
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
@@ -94,8 +95,10 @@ def play_games(
     """Play ``episodes`` full games in ``venv`` (an ``AtariVec``-like env), results in episode order.
 
     policy:    (N, 4, 84, 84) uint8 observations -> (N,) actions, one call per step for all envs
-    predict:   (frames (K, H, W, 3), actions (K,)) -> (K,) per-step predictions for the running
-               games, handed to the observer (the reward view); None: no predictions
+    predict:   (frames (K, H, W, 3), actions (K,), next frames (K, H, W, 3)) -> (K,) per-step
+               predictions for the running games, handed to the observer (the reward view);
+               None: no predictions. The next frames are those the steps led to
+               (``step_next_frames``)
     max_steps: cut a game after this many agent steps ("max steps"); games cut in every slot
                restart all envs with new seeds
     stop:      polled every step; when it returns True the games are abandoned and None returned
@@ -135,10 +138,13 @@ def play_games(
             active = np.flatnonzero([s is not None for s in slots])
             frames = venv.frames[active].copy()  # the frames the actions are chosen on
             actions = policy(obs)
-            preds = predict(frames, actions[active]) if predict is not None else None
             levels = oxygen_levels(frames).tolist() if track_oxygen else None
             step = venv.step(actions)
             obs = step.obs
+            preds = None
+            if predict is not None:
+                after = step_next_frames(frames, venv.frames[active], step.game_over[active])
+                preds = predict(frames, actions[active], after)
             vec_steps += 1
             if log is not None and vec_steps % PROGRESS_EVERY == 0:
                 log(f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s")

@@ -256,9 +256,9 @@ def _play_loop(
         with torch.no_grad():
             return select_actions(net(torch.as_tensor(obs, device=dev))[0], greedy, rng)
 
-    def predict(frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    def predict(frames: np.ndarray, actions: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
         assert norm is not None
-        return norm(np.asarray(rm.predict(frames, actions), dtype=np.float32).reshape(-1))
+        return norm(np.asarray(rm.predict(frames, actions, next_frames), dtype=np.float32).reshape(-1))
 
     recorder = _GameRecorder(venv.n_envs, vdir, model, rm is not None, gif, log)
     results = play_games(

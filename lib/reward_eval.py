@@ -90,7 +90,7 @@ def predict_segments(
         if seg.rewards is None:
             skipped += 1
             continue
-        pred = np.asarray(rm.predict(seg.frames, seg.actions), dtype=np.float64).reshape(-1)
+        pred = np.asarray(rm.predict_clip(seg), dtype=np.float64).reshape(-1)
         kept.append(rel)
         pr.append(pred.sum())
         tr.append(float(np.sum(seg.rewards, dtype=np.float64)))

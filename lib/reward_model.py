@@ -19,7 +19,8 @@ under ``torch.inference_mode()``.
 
 Checkpoint: a plain dict, loadable with ``torch.load(..., weights_only=True)``::
 
-    {"format": "rlhf-atari-reward", "version": 1, "state_dicts": [member 0, member 1, ...],
+    {"format": "rlhf-atari-reward", "version": 1, "arch": "diff" | "book",
+     "needs_next_frames": bool, "state_dicts": [member 0, member 1, ...],
      "frame_shape": [210, 160, 3], "downscale": 1, "input_shape": [3, 210, 160],
      "n_actions": 18, "env_id": ..., "game": ..., "action_meanings": [...],
      "norm_mean": float, "norm_std": float, "metrics": {...}, ...}
@@ -38,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lib.envs import POLICY_FRAME, grey84
 from lib.errors import UserError
 from lib.model import (
     REWARD_FORMAT,
@@ -56,6 +58,8 @@ HIDDEN = 64
 DROPOUT = 0.5
 NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
 INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
+ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
+DIFF_BLOCK = 12  # the diff net averages 12x12 blocks of its 84x84 input: a 7x7 grid
 
 
 def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int, int, int]:
@@ -113,6 +117,9 @@ class RewardModel(nn.Module):
              -> per-step rewards (B,) float32
     """
 
+    arch = "book"
+    needs_next = False
+
     def __init__(self, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, downscale: int = 1):
         super().__init__()
         if downscale < 1:
@@ -136,6 +143,11 @@ class RewardModel(nn.Module):
         self.conv_out_shape = conv_out_shape(self.input_shape)
         size = math.prod(self.conv_out_shape)
         self.out = nn.Sequential(nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
+
+    @staticmethod
+    def prepare(frames: np.ndarray, next_frames: np.ndarray | None = None) -> np.ndarray:
+        """The network's input for these steps: the frames themselves (the next ones are unused)."""
+        return frames
 
     def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float in [0, 1], channels-last memory."""
@@ -175,6 +187,102 @@ def to_input(frames: torch.Tensor, downscale: int = 1) -> torch.Tensor:
     if downscale > 1:
         x = F.avg_pool2d(x, downscale)
     return x
+
+
+# --- the diff net: what the step changed -----------------------------------------------------
+
+
+def segment_next_frames(frames: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
+    """The frame each step of a clip led to: ``frames[t + 1]``. The clip's last step (its next
+    frame was not recorded) and a step that ended the game (the next frame is a new game's) get
+    their own frame: no change."""
+    nxt = np.empty_like(frames)
+    nxt[:-1] = frames[1:]
+    nxt[-1:] = frames[-1:]
+    if game_over is not None and len(game_over) == len(frames) and np.any(game_over):
+        ended = np.asarray(game_over, dtype=bool)
+        nxt[ended] = frames[ended]
+    return nxt
+
+
+def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarray) -> np.ndarray:
+    """The frame each env's step led to: ``after``, except where the step ended the game (the
+    env already shows the next game's first frame): there ``before``, as in a recorded clip."""
+    ended = np.asarray(game_over, dtype=bool)
+    if not ended.any():
+        return after
+    out = np.array(after, copy=True)
+    out[ended] = before[ended]
+    return out
+
+
+def diff_input(frames: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
+    """(B, H, W, 3) uint8 frames and the frames their steps led to -> (B, 2, 84, 84) uint8: both
+    in the policy's grey 84x84 (``lib.envs.grey84``); the net takes their difference itself."""
+    if next_frames.shape != frames.shape:
+        raise ValueError(f"next frames {tuple(next_frames.shape)} do not match frames {tuple(frames.shape)}")
+    return np.stack([grey84(frames), grey84(next_frames)], axis=1)
+
+
+class DiffRewardModel(nn.Module):
+    """A reward model that sees what each step did. Its input: the grey 84x84 frame the action was
+    chosen on (the policy's preprocessing) and the absolute change to the frame the step led to,
+    each averaged over 12x12 blocks (a 7x7 grid, 98 features), scaled per feature to unit std over
+    the training segments (``fit_scale``); then the book's head: the one-hot action, 64 hidden units,
+    one output. The change is where points show: in SeaQuest the score changes in the frame after
+    98% of the rewarded steps, and the frame an action is chosen on (the book's input) cannot show
+    the outcome of that action. ``mask_rows`` > 0 blanks that many top rows of both 84x84 frames
+    (the paper's masking of the score: the model must then learn from the scene).
+
+    forward: x (B, 2, 84, 84) uint8 from ``prepare`` (frame, next frame), actions (B,) int64
+             -> per-step rewards (B,) float32
+    """
+
+    arch = "diff"
+    needs_next = True
+
+    def __init__(self, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, mask_rows: int = 0):
+        super().__init__()
+        if not 0 <= mask_rows < POLICY_FRAME:
+            raise ValueError(f"mask_rows must be in 0..{POLICY_FRAME - 1}, got {mask_rows}")
+        self.n_actions = int(n_actions)
+        self.frame_shape = tuple(int(x) for x in frame_shape)
+        self.downscale = 1
+        self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
+        n = 2 * (POLICY_FRAME // DIFF_BLOCK) ** 2
+        # buffers, so that a checkpoint's state dict carries them
+        self.register_buffer("scale", torch.ones(n))
+        self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
+        self.out = nn.Sequential(nn.Linear(n + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
+
+    @staticmethod
+    def prepare(frames: np.ndarray, next_frames: np.ndarray | None) -> np.ndarray:
+        if next_frames is None:
+            raise ValueError("the diff reward model needs the frames the steps led to (next_frames)")
+        return diff_input(np.asarray(frames), np.asarray(next_frames))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 2, 84, 84) uint8 -> (B, 98) float: block means of |next - frame| and of the frame,
+        before scaling."""
+        x = x.float().mul_(1.0 / 255.0)
+        if int(self.mask_rows):
+            x[:, :, : int(self.mask_rows)] = 0.0
+        change = (x[:, 1:] - x[:, :1]).abs_()
+        return torch.cat(
+            [F.avg_pool2d(change, DIFF_BLOCK).flatten(1), F.avg_pool2d(x[:, :1], DIFF_BLOCK).flatten(1)], dim=1
+        )
+
+    @torch.no_grad()
+    def fit_scale(self, x: torch.Tensor) -> None:
+        """Set the per-feature scale to 1 / std of the features over ``x`` (training steps); a
+        feature that never varies keeps a scale of at most 1000."""
+        std = self.features(x.to(self.scale.device)).std(0)
+        self.scale.copy_(1.0 / std.clamp_min(1e-3))
+
+    def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        f = self.features(x) * self.scale
+        act = F.one_hot(actions.long(), self.n_actions).to(f.dtype)
+        return self.out(torch.cat((f, act), dim=1)).squeeze(-1)
 
 
 # --- the loss --------------------------------------------------------------------------------
@@ -270,6 +378,31 @@ class LeanRewardNet(nn.Module):
         return self.head(F.leaky_relu(h, self.slope2, inplace=True)).squeeze(-1)
 
 
+AnyRewardModel = RewardModel | DiffRewardModel
+
+
+def new_reward_model(
+    arch: str, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, downscale: int = 1, mask_rows: int = 0
+) -> AnyRewardModel:
+    """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
+    applies; "diff": ``DiffRewardModel``, ``mask_rows`` applies)."""
+    if arch == "book":
+        return RewardModel(n_actions, frame_shape, downscale)
+    if arch == "diff":
+        return DiffRewardModel(n_actions, frame_shape, mask_rows)
+    raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
+
+
+def lean_net(model: AnyRewardModel) -> nn.Module:
+    """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
+    a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
+    if isinstance(model, DiffRewardModel):
+        twin = DiffRewardModel(model.n_actions, model.frame_shape)
+        twin.load_state_dict(model.state_dict())
+        return twin.eval().requires_grad_(False).to(model.scale.device)
+    return LeanRewardNet(model)
+
+
 class RewardPredictor:
     """A loaded reward model (one net or an ensemble) for inference.
 
@@ -288,8 +421,11 @@ class RewardPredictor:
         chunk: int = INPUT_CHUNK,
     ):
         self.device = torch.device(device)
-        self.nets = [LeanRewardNet(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models]
+        self.nets = [lean_net(m.cpu()).to(self.device, memory_format=torch.channels_last) for m in models]
         first = models[0]
+        self.arch: str = first.arch
+        self.needs_next: bool = first.needs_next
+        self._prepare = first.prepare
         self.path = path
         self.frame_shape: tuple[int, int, int] = first.frame_shape  # type: ignore[assignment]
         self.downscale = first.downscale
@@ -316,32 +452,60 @@ class RewardPredictor:
         if tuple(actions.shape) != (frames.shape[0],):
             raise ValueError(f"actions must have shape ({frames.shape[0]},), got {tuple(actions.shape)}")
 
-    def predict_members(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Every member's per-step rewards: (K, B) float32 tensor on the model's device."""
+    def predict_members(
+        self,
+        frames: np.ndarray | torch.Tensor,
+        actions: np.ndarray | torch.Tensor,
+        next_frames: np.ndarray | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Every member's per-step rewards: (K, B) float32 tensor on the model's device.
+        ``next_frames`` (B, H, W, 3): the frame each step led to; a diff model needs them
+        (``segment_next_frames``, ``step_next_frames``), the book's ignores them."""
         self._check(frames, actions)
-        f = torch.as_tensor(frames)
+        if self.needs_next:
+            if next_frames is None:
+                raise ValueError("this reward model (--arch diff) needs next_frames: the frame each step led to")
+            if tuple(next_frames.shape) != tuple(frames.shape):
+                raise ValueError(f"next_frames {tuple(next_frames.shape)} do not match frames {tuple(frames.shape)}")
+        else:
+            next_frames = None
         a = torch.as_tensor(actions)
         if a.numel() and (int(a.min()) < 0 or int(a.max()) >= self.n_actions):
             raise ValueError(f"actions must be in 0..{self.n_actions - 1}")
-        out = torch.empty((len(self.nets), len(f)), dtype=torch.float32, device=self.device)
+        out = torch.empty((len(self.nets), len(a)), dtype=torch.float32, device=self.device)
         with torch.inference_mode():
-            for s in range(0, len(f), self.chunk):
-                fc = f[s : s + self.chunk].to(self.device, non_blocking=True)
-                ac = a[s : s + self.chunk].to(self.device, non_blocking=True)
+            for s in range(0, len(a), self.chunk):
+                e = s + self.chunk
+                x = self._prepare(frames[s:e], None if next_frames is None else np.asarray(next_frames[s:e]))
+                fc = torch.as_tensor(x).to(self.device, non_blocking=True)
+                ac = a[s:e].to(self.device, non_blocking=True)
                 for k, net in enumerate(self.nets):
                     out[k, s : s + len(fc)] = net(fc, ac)
         return out
 
-    def predict(self, frames: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Raw per-step rewards (B,) float32 (the ensemble mean)."""
-        return self.predict_members(frames, actions).mean(0).cpu().numpy().astype(np.float32)
+    def predict(
+        self,
+        frames: np.ndarray | torch.Tensor,
+        actions: np.ndarray | torch.Tensor,
+        next_frames: np.ndarray | torch.Tensor | None = None,
+    ) -> np.ndarray:
+        """Raw per-step rewards (B,) float32 (the ensemble mean); see ``predict_members``."""
+        return self.predict_members(frames, actions, next_frames).mean(0).cpu().numpy().astype(np.float32)
+
+    def predict_clip(self, segment: Any, members: bool = False) -> np.ndarray | torch.Tensor:
+        """Per-step rewards of a recorded clip (a ``lib.segments.Segment``): (T,) float32 numpy, or
+        with ``members`` every member's (K, T) tensor. Each step's next frame is the clip's own."""
+        nxt = segment_next_frames(segment.frames, segment.game_over) if self.needs_next else None
+        if members:
+            return self.predict_members(segment.frames, segment.actions, nxt)
+        return self.predict(segment.frames, segment.actions, nxt)
 
 
 # --- checkpoints -----------------------------------------------------------------------------
 
 
 def reward_checkpoint(
-    models: Sequence[RewardModel],
+    models: Sequence[AnyRewardModel],
     env_id: str | None,
     game: str | None,
     action_meanings: Sequence[str] | None,
@@ -355,6 +519,8 @@ def reward_checkpoint(
     ck = {
         "format": REWARD_FORMAT,
         "version": REWARD_VERSION,
+        "arch": first.arch,
+        "needs_next_frames": first.needs_next,
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -386,7 +552,7 @@ def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
 
 def load_reward_models(
     path: str | os.PathLike, game: str | None = None, n_actions: int | None = None
-) -> tuple[list[RewardModel], dict[str, Any]]:
+) -> tuple[list[AnyRewardModel], dict[str, Any]]:
     """Read a reward model checkpoint into trainable RewardModels (eval mode) and its dict.
 
     Checks it fits ``game`` (a ROM name such as 'seaquest') and ``n_actions`` when given; every
@@ -407,6 +573,9 @@ def load_reward_models(
             raise UserError(f"reward model {path} is incomplete (no frame shape / action count): retrain it") from None
         if not isinstance(states, list) or not states:
             raise UserError(f"reward model {path} holds no weights: retrain it")
+        arch = ck.get("arch", "book")  # checkpoints made before the diff net are the book's
+        if arch not in ARCHS:
+            raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
     elif checkpoint_kind(ck) == "bare reward":
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1
@@ -415,6 +584,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
+        arch = "book"
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -427,7 +597,10 @@ def load_reward_models(
         raise UserError(f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model")
     models = []
     for sd in states:
-        m = RewardModel(ck_actions, frame_shape, downscale)
+        try:
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale)
+        except ValueError as e:
+            raise UserError(f"reward model {path}: {e}") from None
         try:
             m.load_state_dict(sd)
         except (RuntimeError, TypeError, AttributeError) as e:

@@ -39,13 +39,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.envs import DEFAULT_ENV, game_of, rom_name
+from lib.envs import DEFAULT_ENV, game_of, grey84, rom_name
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
 from lib.reward_model import (
+    ARCHS,
     NOISE_EPS,
-    LeanRewardNet,
-    RewardModel,
+    AnyRewardModel,
+    DiffRewardModel,
+    lean_net,
+    new_reward_model,
     preference_loss,
     reward_checkpoint,
     save_reward_checkpoint,
@@ -91,6 +94,9 @@ class PreferenceData:
     frame_shape: tuple[int, int, int]
     dbs: list[str]
     skipped: dict[str, int] = field(default_factory=dict)
+    # the diff net's input per segment, made on first use (``_grey_steps``): 350 KB a 50-step
+    # segment, against decoding 5 MB and resizing it again every epoch
+    grey_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def n_pairs(self) -> int:
@@ -336,6 +342,43 @@ def decode_segments(data: PreferenceData, ids: Sequence[int]) -> tuple[np.ndarra
     return frames, actions, owner
 
 
+def _grey_steps(data: PreferenceData, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segment ``i`` in the diff net's terms: its grey 84x84 frames (T, 84, 84), per step the
+    index of the frame the step led to (``segment_next_frames``' rule: the last step and a step
+    that ended the game point at themselves), and its actions. Cached in ``data.grey_cache``."""
+    got = data.grey_cache.get(i)
+    if got is None:
+        seg = decode_segment(data.blobs[i], data.names[i])
+        t = len(seg)
+        nxt = np.minimum(np.arange(t) + 1, t - 1)
+        if seg.game_over is not None:
+            nxt[seg.game_over] = np.flatnonzero(seg.game_over)
+        got = data.grey_cache[i] = (grey84(seg.frames), nxt, seg.actions)
+    return got
+
+
+def model_inputs(data: PreferenceData, ids: Sequence[int], arch: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The network input of segments ``ids`` for a model of ``arch``: ``decode_segments``' frames
+    for the book's net; (F, 2, 84, 84) uint8 (frame, next frame) for the diff net. Returns
+    (input, actions, owner) as ``decode_segments`` does."""
+    if arch == "book":
+        return decode_segments(data, ids)
+    total = int(data.lengths[list(ids)].sum())
+    x = np.empty((total, 2, 84, 84), dtype=np.uint8)
+    actions = np.empty(total, dtype=np.int64)
+    owner = np.empty(total, dtype=np.int64)
+    pos = 0
+    for j, i in enumerate(ids):
+        grey, nxt, acts = _grey_steps(data, int(i))
+        t = len(grey)
+        x[pos : pos + t, 0] = grey
+        x[pos : pos + t, 1] = grey[nxt]
+        actions[pos : pos + t] = acts
+        owner[pos : pos + t] = j
+        pos += t
+    return x, actions, owner
+
+
 # --- training --------------------------------------------------------------------------------
 
 
@@ -357,6 +400,8 @@ class TrainConfig:
     downscale: int = 1
     augment: int = 0
     device: str = "cpu"
+    arch: str = ARCHS[0]
+    mask_rows: int = 0
 
 
 @dataclass
@@ -453,7 +498,7 @@ def random_shift(frames: np.ndarray, pad: int, rng: np.random.Generator) -> np.n
 
 
 def _pair_returns(
-    model: RewardModel,
+    model: AnyRewardModel,
     data: PreferenceData,
     pairs: np.ndarray,
     device: torch.device,
@@ -461,9 +506,9 @@ def _pair_returns(
     rng: np.random.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted returns (R1, R2), each (P,), of the pairs: one forward over their distinct segments
-    (frames randomly shifted by up to ``augment`` pixels when > 0)."""
+    (frames randomly shifted by up to ``augment`` pixels when > 0: the book's net only)."""
     segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
-    frames, actions, owner = decode_segments(data, segs)
+    frames, actions, owner = model_inputs(data, segs, model.arch)
     if augment > 0:
         frames = random_shift(frames, augment, rng if rng is not None else np.random.default_rng())
     r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
@@ -473,10 +518,11 @@ def _pair_returns(
 
 
 def predict_segment_returns(
-    nets: Sequence[LeanRewardNet],
+    nets: Sequence[torch.nn.Module],
     data: PreferenceData,
     segs: np.ndarray,
     device: torch.device,
+    arch: str,
     chunk_frames: int = 64,
 ) -> tuple[np.ndarray, tuple[float, float, int]]:
     """Eval-mode returns of segments ``segs`` by each member: (K, S) float64, and the (sum, sum of
@@ -496,7 +542,7 @@ def predict_segment_returns(
         for g in groups:
             if not g:
                 continue
-            frames, actions, owner = decode_segments(data, segs[g])
+            frames, actions, owner = model_inputs(data, segs[g], arch)
             f = torch.from_numpy(frames).to(device)
             a = torch.from_numpy(actions).to(device)
             o = torch.from_numpy(owner).to(device)
@@ -510,11 +556,11 @@ def predict_segment_returns(
     return out, (s1, s2, count)
 
 
-def _lean(models: Sequence[RewardModel], device: torch.device) -> list[LeanRewardNet]:
+def _lean(models: Sequence[AnyRewardModel], device: torch.device) -> list[torch.nn.Module]:
     nets = []
     for m in models:
         m.eval()
-        nets.append(LeanRewardNet(m).to(device, memory_format=torch.channels_last))
+        nets.append(lean_net(m).to(device, memory_format=torch.channels_last))
         m.train()
     return nets
 
@@ -533,12 +579,12 @@ def oracle_agreement(pred1: np.ndarray, pred2: np.ndarray, true1: np.ndarray, tr
 
 
 def evaluate(
-    models: Sequence[RewardModel], data: PreferenceData, test: np.ndarray, device: torch.device, noise: float
+    models: Sequence[AnyRewardModel], data: PreferenceData, test: np.ndarray, device: torch.device, noise: float
 ) -> dict[str, float]:
     """Test metrics in eval mode: loss, accuracy on non-tie labels, oracle agreement, correlation of
     predicted with true returns, ensemble disagreement, and per-step prediction stats."""
     segs, inv = np.unique(np.concatenate([data.first[test], data.second[test]]), return_inverse=True)
-    rets, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device)
+    rets, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device, models[0].arch)
     mean_ret = rets.mean(0)  # (S,) the ensemble's return
     r1 = torch.from_numpy(mean_ret[inv[: len(test)]]).float()
     r2 = torch.from_numpy(mean_ret[inv[len(test) :]]).float()
@@ -566,10 +612,10 @@ def evaluate(
 
 
 def norm_stats(
-    models: Sequence[RewardModel], data: PreferenceData, segs: np.ndarray, device: torch.device
+    models: Sequence[AnyRewardModel], data: PreferenceData, segs: np.ndarray, device: torch.device
 ) -> tuple[float, float]:
     """Mean and std of the per-step predictions over segments ``segs`` (eval mode)."""
-    _, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device)
+    _, (s1, s2, count) = predict_segment_returns(_lean(models, device), data, segs, device, models[0].arch)
     mean = s1 / max(count, 1)
     return mean, math.sqrt(max(s2 / max(count, 1) - mean * mean, 0.0))
 
@@ -619,6 +665,16 @@ def _check_config(cfg: TrainConfig) -> None:
         raise UserError(f"--augment must be 0 or more pixels, got {cfg.augment}")
     if cfg.lr <= 0:
         raise UserError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.arch not in ARCHS:
+        raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}")
+    if cfg.arch != "book" and (cfg.augment or cfg.downscale != 1):
+        raise UserError(
+            f"--augment and --input half apply to --arch book only (--arch {cfg.arch} reads grey 84x84 frames)"
+        )
+    if cfg.mask_rows and cfg.arch != "diff":
+        raise UserError("--mask-rows applies to --arch diff only")
+    if not 0 <= cfg.mask_rows < 84:
+        raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
 
 
 def _output_paths(out_path: str | os.PathLike) -> tuple[Path, Path]:
@@ -642,7 +698,7 @@ class _Fit:
     data: PreferenceData
     cfg: TrainConfig
     device: torch.device
-    models: list[RewardModel]
+    models: list[AnyRewardModel]
     opts: list[torch.optim.Optimizer]
     members: list[np.ndarray]
     test: np.ndarray
@@ -669,11 +725,14 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
             f"label more pairs where one segment is better"
         )
     models = [
-        RewardModel(data.n_actions, data.frame_shape, cfg.downscale).to(device, memory_format=torch.channels_last)
+        new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows).to(
+            device, memory_format=torch.channels_last
+        )
         for _ in range(cfg.ensemble)
     ]
     for m in models:
         m.train()
+    _fit_input_scale(models, data, train, rng, device)
     members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
     return _Fit(
         data,
@@ -686,6 +745,27 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
         NOISE_EPS if cfg.noise else 0.0,
         rng,
     )
+
+
+SCALE_SEGMENTS = 64  # training segments the diff net's input scale is measured on
+
+
+def _fit_input_scale(
+    models: Sequence[AnyRewardModel],
+    data: PreferenceData,
+    train: np.ndarray,
+    rng: np.random.Generator,
+    device: torch.device,
+) -> None:
+    """Measure a diff net's per-feature input scale on up to SCALE_SEGMENTS segments of the
+    training pairs (the book's net normalises with BatchNorm instead: nothing to do)."""
+    if not isinstance(models[0], DiffRewardModel):
+        return
+    segs = np.unique(np.concatenate([data.first[train], data.second[train]]))
+    sample = np.sort(rng.choice(segs, size=min(len(segs), SCALE_SEGMENTS), replace=False))
+    x, _, _ = model_inputs(data, sample, "diff")
+    for m in models:
+        m.fit_scale(torch.from_numpy(x).to(device))
 
 
 def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, float]:
@@ -772,8 +852,9 @@ def _log_start(fit: _Fit, log: Log) -> None:
     data = fit.data
     log(
         f"training on {fit.n_train} pairs, testing on {len(fit.test)} ({data.n_segments} segments, "
-        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, input {tuple(fit.models[0].input_shape)}, "
-        f"device {fit.device}" + (f", ensemble of {fit.cfg.ensemble}" if fit.cfg.ensemble > 1 else "")
+        f"{data.compressed_bytes / 2**20:.1f} MB compressed), {data.env_id}, network {fit.cfg.arch}, "
+        f"input {tuple(fit.models[0].input_shape)}, device {fit.device}"
+        + (f", ensemble of {fit.cfg.ensemble}" if fit.cfg.ensemble > 1 else "")
     )
     if not data.has_true_returns:
         log("oracle agreement and return correlation: n/a (segments carry no true rewards)")
@@ -806,7 +887,7 @@ class _Progress:
         """Whether ``em``'s test loss is lower than the best so far (the first epoch's always is)."""
         return self.best is None or em.test_loss < self.best.test_loss
 
-    def keep(self, em: EpochMetrics, models: Sequence[RewardModel]) -> None:
+    def keep(self, em: EpochMetrics, models: Sequence[AnyRewardModel]) -> None:
         """Make ``em`` the best epoch, with a CPU copy of the weights. One assignment, so that a
         Ctrl-C never leaves one epoch's figures next to another epoch's weights."""
         self.best, self.best_states = (

@@ -4,7 +4,10 @@ Wraps an AtariVec-like vector env. Each agent step it runs ONE batched forward p
 model for all N envs on (the frame each env showed, the action taken on it) -- in eval mode with
 BatchNorm folded into the convolutions, under ``torch.inference_mode()`` -- while the env's C++
 threads step the games (``step_async`` starts the env step, the forward runs, ``step_wait``
-collects both). The book instead calls the model once per env per frame with batch size 1.
+collects both). The book instead calls the model once per env per frame with batch size 1. A
+diff model (``03_reward_train.py --arch diff``) also reads the frame each step led to, so its
+forward runs in ``step_wait``, after the step (where the step ended a game, the env already shows
+the next game: the step's own frame stands in, as at the end of a recorded clip).
 
 What the learner gets (``VecStep``):
 - ``pred_rewards``: the raw predictions (N,) float32;
@@ -45,7 +48,7 @@ import torch
 
 from lib.errors import UserError
 from lib.model import resolve_device
-from lib.reward_model import RewardPredictor, load_reward_model
+from lib.reward_model import RewardPredictor, load_reward_model, step_next_frames
 
 DEFAULT_NORM_WINDOW = 10_000
 DEFAULT_CLIP = 5.0
@@ -146,6 +149,7 @@ class RewardModelWrapper:
         self.clip = clip
         self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
         self._pending: torch.Tensor | None = None
+        self._before: tuple[torch.Tensor, torch.Tensor] | None = None  # a diff model's step input
         self._last: dict[str, float] = {}
         self._infer_s = 0.0
         self._steps = 0
@@ -194,6 +198,11 @@ class RewardModelWrapper:
         frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
         acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
         self.env.step_async(actions)
+        if self.model.needs_next:
+            # a diff model needs the frames the step leads to: its forward runs in step_wait
+            self._before = (frames, acts)
+            self._infer_s += time.perf_counter() - t0
+            return
         if self.infer_threads is None:
             self._pending = self.model.predict_members(frames, acts)  # (K, N)
         else:
@@ -210,9 +219,17 @@ class RewardModelWrapper:
     def step_wait(self) -> Any:
         """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards`` (normalised,
         clipped)."""
-        if self._pending is None:
+        if self._pending is None and self._before is None:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
+        if self._before is not None:
+            t0 = time.perf_counter()
+            frames, acts = self._before
+            self._before = None
+            after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
+            self._pending = self.model.predict_members(frames, acts, after)
+            self._infer_s += time.perf_counter() - t0
+        assert self._pending is not None
         members = self._pending.float().cpu().numpy()
         self._pending = None
         raw = members.mean(0).astype(np.float32)

@@ -87,7 +87,7 @@ class SegmentBeliefs:
                 f"reward model {self.rm.path} knows {self.rm.n_actions} actions, {self.root}/{rel} uses "
                 f"action {int(seg.actions.max())}: a model of another game"
             )
-        members = self.rm.predict_members(seg.frames, seg.actions).double().cpu().numpy()
+        members = self.rm.predict_clip(seg, members=True).double().cpu().numpy()
         true = None if seg.rewards is None else float(np.sum(seg.rewards, dtype=np.float64))
         return SegmentView(members.sum(1), members.mean(0).astype(np.float32), true)
 
