@@ -274,10 +274,11 @@ class DiffRewardModel(nn.Module):
 
     @torch.no_grad()
     def fit_scale(self, x: torch.Tensor) -> None:
-        """Set the per-feature scale to 1 / std of the features over ``x`` (training steps); a
-        feature that never varies keeps a scale of at most 1000."""
+        """Set the per-feature scale to 1 / std of the features over ``x`` (training steps), at most
+        1000. A feature that never varies there gets 0: the model learns nothing about it, so a
+        change it never saw (a masked row, a region that was always still) must not move it."""
         std = self.features(x.to(self.scale.device)).std(0)
-        self.scale.copy_(1.0 / std.clamp_min(1e-3))
+        self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         f = self.features(x) * self.scale

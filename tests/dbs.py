@@ -6,7 +6,9 @@
 realistic clip sizes and encode times.
 ``make_square_db``: a known reward rule for the reward-model tests: a step's true reward is 1
 when its frame shows a bright square, else 0. Frames are small (48x48; the smallest the book's
-conv stack takes is 43) so training takes seconds.
+conv stack takes is 43) so training takes seconds. ``make_appear_db``: the reward is earned when
+a point shows in the NEXT frame's score bar, which only a model that sees the step's outcome can
+place on its step.
 ``book_pickle`` / ``write_legacy_segment``: the book's format, an uncompressed pickle of a list of
 ``lib.rlhf.EpisodeStep(obs, act)``.
 """
@@ -55,6 +57,42 @@ def square_frames(rng: np.random.Generator, n: int, size: int = 48, p: float = 0
         y, x = rng.integers(0, size - 8, size=2)
         frames[i, y : y + 8, x : x + 8] = 230
     return frames, rewards
+
+
+def appear_frames(rng: np.random.Generator, n: int, size: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    """n + 1 dark noisy frames with a score bar along the top (3 pixels wide per point) and n
+    rewards: step t earns a point (probability 0.3) that shows in frame t + 1, as a game's score
+    does. Frame t tells how many points there are, not whether step t earns the next one."""
+    rewards = (rng.random(n) < 0.3).astype(np.float32)
+    points = int(rng.integers(0, 4)) + np.concatenate([[0], np.cumsum(rewards)]).astype(int)
+    frames = rng.integers(0, 60, size=(n + 1, size, size, 3), dtype=np.uint8)
+    for i, k in enumerate(points):
+        frames[i, 1:5, : min(3 * k, size)] = 230
+    return frames, rewards
+
+
+def make_appear_db(root: Path, n_segments: int = 60, steps: int = 10, seed: int = 0) -> list[str]:
+    """A DB of segments following the appear rule (``appear_frames``); each segment stores its
+    ``steps`` frames, not the one after its last step, as the recorder does."""
+    rng = np.random.default_rng(seed)
+    rels = []
+    for i in range(n_segments):
+        frames, rewards = appear_frames(rng, steps)
+        seg = Segment(
+            frames=frames[:steps],
+            actions=rng.integers(0, len(SEAQUEST_ACTIONS), size=steps),
+            rewards=rewards,
+            dones=np.zeros(steps, bool),
+            game_over=np.zeros(steps, bool),
+            lives=np.full(steps, 3, np.int32),
+            env_id=SEAQUEST,
+            action_meanings=SEAQUEST_ACTIONS,
+            env_index=i % 4,
+            step=1000 + i,
+        )
+        save_segment(root, seg, fsync=False)
+        rels.append(f"{i % 4:02d}/{1000 + i:08d}.dat")
+    return rels
 
 
 def make_square_db(

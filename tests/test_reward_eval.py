@@ -86,7 +86,8 @@ def test_evaluate_matches_a_pair_by_pair_count(trained: tuple[Path, Path, Path],
             seg = read_segment(d, rel)
             if seg.rewards is None:
                 continue
-            pred.append(float(rm.predict(seg.frames, seg.actions).sum()))
+            nxt = np.concatenate([seg.frames[1:], seg.frames[-1:]])  # each step's next frame; the last: itself
+            pred.append(float(rm.predict(seg.frames, seg.actions, nxt).sum()))
             true.append(seg.true_return)
     for i, j in itertools.combinations(range(len(pred)), 2):
         if true[i] != true[j]:

@@ -13,6 +13,7 @@ from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
 from lib.reward_model import (
     FULL_FRAME,
+    DiffRewardModel,
     LeanRewardNet,
     RewardModel,
     load_reward_model,
@@ -20,6 +21,8 @@ from lib.reward_model import (
     preference_loss,
     reward_checkpoint,
     save_reward_checkpoint,
+    segment_next_frames,
+    step_next_frames,
 )
 
 SMALL = (48, 48, 3)
@@ -244,3 +247,79 @@ def test_cuda_without_gpu_is_a_user_error():
 
     with pytest.raises(UserError, match="no CUDA GPU"):
         resolve_device("cuda")
+
+
+def test_the_frame_each_step_led_to():
+    frames = np.arange(5, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 2, 3), np.uint8)
+    ended = np.array([False, True, False, False, False])
+    # within a clip: the next frame; the last step and a game-ending step: their own frame
+    assert segment_next_frames(frames, ended)[:, 0, 0, 0].tolist() == [1, 1, 3, 4, 4]
+    assert segment_next_frames(frames)[:, 0, 0, 0].tolist() == [1, 2, 3, 4, 4]
+    before, after = frames[:3], frames[2:]
+    assert step_next_frames(before, after, np.array([False, True, False]))[:, 0, 0, 0].tolist() == [2, 1, 4]
+    assert step_next_frames(before, after, np.zeros(3, bool)) is after
+
+
+def _seaquest_frames(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n + 1 real SeaQuest frames of random play (a few seconds), and the actions."""
+    from lib.envs import AtariVec
+
+    env = AtariVec(n_envs=1, seed=4)
+    env.reset()
+    rng = np.random.default_rng(0)
+    frames, actions = [env.frames[0].copy()], rng.integers(0, env.n_actions, n)
+    for a in actions:
+        env.step(np.array([a]))
+        frames.append(env.frames[0].copy())
+    env.close()
+    return np.stack(frames), actions, np.array(env.action_meanings)
+
+
+def test_diff_checkpoint_round_trip_on_real_frames(tmp_path):
+    frames, actions, _ = _seaquest_frames(40)
+    torch.manual_seed(3)
+    models = [DiffRewardModel(18, FULL_FRAME, mask_rows=10) for _ in range(2)]
+    x = torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:]))
+    assert x.shape == (40, 2, 84, 84) and x.dtype == torch.uint8
+    for m in models:
+        m.fit_scale(x)
+        m.eval()
+    assert (models[0].scale > 0).any() and (models[0].scale == 0).any()  # the masked rows never vary
+    path = _save(tmp_path, models)
+    ck = torch.load(path, weights_only=True)
+    assert ck["arch"] == "diff" and ck["needs_next_frames"] is True and ck["input_shape"] == [2, 84, 84]
+    rm = load_reward_model(path, game="seaquest", n_actions=18)
+    assert rm.arch == "diff" and rm.needs_next and rm.ensemble == 2
+    with torch.no_grad():
+        ref = torch.stack([m(x, torch.from_numpy(actions)) for m in models]).mean(0).numpy()
+    out = rm.predict(frames[:-1], actions, frames[1:])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    assert np.std(out) > 0
+    # the masked rows (the score) do not reach the model
+    painted = frames[1:].copy()
+    painted[:, :20] = 255
+    np.testing.assert_allclose(rm.predict(frames[:-1], actions, painted), out, rtol=1e-5, atol=1e-6)
+    painted[:, 100:120] = 255
+    assert not np.allclose(rm.predict(frames[:-1], actions, painted), out)
+
+
+def test_checkpoints_from_before_the_arch_field_load_as_the_books(tmp_path):
+    torch.manual_seed(4)
+    m = RewardModel(18, SMALL).eval()
+    ck = reward_checkpoint([m], "SeaquestNoFrameskip-v4", "seaquest", None)
+    del ck["arch"], ck["needs_next_frames"]
+    torch.save(ck, tmp_path / "old.pt")
+    rm = load_reward_model(tmp_path / "old.pt")
+    assert rm.arch == "book" and not rm.needs_next
+    frames = np.random.default_rng(0).integers(0, 256, (4, *SMALL), dtype=np.uint8)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(frames), torch.zeros(4, dtype=torch.int64)).numpy()
+    np.testing.assert_allclose(rm.predict(frames, np.zeros(4, dtype=np.int64)), ref, rtol=1e-4, atol=1e-5)
+    ck["arch"] = "transformer"
+    torch.save(ck, tmp_path / "new.pt")
+    with pytest.raises(UserError, match="unknown network 'transformer'"):
+        load_reward_model(tmp_path / "new.pt")
+    ck["arch"] = "diff"  # book weights under the diff name: refused with one line
+    torch.save(ck, tmp_path / "mixed.pt")
+    with pytest.raises(UserError, match="does not fit"):
+        load_reward_model(tmp_path / "mixed.pt")

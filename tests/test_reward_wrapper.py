@@ -10,7 +10,13 @@ import torch
 
 from lib.envs import VecStep
 from lib.errors import UserError
-from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+from lib.reward_model import (
+    DiffRewardModel,
+    RewardModel,
+    load_reward_model,
+    reward_checkpoint,
+    save_reward_checkpoint,
+)
 from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm, penalised
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
@@ -28,6 +34,7 @@ class FakeVec:
         self.extra_attribute = "inner"
         self.sent: list[np.ndarray] = []
         self.closed = False
+        self.ends = np.zeros(n_envs, bool)  # which envs' next step ends the game
 
     def _new_frames(self) -> np.ndarray:
         return self.rng.integers(0, 256, (self.n_envs, self.size, self.size, 3), dtype=np.uint8)
@@ -46,7 +53,7 @@ class FakeVec:
         true = np.ones(n, np.float32)
         obs = np.zeros((n, 4, 84, 84), np.uint8)
         z = np.zeros(n, bool)
-        return VecStep(obs, true.copy(), true, z, z, z, obs, np.full(n, 3, np.int32))
+        return VecStep(obs, true.copy(), true, self.ends.copy(), z, self.ends.copy(), obs, np.full(n, 3, np.int32))
 
     def step(self, actions: np.ndarray) -> VecStep:
         self.step_async(actions)
@@ -197,6 +204,29 @@ def test_real_atari_env(tmp_path):
         np.testing.assert_allclose(st.pred_rewards, rm.predict(frames, actions), rtol=1e-4, atol=1e-6)
         assert st.obs.shape == (3, 4, 84, 84)
     env.close()
+
+
+def test_diff_model_reads_the_frame_each_step_led_to(tmp_path):
+    """A diff model predicts after the step, from (frame before, frame after); where the step ended
+    the game the env shows the next game's frame, so the frame before stands in."""
+    torch.manual_seed(0)
+    ck = reward_checkpoint([DiffRewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
+    save_reward_checkpoint(ck, tmp_path / "d.pt")
+    env = FakeVec(seed=3)
+    env.ends[1] = True
+    w = RewardModelWrapper(env, tmp_path / "d.pt")
+    rm = load_reward_model(tmp_path / "d.pt")
+    acts = np.array([0, 1, 2, 3])
+    before = env.frames.copy()
+    st = w.step(acts)
+    after = env.frames.copy()
+    led_to = after.copy()
+    led_to[1] = before[1]
+    np.testing.assert_allclose(st.pred_rewards, rm.predict(before, acts, led_to), rtol=1e-5, atol=1e-6)
+    naive = rm.predict(before, acts, after)
+    assert not np.isclose(naive[1], st.pred_rewards[1]) and np.isclose(naive[0], st.pred_rewards[0])
+    with pytest.raises(ValueError, match="needs next_frames"):
+        rm.predict(before, acts)
 
 
 def test_penalty_arithmetic():
