@@ -72,14 +72,15 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def make_reward_model(path: Path) -> None:
-    """A fresh full-resolution reward model: its speed does not depend on its weights."""
+def make_reward_model(path: Path, arch: str) -> None:
+    """A fresh reward model of ``arch`` for full-resolution frames: its speed does not depend on
+    its weights."""
     import torch
 
-    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
 
     torch.manual_seed(0)
-    model = RewardModel(18)
+    model = new_reward_model(arch, 18)
     ck = reward_checkpoint([model], "SeaquestNoFrameskip-v4", "seaquest", None, norm_mean=0.0, norm_std=1.0)
     save_reward_checkpoint(ck, path)
 
@@ -124,13 +125,8 @@ def train_run(
     return sps, peak, db
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40_000, help="agent steps per training run")
-    ap.add_argument("--dev", default="cpu", help="device for the training runs")
-    args = ap.parse_args()
-    rows: list[tuple[str, str, str, str]] = []
-
+def env_rows(rows: list[tuple[str, str, str, str]]) -> None:
+    """The env-only stepping rows: ale-py's vector env as we use it, and gymnasium's for comparison."""
     rows.append(
         (
             "env-only stepping",
@@ -148,22 +144,42 @@ def main() -> None:
         )
     )
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=40_000, help="agent steps per training run")
+    ap.add_argument("--dev", default="cpu", help="device for the training runs")
+    ap.add_argument(
+        "--reward-only", action="store_true", help="measure plain A2C and A2C with -r only (each reward model kind)"
+    )
+    args = ap.parse_args()
+    rows: list[tuple[str, str, str, str]] = []
+
+    if not args.reward_only:
+        env_rows(rows)
+
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sps, peak, _ = train_run(tmp, "plain", args.steps, args.dev, None)
         rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}"))
         rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
         plain_sps = sps
-        make_reward_model(tmp / "reward.pt")
-        sps, _, _ = train_run(tmp, "reward", args.steps, args.dev, None, ("-r", str(tmp / "reward.pt")))
-        rows.append(
-            (
-                "A2C training, -r reward model",
-                f"{sps:,.0f}",
-                "agent steps/s",
-                f"full-res reward model, 16 envs, {args.dev}: {sps / plain_sps:.2f}x plain",
+        for arch, what in (("diff", "--arch diff (default)"), ("book", "--arch book, full res")):
+            make_reward_model(tmp / f"reward-{arch}.pt", arch)
+            sps, _, _ = train_run(
+                tmp, f"reward-{arch}", args.steps, args.dev, None, ("-r", str(tmp / f"reward-{arch}.pt"))
             )
-        )
+            rows.append(
+                (
+                    "A2C training, -r reward model",
+                    f"{sps:,.0f}",
+                    "agent steps/s",
+                    f"{what} reward model, 16 envs, {args.dev}: {sps / plain_sps:.2f}x plain",
+                )
+            )
+        if args.reward_only:
+            print_table("bench_a2c (stage 1, -r only)", rows)
+            return
         if args.dev != "cpu" or cpu_has_bf16():
             sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
             rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16"))
