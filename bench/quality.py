@@ -166,6 +166,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, str, str]] = []
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
+    splits: dict[int, list[str]] = {}
     try:
         db = Path(args.db) if args.db else work / "db"
         if args.db and not db.is_dir():
@@ -175,6 +176,7 @@ def main() -> int:
             rows.append(("recording run", f"{dt:.0f}", "s", f"01_a2c.py {args.steps:,} steps"))
         for seed in seeds:
             train_db, hold, ties = split_and_label(db, work, seed, args)
+            splits[seed] = hold
             rows.append(
                 (
                     f"seed {seed}: labels",
@@ -187,7 +189,7 @@ def main() -> int:
                 path, dt, peak = train_variant(name, flags, train_db, seed, work, extra)
                 fig = held_out_figures(db, hold, path, args.teacher, args.dev)
                 m = load_reward_model(path).metrics
-                fig.update(seconds=dt, peak_mb=peak, s_per_pair=m.get("s_per_pair"), epoch=m.get("epoch"))
+                fig.update(seed=seed, seconds=dt, peak_mb=peak, s_per_pair=m.get("s_per_pair"), epoch=m.get("epoch"))
                 results[name].append(fig)
                 rows.append(
                     (
@@ -198,7 +200,8 @@ def main() -> int:
                         f"{dt:.0f} s",
                     )
                 )
-        (work / "quality.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        report = {"args": vars(args), "results": results, "holdout": splits}
+        (work / "quality.json").write_text(json.dumps(report, indent=1))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

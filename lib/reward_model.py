@@ -1,6 +1,12 @@
-"""The reward model: the book's conv net on full-colour frames plus a one-hot action.
+"""The reward models: what a step did (``DiffRewardModel``, the default), or the book's conv net on
+the full-colour frame the action was chosen on (``RewardModel``), each plus a one-hot action.
 
-Architecture (Lapan, ch. 19, ``lib/rlhf.py``; DESIGN "Reward model and loss"): 4 conv layers of
+``--arch diff`` (``DiffRewardModel``): the grey 84x84 frame and its absolute change to the frame
+the step led to, averaged over a 7x7 grid of blocks, scaled per feature, then the book's head. A
+step's outcome (the score changing) shows in the NEXT frame, so every consumer hands it the frame
+each step led to (``segment_next_frames`` for a recorded clip, ``step_next_frames`` in play).
+
+``--arch book``, architecture (Lapan, ch. 19, ``lib/rlhf.py``; DESIGN "Reward model and loss"): 4 conv layers of
 16 filters (kernels 7/5/3/3, strides 3/2/1/1), each followed by BatchNorm, Dropout(0.5) and
 LeakyReLU; flatten; concatenate the one-hot action; a 64-unit hidden layer; one output -- the
 predicted reward of taking that action on that frame. The parameter names are the book's
