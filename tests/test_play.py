@@ -22,7 +22,7 @@ from lib.envs import AtariVec
 from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
 from lib.play import correlation, normaliser, play, prepare_video_dir, summary, video_stem
-from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+from lib.reward_model import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
 from lib.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +71,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         env.close()
         save_reward_checkpoint(ck, d / f"{name}.pt")
         out[name] = d / f"{name}.pt"
+    torch.manual_seed(1)
+    ck = reward_checkpoint([DiffRewardModel(18).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    save_reward_checkpoint(ck, d / "reward_diff.pt")
+    out["reward_diff"] = d / "reward_diff.pt"
     return out
 
 
@@ -220,8 +224,29 @@ def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     np.testing.assert_allclose(normaliser(rm)(raw), [0.0, 1.0, -1.0])
 
 
-def test_reward_view_in_process(models: dict[str, Path], tmp_path: Path) -> None:
-    (res,) = play(models["policy"], video_dir=tmp_path, reward=models["reward"], seed=2, log=lambda _: None)
+def test_play_games_hands_predict_the_frame_each_step_led_to() -> None:
+    from lib.envs import AtariVec
+    from lib.games import play_games
+
+    env = AtariVec(n_envs=2, seed=3)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def predict(frames: np.ndarray, actions: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
+        seen.append((frames.copy(), next_frames.copy()))
+        return np.zeros(len(frames), np.float32)
+
+    rng = np.random.default_rng(0)
+    play_games(env, lambda obs: rng.integers(0, env.n_actions, len(obs)), 2, predict=predict, max_steps=40)
+    env.close()
+    assert len(seen) == 40
+    for (_, led_to), (then, _) in zip(seen[:-1], seen[1:], strict=True):
+        np.testing.assert_array_equal(led_to, then)  # the frame a step led to is the next step's frame
+    assert not all(np.array_equal(f, n) for f, n in seen)  # and not the step's own frame
+
+
+@pytest.mark.parametrize("reward", ["reward", "reward_diff"])
+def test_reward_view_in_process(models: dict[str, Path], tmp_path: Path, reward: str) -> None:
+    (res,) = play(models["policy"], video_dir=tmp_path, reward=models[reward], seed=2, log=lambda _: None)
     assert res.end == "game over" and res.score > 0  # a random policy scores in most games
     assert res.reward_corr is not None
     meta, frames = decode(res.video)
