@@ -35,6 +35,7 @@ from lib.recorder import EpisodeRecorderWrapper  # noqa: E402
 from lib.reward_model import (  # noqa: E402
     RewardModel,
     load_reward_model,
+    new_reward_model,
     reward_checkpoint,
     save_reward_checkpoint,
 )
@@ -119,6 +120,20 @@ def inference_rows(tmp: Path) -> list[tuple[str, str, str, str]]:
             )
         )
         if downscale == 1:
+            diff = new_reward_model("diff", 18).eval()
+            save_reward_checkpoint(
+                reward_checkpoint([diff], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0), tmp / "diff.pt"
+            )
+            rd = load_reward_model(tmp / "diff.pt")
+            nxt = np.roll(frames, 1, axis=0)
+            rows.append(
+                (
+                    "reward inference",
+                    f"{time_it(lambda rd=rd, nxt=nxt: rd.predict(frames, actions, nxt)) / 16 * 1000:.3f}",
+                    "ms/frame",
+                    "--arch diff (grey 84x84 of the frame and the next, pooled), batch 16, incl. the resize",
+                )
+            )
 
             def plain(m: RewardModel = m) -> None:
                 with torch.no_grad():
@@ -150,8 +165,12 @@ def inference_rows(tmp: Path) -> list[tuple[str, str, str, str]]:
 
 def wrapper_rows(tmp: Path, steps: int = 300) -> list[tuple[str, str, str, str]]:
     rows = []
-    for downscale, label in ((1, "full"), (2, "half")):
-        path = tmp / f"r{downscale}.pt"
+    for name, label in (
+        ("diff.pt", "--arch diff"),
+        ("r1.pt", "full-resolution book"),
+        ("r2.pt", "half-resolution book"),
+    ):
+        path = tmp / name
         res = {}
         for mode in ("plain", "wrapped"):
             env = AtariVec("SeaquestNoFrameskip-v4", 16, seed=0)
@@ -175,7 +194,8 @@ def wrapper_rows(tmp: Path, steps: int = 300) -> list[tuple[str, str, str, str]]
                 "RewardModelWrapper step",
                 f"{res['wrapped'] * 1000:.2f}",
                 "ms/step",
-                f"16 envs, {label}-resolution model, forward overlapped with the env step",
+                f"16 envs, {label} model"
+                + (", forward after the env step" if name == "diff.pt" else ", forward overlapped with the env step"),
             )
         )
         rows.append(
@@ -183,7 +203,7 @@ def wrapper_rows(tmp: Path, steps: int = 300) -> list[tuple[str, str, str, str]]
                 "wrapper extra cost",
                 f"{(res['wrapped'] - res['plain']) * 1000:.2f}",
                 "ms/step",
-                f"{label}-resolution, per agent step of 16 envs (A2C-relative speed: bench_a2c)",
+                f"{label}, per agent step of 16 envs (A2C-relative speed: bench_a2c)",
             )
         )
     return rows
@@ -207,23 +227,21 @@ def main() -> None:
         print(f"recorded {n} segments in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         summary = oracle_label_db(db, args.labels, seed=0)
         setting = f"{summary.labeled} labels over {n} segments, 1 epoch, {args.dev}, {threads} threads"
-        for batch, inp in ((64, "full"), (args.labels, "full"), (64, "half")):
-            s, peak, _ = train_run(
-                db, tmp / "saves", tmp / "runs", "--batch", str(batch), "--input", inp, "--dev", args.dev
+        for arch, batch, inp in (
+            ("diff", 64, ""),
+            ("book", 64, "full"),
+            ("book", args.labels, "full"),
+            ("book", 64, "half"),
+        ):
+            flags = ["--arch", arch, "--batch", str(batch), "--dev", args.dev] + (["--input", inp] if inp else [])
+            s, peak, _ = train_run(db, tmp / "saves", tmp / "runs", *flags)
+            what = f"--arch {arch}" + (f" {inp} res" if inp else "")
+            rows.append(("reward training", f"{s:.3f}", "s/labeled pair/epoch", f"{what}, --batch {batch}, {setting}"))
+            rows.append(
+                ("  vs the book's 0.45 s", f"{BOOK_S_PER_PAIR / s:.1f}", "x faster", f"{what}, --batch {batch}")
             )
             rows.append(
-                ("reward training", f"{s:.3f}", "s/labeled pair/epoch", f"{inp} res, --batch {batch}, {setting}")
-            )
-            rows.append(
-                (
-                    "  vs the book's 0.45 s",
-                    f"{BOOK_S_PER_PAIR / s:.1f}",
-                    "x faster",
-                    f"{inp} res, --batch {batch}",
-                )
-            )
-            rows.append(
-                ("reward training peak memory", f"{peak:,.0f}", "MB RSS", f"{inp} res, --batch {batch}, {setting}")
+                ("reward training peak memory", f"{peak:,.0f}", "MB RSS", f"{what}, --batch {batch}, {setting}")
             )
 
     print_table("bench_reward (stage 3)", rows)
