@@ -11,12 +11,20 @@ the next game: the step's own frame stands in, as at the end of a recorded clip)
 
 What the learner gets (``VecStep``):
 - ``pred_rewards``: the raw predictions (N,) float32;
-- ``rewards``: the predictions normalised to zero mean and unit variance over a running window of
-  the last ``norm_window`` predictions (all envs together), then CLIPPED to [-clip, clip]
+- ``rewards``: the predictions minus their MEDIAN and divided by their std over a running window
+  of the last ``norm_window`` predictions (all envs together), then CLIPPED to [-clip, clip]
   (clip = 5 by default). Until the window holds ``norm_window // 10`` predictions the mean and
   std the model was trained with (stored in its checkpoint) are used, so the first steps are
   normalised too. A std near zero (< 1e-6, a constant model) is replaced by 1: rewards are then
   only centred.
+
+Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
+game's own score. A model that has learned the score puts its reward on the rare steps that score;
+centred on the mean, every other step earns a little less than 0, and since a lost life ends the
+learner's episode, dying early becomes a way out of a stream of negative rewards. Measured with a
+``diff`` model of the round benchmark (score teacher): the median step sat at -0.3 std, the steps
+that scored at +6, and a fine-tune on mean-centred rewards shortened its games from ~1,500 to ~800
+steps within 200k steps (eval score 240 against the control's 482).
 - ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
 
 With an ensemble and ``penalty`` L > 0 (``01_a2c.py --reward-penalty L``) each member's
@@ -56,8 +64,9 @@ MIN_STD = 1e-6
 
 
 class RunningNorm:
-    """Mean and std over the last ``window`` values (a ring buffer), with a prior (mean, std) used
-    until ``warmup`` values have been seen. ``normalise`` adds a batch and returns it normalised."""
+    """Median, mean and std over the last ``window`` values (a ring buffer), with a prior (mean,
+    std) used until ``warmup`` values have been seen (the prior's mean standing in for the median).
+    ``normalise`` adds a batch and returns it centred on the median and divided by the std."""
 
     def __init__(self, window: int, prior: tuple[float, float] | None = None, warmup: int | None = None):
         if window < 1:
@@ -68,6 +77,7 @@ class RunningNorm:
         self.prior = prior
         self.warmup = max(1, window // 10) if warmup is None else warmup
         self.mean, self.std = prior if prior is not None else (0.0, 1.0)
+        self.center = self.mean
 
     def add(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float64).ravel()
@@ -88,12 +98,13 @@ class RunningNorm:
         if self.prior is None or self.count >= self.warmup:
             filled = self.buf[: min(self.count, n)]
             self.mean, self.std = float(filled.mean()), float(filled.std())
+            self.center = float(np.median(filled))
 
     def normalise(self, x: np.ndarray) -> np.ndarray:
-        """Add ``x`` (N,) to the window, return (x - mean) / std (std < MIN_STD counts as 1)."""
+        """Add ``x`` (N,) to the window, return (x - median) / std (std < MIN_STD counts as 1)."""
         self.add(x)
         scale = self.std if self.std >= MIN_STD else 1.0
-        return ((np.asarray(x, dtype=np.float64) - self.mean) / scale).astype(np.float32)
+        return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
 
 
 def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
@@ -256,11 +267,11 @@ class RewardModelWrapper:
         return st
 
     def stats(self) -> dict[str, float]:
-        """Scalars for TensorBoard: the running normalisation mean/std, the last step's raw
+        """Scalars for TensorBoard: the running normalisation mean/median/std, the last step's raw
         prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
         members, 0 for one model), with --reward-penalty the mean penalty subtracted, and the
         reward model's milliseconds per agent step."""
-        out = {"norm_mean": self.norm.mean, "norm_std": self.norm.std, **self._last}
+        out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

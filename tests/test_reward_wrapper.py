@@ -119,17 +119,30 @@ def test_rewards_are_normalised_and_clipped(tmp_path):
         raws.append(st.pred_rewards)
         outs.append(st.rewards)
     raw, out = np.concatenate(raws[-8:]), np.concatenate(outs[-8:])  # the last 64 = the window
-    expected = np.clip((raw - raw.mean()) / raw.std(), -1, 1)
+    expected = np.clip((raw - np.median(raw)) / raw.std(), -1, 1)  # the typical step earns 0
     np.testing.assert_allclose(out[-8:], expected[-8:], rtol=1e-4, atol=1e-5)
     assert np.abs(out).max() <= 1.0
     assert w.stats()["norm_std"] == pytest.approx(raw.std(), rel=1e-5)
+    assert w.stats()["norm_median"] == pytest.approx(np.median(raw), rel=1e-5)
+
+
+def test_rare_rewards_leave_the_typical_step_at_zero():
+    """A model that has learned the score: most steps predict ~0, a few score. Centred on the
+    mean, every ordinary step would earn a negative reward (and dying early would pay); centred on
+    the median it earns 0 and only the scoring steps stand out."""
+    n = RunningNorm(window=1000, prior=None)
+    raw = np.zeros(1000)
+    raw[::50] = 20.0  # 2% of the steps score
+    out = n.normalise(raw)
+    assert np.all(out[raw == 0] == 0.0) and np.all(out[raw > 0] > 5)
+    assert (raw - raw.mean()).max() > 0 > (raw - raw.mean())[raw == 0].max()  # the mean would not do it
 
 
 def test_running_norm_window_prior_and_guard():
     n = RunningNorm(window=10, prior=(5.0, 2.0), warmup=4)
     np.testing.assert_allclose(n.normalise(np.array([7.0, 3.0])), [1.0, -1.0])  # prior while warming up
     n.normalise(np.array([1.0, 1.0]))  # 4 seen: window stats from now on
-    assert n.mean == pytest.approx(3.0)
+    assert n.mean == pytest.approx(3.0) and n.center == pytest.approx(2.0)  # median of 7, 3, 1, 1
     n.normalise(np.arange(25, dtype=float))  # more than the window: the last 10 values
     assert n.mean == pytest.approx(np.arange(15, 25).mean()) and n.count == 29
     const = RunningNorm(window=5)
