@@ -20,7 +20,7 @@ labels are kept and reused when the command runs again.
 
     python bench/sampling.py                              # the round's DB, both teachers, 1 seed
     python bench/sampling.py --db DB --teachers score --steps 100,200,300 --seeds 0,1,2
-    python bench/sampling.py ... -- --downscale 2         # arguments after -- go to 03_reward_train.py
+    python bench/sampling.py ... -- --arch book --input half   # arguments after -- go to 03_reward_train.py
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ $PY 02_label_ui.py -d db/demo --oracle 300 --seed 0
 
 echo
 echo "== 3/5 03_reward_train.py: fit the reward model to db/demo's labels"
-$PY 03_reward_train.py -n demo -o saves/demo-reward db/demo --epochs 8
+$PY 03_reward_train.py -n demo -o saves/demo-reward db/demo
 REWARD=saves/demo-reward/reward-demo.pt
 
 echo
