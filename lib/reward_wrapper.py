@@ -17,15 +17,16 @@ What the learner gets (``VecStep``):
   std the model was trained with (stored in its checkpoint) are used, so the first steps are
   normalised too. A std near zero (< 1e-6, a constant model) is replaced by 1: rewards are then
   only centred.
+- ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
 
 Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
 game's own score. A model that has learned the score puts its reward on the rare steps that score;
 centred on the mean, every other step earns a little less than 0, and since a lost life ends the
 learner's episode, dying early becomes a way out of a stream of negative rewards. Measured with a
 ``diff`` model of the round benchmark (score teacher): the median step sat at -0.3 std, the steps
-that scored at +6, and a fine-tune on mean-centred rewards shortened its games from ~1,500 to ~800
-steps within 200k steps (eval score 240 against the control's 482).
-- ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
+that scored at +6. In that round the choice did not change the outcome: the fine-tune learned to
+die either way (30-game score 181 mean-centred, 165 median-centred, control 443), because that
+model also rewards the death itself (README, "Does it work?").
 
 With an ensemble and ``penalty`` L > 0 (``01_a2c.py --reward-penalty L``) each member's
 prediction is normalised on its own running window and the learner gets mean - L * std of the
