@@ -215,18 +215,22 @@ class RewardModelWrapper:
             self._before = (frames, acts)
             self._infer_s += time.perf_counter() - t0
             return
-        if self.infer_threads is None:
-            self._pending = self.model.predict_members(frames, acts)  # (K, N)
-        else:
-            # The env's C++ threads are busy stepping now: a forward on all cores would only
-            # fight them (OpenMP threads spin-wait; measured 3-5x slower than one thread).
-            threads = torch.get_num_threads()
-            torch.set_num_threads(self.infer_threads)
-            try:
-                self._pending = self.model.predict_members(frames, acts)
-            finally:
-                torch.set_num_threads(threads)
+        self._pending = self._forward(frames, acts, None)  # (K, N)
         self._infer_s += time.perf_counter() - t0
+
+    def _forward(self, frames: torch.Tensor, acts: torch.Tensor, after: np.ndarray | None) -> torch.Tensor:
+        """The members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the env's
+        C++ threads are busy stepping, or spin-waiting for the next step, and a forward on all
+        cores would only fight them (OpenMP threads spin-wait too; measured 3-5x slower than one
+        thread)."""
+        if self.infer_threads is None:
+            return self.model.predict_members(frames, acts, after)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.infer_threads)
+        try:
+            return self.model.predict_members(frames, acts, after)
+        finally:
+            torch.set_num_threads(threads)
 
     def step_wait(self) -> Any:
         """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards`` (normalised,
@@ -239,7 +243,7 @@ class RewardModelWrapper:
             frames, acts = self._before
             self._before = None
             after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
-            self._pending = self.model.predict_members(frames, acts, after)
+            self._pending = self._forward(frames, acts, after)
             self._infer_s += time.perf_counter() - t0
         assert self._pending is not None
         members = self._pending.float().cpu().numpy()
