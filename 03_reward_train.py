@@ -16,6 +16,15 @@ from pathlib import Path
 from lib.errors import run_cli
 
 ARCHS = ("diff", "book")  # lib.reward_model.ARCHS, the default first (not imported: --help stays torch-free)
+DIFF_BLOCK = "12x12"  # lib.reward_model.DIFF_BLOCK as ROWSxCOLS
+
+
+def block_arg(text: str) -> tuple[int, int]:
+    """--diff-block ROWSxCOLS -> (rows, cols); whether they divide 84 is checked with the rest."""
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.strip().isdigit() or not cols.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x12, got {text!r}")
+    return int(rows), int(cols)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
         "(10 covers SeaQuest's score): the model must then learn from the scene",
+    )
+    p.add_argument(
+        "--diff-block",
+        type=block_arg,
+        default=block_arg(DIFF_BLOCK),
+        metavar="ROWSxCOLS",
+        help=f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
+        f"(default {DIFF_BLOCK}); finer rows keep apart what sits in different rows of the screen "
+        f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
     )
     p.add_argument(
         "--input",
@@ -145,6 +163,7 @@ def main() -> int:
         device=str(device),
         arch=args.arch,
         mask_rows=args.mask_rows,
+        diff_block=args.diff_block,
     )
     writer = SummaryWriter(log_dir=str(run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)))
     writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from round import held_out_figures  # noqa: E402
+from round import LIFE_LOSS_LEAD, held_out_figures  # noqa: E402
 from table import print_table  # noqa: E402
 
 from lib.errors import UserError, run_cli  # noqa: E402
@@ -227,6 +227,10 @@ def ablation_rows(
         rows.append((f"{name}: held-out agreement", v, "%", f"{setting} {each}"))
         v, each = cell(name, "step_corr_heldout", 1, "+.3f")
         rows.append((f"{name}: per-step corr", v, "Pearson r", each))
+        v, each = cell(name, "life_loss_z", 1, "+.2f")
+        rows.append((f"{name}: reward on a life loss", v, "std", each))
+        v, each = cell(name, "pre_loss_z", 1, "+.2f")
+        rows.append((f"{name}: reward before a life loss", v, "std", f"{LIFE_LOSS_LEAD} steps before {each}"))
         v, each = cell(name, "s_per_pair", 1, ".3f")
         rows.append((f"{name}: training cost", v, "s/pair/epoch", each))
         peaks = [r["peak_mb"] for r in results[name] if r.get("peak_mb") is not None]

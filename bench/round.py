@@ -234,15 +234,17 @@ def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
 def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, float]:
     """The reward model on segments it never saw: agreement with the teacher over every held-out
     pair the teacher prefers one of (a predicted tie counts as wrong), and ``--evaluate``'s
-    figures against the score (agreement, per-step correlation)."""
+    figures against the score (agreement, per-step correlation); and what the model pays where a
+    life is lost (``life_loss_rewards``)."""
     rm = load_reward_model(reward, device=dev)
     preds = predict_segments(rm, db, holdout)
     vs_score = score(preds)
     game = (db_game(db) or (None, None))[0]
-    facts = []
+    facts, lost = [], []
     for rel in preds.names:
         seg = read_segment(db, rel)
         facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
+        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
     judge = Teacher(teacher)
     i, j = np.triu_indices(len(facts), k=1)
     verdicts = np.array([judge.judge(facts[a], facts[b]) for a, b in zip(i, j, strict=True)])
@@ -257,6 +259,36 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
         "score_pairs": vs_score.pairs,
         "step_corr_heldout": vs_score.step_corr,
         "heldout_segments": vs_score.segments,
+        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
+    }
+
+
+LIFE_LOSS_LEAD = 15  # steps before a life loss that ``life_loss_rewards`` also averages
+
+
+def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
+    """What a reward model pays around a lost life, in the learner's units: per-step predictions
+    centred on their median and divided by their std, as ``RewardModelWrapper`` does. The true
+    reward there is 0, so a model the agent cannot exploit pays about 0 or less.
+
+    ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the
+    ``LIFE_LOSS_LEAD`` steps before each of them (what the agent is paid for heading into a death);
+    ``life_losses``: how many there were. NaN where there is none."""
+    pred_steps = np.asarray(pred_steps, dtype=np.float64)
+    life_lost = np.asarray(life_lost, dtype=bool)
+    if pred_steps.shape != life_lost.shape:
+        raise ValueError(f"{pred_steps.shape} predictions for {life_lost.shape} steps")
+    std = float(pred_steps.std()) if len(pred_steps) else 0.0
+    z = (pred_steps - np.median(pred_steps)) / std if std > 0 else np.zeros_like(pred_steps)
+    at = np.flatnonzero(life_lost)
+    lead = np.zeros(len(z), dtype=bool)
+    for t in at:
+        lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
+    lead &= ~life_lost
+    return {
+        "life_losses": int(len(at)),
+        "life_loss_z": float(z[at].mean()) if len(at) else math.nan,
+        "pre_loss_z": float(z[lead].mean()) if lead.any() else math.nan,
     }
 
 

@@ -65,7 +65,23 @@ DROPOUT = 0.5
 NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
 INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
 ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
-DIFF_BLOCK = 12  # the diff net averages 12x12 blocks of its 84x84 input: a 7x7 grid
+# The diff net averages (rows, cols) blocks of its 84x84 input. 12x12 (a 7x7 grid) was the first
+# default and is what diff checkpoints without a "diff_block" field were made with.
+DIFF_BLOCK = (12, 12)
+OLD_DIFF_BLOCK = (12, 12)
+
+
+def check_block(block: Any) -> tuple[int, int]:
+    """(rows, cols) of a diff net's averaging block, each a divisor of 84; ValueError otherwise
+    (a checkpoint's field is untrusted: anything else is refused with one line)."""
+    try:
+        rows, cols = (int(v) for v in block)
+        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v for v in block)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not all(0 < v <= POLICY_FRAME and POLICY_FRAME % v == 0 for v in (rows, cols)):
+        raise ValueError(f"the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {str(block)[:40]}")
+    return rows, cols
 
 
 def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int, int, int]:
@@ -247,15 +263,22 @@ class DiffRewardModel(nn.Module):
     arch = "diff"
     needs_next = True
 
-    def __init__(self, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, mask_rows: int = 0):
+    def __init__(
+        self,
+        n_actions: int,
+        frame_shape: Sequence[int] = FULL_FRAME,
+        mask_rows: int = 0,
+        block: Sequence[int] = DIFF_BLOCK,
+    ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
             raise ValueError(f"mask_rows must be in 0..{POLICY_FRAME - 1}, got {mask_rows}")
+        self.block = check_block(block)
         self.n_actions = int(n_actions)
         self.frame_shape = tuple(int(x) for x in frame_shape)
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
-        n = 2 * (POLICY_FRAME // DIFF_BLOCK) ** 2
+        n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -275,7 +298,7 @@ class DiffRewardModel(nn.Module):
             x[:, :, : int(self.mask_rows)] = 0.0
         change = (x[:, 1:] - x[:, :1]).abs_()
         return torch.cat(
-            [F.avg_pool2d(change, DIFF_BLOCK).flatten(1), F.avg_pool2d(x[:, :1], DIFF_BLOCK).flatten(1)], dim=1
+            [F.avg_pool2d(change, self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)], dim=1
         )
 
     @torch.no_grad()
@@ -389,14 +412,19 @@ AnyRewardModel = RewardModel | DiffRewardModel
 
 
 def new_reward_model(
-    arch: str, n_actions: int, frame_shape: Sequence[int] = FULL_FRAME, downscale: int = 1, mask_rows: int = 0
+    arch: str,
+    n_actions: int,
+    frame_shape: Sequence[int] = FULL_FRAME,
+    downscale: int = 1,
+    mask_rows: int = 0,
+    block: Sequence[int] = DIFF_BLOCK,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows`` applies)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows`` and ``block`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -404,7 +432,7 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape)
+        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block)
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -528,6 +556,7 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
+        **({"diff_block": list(first.block)} if isinstance(first, DiffRewardModel) else {}),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -583,6 +612,7 @@ def load_reward_models(
         arch = ck.get("arch", "book")  # checkpoints made before the diff net are the book's
         if arch not in ARCHS:
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
+        block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
     elif checkpoint_kind(ck) == "bare reward":
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1
@@ -591,7 +621,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch = "book"
+        arch, block = "book", DIFF_BLOCK
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -605,7 +635,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:

@@ -44,9 +44,11 @@ from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
 from lib.reward_model import (
     ARCHS,
+    DIFF_BLOCK,
     NOISE_EPS,
     AnyRewardModel,
     DiffRewardModel,
+    check_block,
     lean_net,
     new_reward_model,
     preference_loss,
@@ -402,6 +404,7 @@ class TrainConfig:
     device: str = "cpu"
     arch: str = ARCHS[0]
     mask_rows: int = 0
+    diff_block: tuple[int, int] = DIFF_BLOCK
 
 
 @dataclass
@@ -675,6 +678,12 @@ def _check_config(cfg: TrainConfig) -> None:
         raise UserError("--mask-rows applies to --arch diff only")
     if not 0 <= cfg.mask_rows < 84:
         raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
+    if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
+        raise UserError("--diff-block applies to --arch diff only")
+    try:
+        check_block(cfg.diff_block)
+    except ValueError as e:
+        raise UserError(f"--diff-block: {e}") from None
 
 
 def _output_paths(out_path: str | os.PathLike) -> tuple[Path, Path]:
@@ -725,7 +734,7 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
             f"label more pairs where one segment is better"
         )
     models = [
-        new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows).to(
+        new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block).to(
             device, memory_format=torch.channels_last
         )
         for _ in range(cfg.ensemble)

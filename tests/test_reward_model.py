@@ -323,3 +323,47 @@ def test_checkpoints_from_before_the_arch_field_load_as_the_books(tmp_path):
     torch.save(ck, tmp_path / "mixed.pt")
     with pytest.raises(UserError, match="does not fit"):
         load_reward_model(tmp_path / "mixed.pt")
+
+
+def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_path):
+    """A 4x12 block keeps SeaQuest's score (rows 3-6 of 84) apart from the reserve subs (rows 8-11);
+    12x12 averages them into one feature. The block goes into the checkpoint; diff checkpoints
+    made before the field load as 12x12; a hostile field is refused with one line."""
+    rng = np.random.default_rng(5)
+    frame = rng.integers(0, 200, (1, 84, 84), dtype=np.uint8)
+    score_change = np.stack([frame, frame.copy()], axis=1)
+    score_change[:, 1, 3:7, 40:60] += 50
+    lives_change = np.stack([frame, frame.copy()], axis=1)
+    lives_change[:, 1, 8:12, 40:60] += 50
+    fine, coarse = DiffRewardModel(18, block=(4, 12)), DiffRewardModel(18, block=(12, 12))
+    assert fine.scale.numel() == 2 * 21 * 7 and coarse.scale.numel() == 2 * 7 * 7
+    f_s, f_l = (fine.features(torch.from_numpy(x)) for x in (score_change, lives_change))
+    c_s, c_l = (coarse.features(torch.from_numpy(x)) for x in (score_change, lives_change))
+    torch.testing.assert_close(c_s, c_l)
+    assert not torch.allclose(f_s, f_l)
+
+    torch.manual_seed(6)
+    frames, actions, _ = _seaquest_frames(12)
+    fine.fit_scale(torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:])))
+    fine.eval()
+    path = _save(tmp_path, [fine])
+    ck = torch.load(path, weights_only=True)
+    assert ck["diff_block"] == [4, 12]
+    rm = load_reward_model(path)
+    with torch.no_grad():
+        ref = fine(torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:])), torch.from_numpy(actions))
+    np.testing.assert_allclose(rm.predict(frames[:-1], actions, frames[1:]), ref.numpy(), rtol=1e-5, atol=1e-6)
+
+    old = reward_checkpoint([coarse.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
+    del old["diff_block"]
+    torch.save(old, tmp_path / "old-diff.pt")
+    assert load_reward_models(tmp_path / "old-diff.pt")[0][0].block == (12, 12)
+    for bad in ([5, 5], "4x12", [4], [4, 12, 1], [True, 12], [4.5, 12], None):
+        ck["diff_block"] = bad
+        torch.save(ck, tmp_path / "bad.pt")
+        with pytest.raises(UserError, match="diff block must be two divisors of 84"):
+            load_reward_model(tmp_path / "bad.pt")
+    ck["diff_block"] = [12, 12]  # a block that divides 84 but not the one the weights were made for
+    torch.save(ck, tmp_path / "mismatch.pt")
+    with pytest.raises(UserError, match="does not fit"):
+        load_reward_model(tmp_path / "mismatch.pt")

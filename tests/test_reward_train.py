@@ -261,6 +261,11 @@ def test_bad_hyper_parameters(square_db, tmp_path):
         train_reward_model(data, TrainConfig(batch=0), tmp_path / "r.pt", progress=False, log=_quiet)
     with pytest.raises(UserError, match="--lr must be positive"):
         train_reward_model(data, TrainConfig(lr=0), tmp_path / "r.pt", progress=False, log=_quiet)
+    with pytest.raises(UserError, match="--diff-block: the diff block must be two divisors of 84"):
+        train_reward_model(data, TrainConfig(diff_block=(5, 12)), tmp_path / "r.pt", progress=False, log=_quiet)
+    with pytest.raises(UserError, match="--diff-block applies to --arch diff only"):
+        cfg = TrainConfig(arch="book", diff_block=(6, 6))
+        train_reward_model(data, cfg, tmp_path / "r.pt", progress=False, log=_quiet)
 
 
 def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
@@ -344,6 +349,8 @@ def test_cli_bad_inputs_exit_2_with_one_line(square_db, tmp_path):
     _label(db, [(rels[0], rels[1], EQUAL), (rels[2], rels[3], EQUAL)])
     r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), cwd=tmp_path)
     assert r.returncode == 2 and "ties" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), "--diff-block", "4by12", cwd=tmp_path)
+    assert r.returncode == 2 and "expected ROWSxCOLS such as 4x12" in r.stderr
     if not torch.cuda.is_available():
         r = _cli("-n", "t", "-o", str(tmp_path / "o"), str(db), "--dev", "cuda", cwd=tmp_path)
         assert r.returncode == 2 and "no CUDA GPU" in r.stderr
@@ -395,3 +402,19 @@ def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ti
     assert oracle_agreement(pred1[4:5], pred2[4:5], true1[4:5], true2[4:5])[1] == 0
     share, n = oracle_agreement(pred1[6:], pred2[6:], true1[6:], true2[6:])
     assert np.isnan(share) and n == 0
+
+
+def test_the_scripts_torch_free_defaults_are_the_librarys():
+    """03_reward_train.py spells ARCHS and DIFF_BLOCK out (its --help imports no torch): they must
+    stay what lib.reward_model says."""
+    import importlib.util
+
+    from lib import reward_model
+
+    spec = importlib.util.spec_from_file_location("stage3", Path(__file__).resolve().parents[1] / "03_reward_train.py")
+    stage3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage3)
+    assert stage3.ARCHS == reward_model.ARCHS
+    assert stage3.block_arg(stage3.DIFF_BLOCK) == reward_model.DIFF_BLOCK
+    args = stage3.build_parser().parse_args(["-n", "x", "-o", "y", "db"])
+    assert args.diff_block == reward_model.DIFF_BLOCK and args.arch == reward_model.ARCHS[0]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
@@ -76,3 +77,24 @@ def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> Non
     score = teacher_evidence(tmp_path, tmp_path, [], "score")
     assert (score["by_oxygen_death"], score["by_refill"], score["by_score"], score["ties"]) == (0, 0, 3, 1)
     assert score["labels"] == oxygen["labels"] == 4
+
+
+def test_life_loss_rewards_are_in_the_learners_units():
+    from round import LIFE_LOSS_LEAD, life_loss_rewards
+
+    pred = np.zeros(100)
+    pred[::10] = 1.0  # a regular reward: median 0, std 0.3
+    lost = np.zeros(100, dtype=bool)
+    lost[[40, 95]] = True
+    pred[40], pred[95] = 3.0, -1.0
+    pred[95 - LIFE_LOSS_LEAD : 95] = 0.5
+    std = pred.std()
+    f = life_loss_rewards(pred, lost)
+    assert f["life_losses"] == 2
+    assert f["life_loss_z"] == pytest.approx((3.0 - 1.0) / 2 / std)
+    lead = np.r_[pred[40 - LIFE_LOSS_LEAD : 40], pred[95 - LIFE_LOSS_LEAD : 95]]
+    assert f["pre_loss_z"] == pytest.approx(lead.mean() / std)
+    none = life_loss_rewards(pred, np.zeros(100, dtype=bool))
+    assert none["life_losses"] == 0 and np.isnan(none["life_loss_z"]) and np.isnan(none["pre_loss_z"])
+    with pytest.raises(ValueError):
+        life_loss_rewards(pred, lost[:50])
