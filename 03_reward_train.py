@@ -104,6 +104,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="training augmentation: shift each frame randomly by up to PX pixels (0: off)",
     )
     p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="AdamW weight decay (0: plain Adam); the paper regularised its reward model with L2",
+    )
+    p.add_argument(
+        "--pseudo-labels",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="SURF's semi-supervision (0: off): every optimiser step also draws --batch random pairs of "
+        "ALL the DBs' segments, labeled or not, and trains on the model's own answer where it is at "
+        "least TAU sure (e.g. 0.95)",
+    )
+    p.add_argument("--pseudo-weight", type=float, default=1.0, metavar="LAMBDA", help="weight of the pseudo-label loss")
+    p.add_argument(
+        "--crop",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="SURF's temporal cropping (0: off): in training a segment's return sums a random window of "
+        "its steps, up to STEPS shorter than the segment",
+    )
+    p.add_argument(
         "--env", default=None, help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)"
     )
     p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
@@ -147,7 +172,7 @@ def main() -> int:
     from lib.tb import hparams_table, run_dir
 
     device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
-    data = load_preferences(args.dbs, env=args.env)
+    data = load_preferences(args.dbs, env=args.env, unlabeled=args.pseudo_labels > 0)
     cfg = TrainConfig(
         epochs=args.epochs,
         batch=args.batch,
@@ -164,6 +189,10 @@ def main() -> int:
         arch=args.arch,
         mask_rows=args.mask_rows,
         diff_block=args.diff_block,
+        weight_decay=args.weight_decay,
+        pseudo_tau=args.pseudo_labels,
+        pseudo_weight=args.pseudo_weight,
+        crop=args.crop,
     )
     writer = SummaryWriter(log_dir=str(run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)))
     writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lib.envs import DEFAULT_ENV, game_of, grey84, rom_name
 from lib.errors import UserError, warn
@@ -61,6 +62,7 @@ from lib.segments import (
     check_same_game,
     decode_segment,
     encode_segment,
+    list_segments,
     read_segment_bytes,
 )
 
@@ -96,6 +98,7 @@ class PreferenceData:
     frame_shape: tuple[int, int, int]
     dbs: list[str]
     skipped: dict[str, int] = field(default_factory=dict)
+    unlabeled: int = 0  # segments in no usable label (read for --pseudo-labels), the table's last rows
     # the diff net's input per segment, made on first use (``_grey_steps``): 350 KB a 50-step
     # segment, against decoding 5 MB and resizing it again every epoch
     grey_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -262,8 +265,11 @@ def _resolve_game(table: _SegmentTable, env: str | None, log: Log) -> tuple[str,
     return env_id, game, meanings
 
 
-def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
-    """Read the usable labels of every DB and their segments (kept compressed).
+def load_preferences(
+    dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print, unlabeled: bool = False
+) -> PreferenceData:
+    """Read the usable labels of every DB and their segments (kept compressed); with ``unlabeled``
+    also every other readable segment of the DBs (``--pseudo-labels`` learns from pairs of them).
 
     ``env``: the game of segments that do not name one (legacy DBs from the book); default
     SeaQuest, the book's game. Segments that name their env must all be of one game (and of
@@ -279,6 +285,12 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
     for di, db in enumerate(dbs):
         _read_db_pairs(di, Path(db), table, pairs, log)
     _check_usable(pairs, table, ", ".join(str(d) for d in dbs))
+    n_labeled = len(table.blobs)
+    if unlabeled:
+        for di, db in enumerate(dbs):
+            for rel in list_segments(db, warn=None):
+                table.row(di, Path(db), rel)
+        log(f"{len(table.blobs) - n_labeled} segments in no label, for pseudo-labels")
     env_id, game, meanings = _resolve_game(table, env, log)
     if table.legacy:
         log(f"{table.legacy} legacy segments without true rewards: oracle metrics are n/a for them")
@@ -298,6 +310,7 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
         frame_shape=table.frame_shape,
         dbs=[str(d) for d in dbs],
         skipped={k: pairs.counts[k] for k in ("cant_tell", "missing", "unreadable")},
+        unlabeled=len(table.blobs) - n_labeled,
     )
 
 
@@ -405,6 +418,10 @@ class TrainConfig:
     arch: str = ARCHS[0]
     mask_rows: int = 0
     diff_block: tuple[int, int] = DIFF_BLOCK
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (0: plain Adam)
+    pseudo_tau: float = 0.0  # SURF's confidence threshold for pseudo-labels on unlabeled pairs (0: off)
+    pseudo_weight: float = 1.0  # SURF's lambda: weight of the pseudo-label loss
+    crop: int = 0  # SURF's temporal cropping: a training segment's window is up to this many steps shorter
 
 
 @dataclass
@@ -466,19 +483,26 @@ def split_pairs(n: int, test_ratio: float, rng: np.random.Generator) -> tuple[np
 def micro_batches(data: PreferenceData, pairs: np.ndarray, micro_frames: int) -> list[np.ndarray]:
     """Split a batch of pair indices into micro-batches whose distinct segments hold at most
     ``micro_frames`` steps (always at least one pair)."""
+    pairs = np.asarray(pairs)
+    return [pairs[c] for c in _chunks(data.lengths, data.first[pairs], data.second[pairs], micro_frames)]
+
+
+def _chunks(lengths: np.ndarray, a: np.ndarray, b: np.ndarray, micro_frames: int) -> list[np.ndarray]:
+    """Positions of the pairs (a[i], b[i]) of segment rows, in runs whose distinct segments hold at
+    most ``micro_frames`` steps (always at least one pair)."""
     out: list[np.ndarray] = []
     cur: list[int] = []
     segs: set[int] = set()
     frames = 0
-    for p in pairs:
-        new = {int(data.first[p]), int(data.second[p])} - segs
-        add = int(sum(data.lengths[s] for s in new))
+    for i, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        new = {x, y} - segs
+        add = int(sum(lengths[s] for s in new))
         if cur and frames + add > micro_frames:
             out.append(np.asarray(cur))
             cur, segs, frames = [], set(), 0
-            new = {int(data.first[p]), int(data.second[p])}
-            add = int(sum(data.lengths[s] for s in new))
-        cur.append(int(p))
+            new = {x, y}
+            add = int(sum(lengths[s] for s in new))
+        cur.append(i)
         segs |= new
         frames += add
     if cur:
@@ -507,17 +531,52 @@ def _pair_returns(
     device: torch.device,
     augment: int = 0,
     rng: np.random.Generator | None = None,
+    crop: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Predicted returns (R1, R2), each (P,), of the pairs: one forward over their distinct segments
-    (frames randomly shifted by up to ``augment`` pixels when > 0: the book's net only)."""
-    segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
+    """Predicted returns (R1, R2), each (P,), of labeled pairs ``pairs`` (``_returns_of``)."""
+    return _returns_of(model, data, data.first[pairs], data.second[pairs], device, augment, rng, crop)
+
+
+def _returns_of(
+    model: AnyRewardModel,
+    data: PreferenceData,
+    a: np.ndarray,
+    b: np.ndarray,
+    device: torch.device,
+    augment: int = 0,
+    rng: np.random.Generator | None = None,
+    crop: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted returns (R1, R2), each (P,), of the pairs of segment rows (a[i], b[i]): one forward
+    over their distinct segments. Frames are randomly shifted by up to ``augment`` pixels when > 0
+    (the book's net only). ``crop`` > 0: each segment's return sums a random window of its steps
+    (``crop_weights``), as SURF's temporal cropping (Park et al. 2022)."""
+    rng = rng if rng is not None else np.random.default_rng()
+    segs, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
     frames, actions, owner = model_inputs(data, segs, model.arch)
     if augment > 0:
-        frames = random_shift(frames, augment, rng if rng is not None else np.random.default_rng())
+        frames = random_shift(frames, augment, rng)
     r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
+    if crop > 0:
+        r = r * torch.from_numpy(crop_weights(data.lengths[segs], crop, rng)).to(device, r.dtype)
     returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(0, torch.from_numpy(owner).to(device), r)
     inv_t = torch.from_numpy(inv).to(device)
-    return returns[inv_t[: len(pairs)]], returns[inv_t[len(pairs) :]]
+    return returns[inv_t[: len(a)]], returns[inv_t[len(a) :]]
+
+
+def crop_weights(lengths: np.ndarray, crop: int, rng: np.random.Generator) -> np.ndarray:
+    """SURF's temporal cropping as a 0/1 weight per step of segments of ``lengths`` laid end to end:
+    one window length W, uniform in [T - crop, T] for the shortest segment's T (at least 1), shared
+    by all of them (returns of one length stay comparable), and a random start in each segment."""
+    t_min = int(lengths.min())
+    w = int(rng.integers(max(1, t_min - crop), t_min + 1))
+    out = np.zeros(int(lengths.sum()), dtype=np.float32)
+    pos = 0
+    for t in lengths.tolist():
+        start = int(rng.integers(0, t - w + 1))
+        out[pos + start : pos + start + w] = 1.0
+        pos += t
+    return out
 
 
 def predict_segment_returns(
@@ -676,6 +735,14 @@ def _check_config(cfg: TrainConfig) -> None:
         )
     if cfg.mask_rows and cfg.arch != "diff":
         raise UserError("--mask-rows applies to --arch diff only")
+    if cfg.weight_decay < 0:
+        raise UserError(f"--weight-decay must be 0 or more, got {cfg.weight_decay}")
+    if cfg.pseudo_tau and not 0.5 <= cfg.pseudo_tau < 1.0:
+        raise UserError(f"--pseudo-labels must be 0 (off) or a confidence in [0.5, 1), got {cfg.pseudo_tau}")
+    if cfg.pseudo_weight < 0:
+        raise UserError(f"--pseudo-weight must be 0 or more, got {cfg.pseudo_weight}")
+    if cfg.crop < 0:
+        raise UserError(f"--crop must be 0 or more steps, got {cfg.crop}")
     if not 0 <= cfg.mask_rows < 84:
         raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
     if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
@@ -748,12 +815,20 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
         cfg,
         device,
         models,
-        [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models],
+        [_optimiser(m, cfg) for m in models],
         members,
         test,
         NOISE_EPS if cfg.noise else 0.0,
         rng,
     )
+
+
+def _optimiser(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam, or with ``--weight-decay`` AdamW (decay decoupled from the gradient's scale, Loshchilov
+    and Hutter 2019; the paper used an L2 penalty tuned to the validation loss)."""
+    if cfg.weight_decay > 0:
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
 
 
 SCALE_SEGMENTS = 64  # training segments the diff net's input scale is measured on
@@ -803,16 +878,45 @@ def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, floa
         model, opt = fit.models[k], fit.opts[k]
         opt.zero_grad(set_to_none=True)
         for mb in micro_batches(data, batch, cfg.micro_frames):
-            r1, r2 = _pair_returns(model, data, mb, fit.device, cfg.augment, fit.rng)
+            r1, r2 = _pair_returns(model, data, mb, fit.device, cfg.augment, fit.rng, cfg.crop)
             loss, _ = preference_loss(r1, r2, torch.from_numpy(data.mu[mb]).to(fit.device), fit.noise)
             (loss * (len(mb) / len(batch))).backward()
             loss_sum += float(loss.detach()) * len(mb)
             n_seen += len(mb)
             bar.update(len(mb))
+        if cfg.pseudo_tau:
+            pseudo_step(fit, model, len(batch))
         opt.step()
         bar.set_postfix(loss=f"{loss_sum / max(n_seen, 1):.4f}")
     bar.close()
     return loss_sum / max(n_seen, 1), n_seen, time.perf_counter() - t0
+
+
+def pseudo_step(fit: _Fit, model: AnyRewardModel, n_pairs: int) -> tuple[int, float]:
+    """SURF's semi-supervised term (Park et al. 2022, eq. 5): ``n_pairs`` random pairs of the DBs'
+    segments, labeled or not; where the model's P(first better) is at least ``--pseudo-labels`` τ
+    or at most 1 − τ, its own hard answer is the label. Adds λ x the mean cross-entropy over the
+    pairs (unconfident ones count as 0, as in FixMatch) to the gradients. Returns (pairs used, loss)."""
+    cfg, data, rng = fit.cfg, fit.data, fit.rng
+    if data.n_segments < 2:
+        return 0, 0.0
+    a = rng.integers(0, data.n_segments, size=n_pairs)
+    b = rng.integers(0, data.n_segments - 1, size=n_pairs)
+    b = b + (b >= a)  # never a segment with itself
+    used, total = 0, 0.0
+    for c in _chunks(data.lengths, a, b, cfg.micro_frames):
+        r1, r2 = _returns_of(model, data, a[c], b[c], fit.device, cfg.augment, rng, cfg.crop)
+        logit = r1 - r2
+        p = torch.sigmoid(logit.detach())
+        sure = (p >= cfg.pseudo_tau) | (p <= 1.0 - cfg.pseudo_tau)
+        if not bool(sure.any()):
+            continue
+        target = (p > 0.5).to(logit.dtype)
+        ce = F.binary_cross_entropy_with_logits(logit[sure], target[sure], reduction="sum")
+        (cfg.pseudo_weight * ce / n_pairs).backward()
+        used += int(sure.sum())
+        total += float(ce.detach())
+    return used, total / n_pairs
 
 
 def train_reward_model(
