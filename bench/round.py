@@ -29,6 +29,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -53,6 +55,7 @@ from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, rea
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts  # noqa: E402
 
 ARMS = ("v0", "control", "rlhf")
+ROUND_MODES = ("random", "uncertain", "disagree")  # lib.sampling's modes that need no fine-tuning DB
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
@@ -83,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="v0's per-step chance to start recording a segment (0.001: ~1,000 segments per 1M steps)",
     )
     p.add_argument("--holdout", type=float, default=0.2, help="share of the DB's segments never labeled")
+    p.add_argument(
+        "--sampling",
+        choices=ROUND_MODES,
+        default="random",
+        help="which pairs the teacher labels (02_label_ui.py --sampling): random, or the first third at random "
+        "and each further third picked by a reward model trained on the labels so far",
+    )
+    p.add_argument(
+        "--reward-args",
+        default="",
+        metavar='"FLAGS"',
+        help='03_reward_train.py flags for every reward model of the round, e.g. "--ensemble 3" (disagree '
+        "needs an ensemble); they name the round's directory, so that rounds with other flags never share one",
+    )
     p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
     p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
     return p
@@ -98,6 +115,8 @@ def check(args: argparse.Namespace) -> None:
         (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
+        (args.sampling != "random" and args.labels < 3, "--sampling needs --labels 3 or more (labeled in thirds)"),
+        (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
         if bad:
@@ -208,23 +227,75 @@ def teacher_db(db: Path, tdb: Path, train: list[str]) -> None:
             atomic_write(dst, src.read_bytes())
 
 
-def label(tdb: Path, args: argparse.Namespace) -> None:
+def ensemble_of(args: argparse.Namespace) -> int:
+    """The --ensemble K of --reward-args (1 when not given)."""
+    words = shlex.split(args.reward_args)
+    for i, w in enumerate(words):
+        if w == "--ensemble" and i + 1 < len(words) and words[i + 1].isdigit():
+            return int(words[i + 1])
+        if w.startswith("--ensemble=") and w.split("=", 1)[1].isdigit():
+            return int(w.split("=", 1)[1])
+    return 1
+
+
+def round_dir(args: argparse.Namespace) -> Path:
+    """The teacher's directory under --out: teacher, labels, and whatever else makes its labels or
+    model differ (noise, a sampling mode, --reward-args)."""
+    name = f"{args.teacher}-{args.labels}"
+    name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
+    name += f"-{args.sampling}" if args.sampling != "random" else ""
+    flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
+    return args.out / (name + (f"-{flags}" if flags else ""))
+
+
+def label_steps(n: int, sampling: str) -> list[int]:
+    """Label counts at which a model is trained before the next pick: all at once at random, else
+    thirds (the first at random: no model exists yet)."""
+    return [n] if sampling == "random" else sorted({n // 3, 2 * n // 3, n})
+
+
+def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: Path | None = None) -> None:
+    """The teacher labels ``tdb`` up to ``upto`` (default --labels) pairs: at random, or picked by
+    --sampling with ``reward``, as the label page would offer them."""
+    upto = args.labels if upto is None else upto
     have = len(load_labels(tdb, warn=None))
-    if have >= args.labels:
+    if have >= upto:
         log(f"labels: {have} in {tdb}, reused")
         return
-    s = oracle_label_db(tdb, args.labels - have, seed=args.seed, teacher=args.teacher, noise=args.teacher_noise)
-    log(f"labels: {s.labeled} from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
+    how = args.sampling if reward is not None else "random"
+    s = oracle_label_db(
+        tdb,
+        upto - have,
+        seed=args.seed if args.sampling == "random" else args.seed * 1000 + upto,  # random: as before --sampling
+        teacher=args.teacher,
+        noise=args.teacher_noise,
+        sampling=how,
+        reward=reward,
+    )
+    log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
 
 
-def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
-    path = tdir / "reward-round.pt"
+def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
+    """Labels and the round's reward model. With a model-picked --sampling, a model trained on the
+    first third picks the second third, a model of both the last; only the final one is the round's."""
+    model: Path | None = None
+    steps = label_steps(args.labels, args.sampling)
+    for n in steps:
+        label(tdb, args, n, model)
+        model = train_reward(tdb, tdir, args, "round" if n == steps[-1] else f"round-{n}")
+    assert model is not None
+    return model
+
+
+def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
+    path = tdir / f"reward-{name}.pt"
     if path.exists():
         log(f"reward model: {path}, reused")
         return path
-    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", "round", "-o", str(tdir), "--dev", args.dev]
-    cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress", str(tdb)]
-    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.name}.log")
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", name, "-o", str(tdir), "--dev", args.dev]
+    cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress"]
+    cmd += [*shlex.split(args.reward_args), str(tdb)]
+    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.name}-{name}.log")
     return path
 
 
@@ -443,8 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     v0_steps, ft_steps = int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)
     db = out / "db"
-    noise = f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
-    tdir = out / f"{args.teacher}-{args.labels}{noise}"
+    tdir = round_dir(args)
     tdir.mkdir(parents=True, exist_ok=True)
 
     # 1. v0 and its DB
@@ -456,9 +526,8 @@ def main(argv: list[str] | None = None) -> None:
     split = split_db(db, out, args.holdout, args.seed)
     tdb = tdir / "db"
     teacher_db(db, tdb, split["train"])
-    label(tdb, args)
-    # 3. the reward model, on never-seen segments
-    reward = train_reward(tdb, tdir, args)
+    # 3. the reward model (with --sampling, the models that picked pairs first), on never-seen segments
+    reward = label_and_train(tdb, tdir, args)
     fig_path = tdir / "reward_heldout.json"
     if fig_path.exists():
         rm_figs = json.loads(fig_path.read_text())
@@ -484,7 +553,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         for arm, name in (("control", "round-control"), ("rlhf", rlhf_name))
     }
-    title = f"{args.teacher} teacher, {args.labels} labels, v0 {v0_steps:,} steps, fine-tune {ft_steps:,} steps"
+    title = f"{args.teacher} teacher, {args.labels} {args.sampling} labels, v0 {v0_steps:,} steps, "
+    title += f"fine-tune {ft_steps:,} steps"
+    title += f", reward model {args.reward_args}" if args.reward_args else ""
     plot(tdir / "round.png", curves, rows["v0"], title)
 
     print(f"\n## Round: {title}, {args.eval_games} eval games (seed {args.seed})\n")

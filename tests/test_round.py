@@ -98,3 +98,60 @@ def test_life_loss_rewards_are_in_the_learners_units():
     assert none["life_losses"] == 0 and np.isnan(none["life_loss_z"]) and np.isnan(none["pre_loss_z"])
     with pytest.raises(ValueError):
         life_loss_rewards(pred, lost[:50])
+
+
+def _round_args(out: Path, *extra: str):
+    from round import build_parser
+
+    return build_parser().parse_args(["--out", str(out), "--teacher", "score", "--labels", "15", *extra])
+
+
+def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
+    from round import ensemble_of, label_steps, round_dir
+
+    assert round_dir(_round_args(tmp_path)) == tmp_path / "score-15"
+    assert round_dir(_round_args(tmp_path, "--sampling", "uncertain")) == tmp_path / "score-15-uncertain"
+    args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
+    assert round_dir(args) == tmp_path / "score-15-disagree-ensemble3diffblock6x12"
+    assert ensemble_of(args) == 3 and ensemble_of(_round_args(tmp_path)) == 1
+    assert ensemble_of(_round_args(tmp_path, "--reward-args=--ensemble=4")) == 4
+    assert label_steps(300, "random") == [300] and label_steps(300, "uncertain") == [100, 200, 300]
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (("--sampling", "disagree"), "--ensemble"),
+        (("--sampling", "uncertain", "--labels", "2"), "--labels 3"),
+    ],
+)
+def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
+    from round import check
+
+    from lib.errors import UserError
+
+    with pytest.raises(UserError, match=msg):
+        check(_round_args(tmp_path, *extra))
+
+
+@pytest.mark.slow
+def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> None:
+    """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
+    last model is the round's. Run again, everything is reused."""
+    from dbs import make_square_db
+    from round import label_and_train, round_dir
+
+    db = tmp_path / "db"
+    make_square_db(db, n_segments=30, steps=10, seed=0)
+    args = _round_args(tmp_path / "out", "--sampling", "uncertain", "--reward-args", "--epochs 2")
+    tdir = round_dir(args)
+    tdir.mkdir(parents=True)
+    model = label_and_train(db, tdir, args)
+    assert model == tdir / "reward-round.pt" and model.is_file()
+    assert (tdir / "reward-round-5.pt").is_file() and (tdir / "reward-round-10.pt").is_file()
+    labels = read_label_log(db)
+    assert len(labels) == 15
+    assert [lab.extra.get("sampling", "random") for lab in labels] == ["random"] * 5 + ["uncertain"] * 10
+    stamp = model.stat().st_mtime_ns
+    assert label_and_train(db, tdir, args) == model and model.stat().st_mtime_ns == stamp
+    assert len(read_label_log(db)) == 15
