@@ -16,7 +16,7 @@ from pathlib import Path
 from lib.errors import run_cli
 
 ARCHS = ("diff", "book")  # lib.reward_model.ARCHS, the default first (not imported: --help stays torch-free)
-DIFF_BLOCK = "12x12"  # lib.reward_model.DIFF_BLOCK as ROWSxCOLS
+DIFF_BLOCK = "4x12"  # lib.reward_model.DIFF_BLOCK as ROWSxCOLS
 
 
 def block_arg(text: str) -> tuple[int, int]:
