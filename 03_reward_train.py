@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
     )
     p.add_argument(
+        "--encoder",
+        metavar="POLICY",
+        default=None,
+        help="--arch diff: also feed it the features of this policy checkpoint's conv layers (frozen; "
+        "use the policy the DB was recorded with, e.g. saves/.../best.pt) on the stack frame, frame, "
+        "frame, next frame; the checkpoint then carries them",
+    )
+    p.add_argument(
         "--input",
         choices=("full", "half"),
         default="full",
@@ -189,6 +197,7 @@ def main() -> int:
         arch=args.arch,
         mask_rows=args.mask_rows,
         diff_block=args.diff_block,
+        encoder=args.encoder,
         weight_decay=args.weight_decay,
         pseudo_tau=args.pseudo_labels,
         pseudo_weight=args.pseudo_weight,

@@ -48,6 +48,21 @@ def wrong_kind(path: str | os.PathLike, ck: dict[str, Any], want: str) -> UserEr
     return None
 
 
+def policy_conv(channels: int) -> nn.Sequential:
+    """The policy's 3 conv layers (Mnih et al. 2015), flattened: (B, channels, 84, 84) float in [0, 1]
+    -> (B, 3136). ``AtariA2C.conv``, and the encoder a reward model can borrow from a policy
+    (``DiffRewardModel(encoder=True)``)."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, kernel_size=4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, kernel_size=3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
 class AtariA2C(nn.Module):
     """Actor-critic: 3 conv layers shared, a 512-unit policy head and a 512-unit value head.
 
@@ -58,15 +73,7 @@ class AtariA2C(nn.Module):
         super().__init__()
         self.obs_shape = tuple(obs_shape)
         self.n_actions = n_actions
-        self.conv = nn.Sequential(
-            nn.Conv2d(obs_shape[0], 32, kernel_size=8, stride=4),
-            nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=4, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(64, 64, kernel_size=3, stride=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        self.conv = policy_conv(obs_shape[0])
         with torch.no_grad():
             size = self.conv(torch.zeros(1, *obs_shape)).shape[1]
         self.policy = nn.Sequential(nn.Linear(size, 512), nn.ReLU(), nn.Linear(512, n_actions))

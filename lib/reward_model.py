@@ -45,12 +45,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.envs import POLICY_FRAME, grey84
+from lib.envs import POLICY_FRAME, STACK, grey84
 from lib.errors import UserError
 from lib.model import (
     REWARD_FORMAT,
     atomic_torch_save,
     checkpoint_kind,
+    load_policy,
+    policy_conv,
     read_checkpoint,
     resolve_device,
     wrong_kind,
@@ -258,7 +260,9 @@ class DiffRewardModel(nn.Module):
     score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
     on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
     many top rows of both 84x84 frames (the paper's masking of the score: the model must then
-    learn from the scene).
+    learn from the scene). ``encoder``: add the features of a policy's conv layers (``--encoder``:
+    frozen, copied from the policy the DB was recorded with; ``load_encoder``) on the 4-frame stack
+    (frame, frame, frame, next frame), 3136 more features scaled the same way.
 
     forward: x (B, 2, 84, 84) uint8 from ``prepare`` (frame, next frame), actions (B,) int64
              -> per-step rewards (B,) float32
@@ -273,6 +277,7 @@ class DiffRewardModel(nn.Module):
         frame_shape: Sequence[int] = FULL_FRAME,
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
+        encoder: bool = False,
     ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
@@ -283,6 +288,11 @@ class DiffRewardModel(nn.Module):
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
         n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        self.encoder: nn.Module | None = None
+        if encoder:
+            self.encoder = policy_conv(STACK).requires_grad_(False)
+            with torch.no_grad():
+                n += self.encoder(torch.zeros(1, STACK, POLICY_FRAME, POLICY_FRAME)).shape[1]
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -295,15 +305,17 @@ class DiffRewardModel(nn.Module):
         return diff_input(np.asarray(frames), np.asarray(next_frames))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 2, 84, 84) uint8 -> (B, 98) float: block means of |next - frame| and of the frame,
-        before scaling."""
+        """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
+        (2 x 147 with 4x12 blocks), then the encoder's features if any, before scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
-        change = (x[:, 1:] - x[:, :1]).abs_()
-        return torch.cat(
-            [F.avg_pool2d(change, self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)], dim=1
-        )
+        change = (x[:, 1:] - x[:, :1]).abs()
+        parts = [F.avg_pool2d(change, self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
+        if self.encoder is not None:
+            with torch.no_grad():  # frozen: no activations kept for backward
+                parts.append(self.encoder(torch.cat([x[:, :1]] * (STACK - 1) + [x[:, 1:]], dim=1)))
+        return torch.cat(parts, dim=1)
 
     @torch.no_grad()
     def fit_scale(self, x: torch.Tensor) -> None:
@@ -313,10 +325,23 @@ class DiffRewardModel(nn.Module):
         std = self.features(x.to(self.scale.device)).std(0)
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
-    def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        f = self.features(x) * self.scale
+    def feature_key(self) -> tuple[Any, ...]:
+        """What ``features`` depends on besides its input: the block, the masked rows and the
+        encoder's weights (two sums of its first layer). ``features`` has no trained weight, so a
+        training run computes each segment's once and keeps them under this key."""
+        enc = None
+        if self.encoder is not None:
+            w = self.encoder[0].weight.detach()
+            enc = (float(w.sum()), float(w.square().sum()))
+        return (self.block, int(self.mask_rows), enc)
+
+    def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
         act = F.one_hot(actions.long(), self.n_actions).to(f.dtype)
-        return self.out(torch.cat((f, act), dim=1)).squeeze(-1)
+        return self.out(torch.cat((f * self.scale, act), dim=1)).squeeze(-1)
+
+    def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x), actions)
 
 
 # --- the loss --------------------------------------------------------------------------------
@@ -422,13 +447,14 @@ def new_reward_model(
     downscale: int = 1,
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
+    encoder: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows`` and ``block`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``encoder`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, encoder)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -436,7 +462,7 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block)
+        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, encoder=model.encoder is not None)
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -560,7 +586,11 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
-        **({"diff_block": list(first.block)} if isinstance(first, DiffRewardModel) else {}),
+        **(
+            {"diff_block": list(first.block), "encoder": first.encoder is not None}
+            if isinstance(first, DiffRewardModel)
+            else {}
+        ),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -617,6 +647,8 @@ def load_reward_models(
         if arch not in ARCHS:
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
+        # the weights say whether there is an encoder (a lying "encoder" field cannot break loading)
+        encoder = arch == "diff" and isinstance(states[0], dict) and any(str(k).startswith("encoder.") for k in states[0])
     elif checkpoint_kind(ck) == "bare reward":
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1
@@ -625,7 +657,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block = "book", DIFF_BLOCK
+        arch, block, encoder = "book", DIFF_BLOCK, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -639,7 +671,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, encoder=encoder)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:
@@ -650,6 +682,29 @@ def load_reward_models(
         m.eval()
         models.append(m)
     return models, ck
+
+
+def load_encoder(path: str | os.PathLike, game: str | None = None) -> dict[str, torch.Tensor]:
+    """The conv layers of the policy checkpoint at ``path`` (``01_a2c.py``'s, or the book's bare
+    state dict), as the state dict of ``DiffRewardModel.encoder``; UserError with one line when the
+    file is no policy, was trained on another game, or does not see the 4-frame 84x84 stack."""
+    ck = read_checkpoint(path, "--encoder policy")
+    if (err := wrong_kind(path, ck, "policy")) is not None:
+        raise UserError(f"--encoder: {err}")
+    shape = (STACK, POLICY_FRAME, POLICY_FRAME)
+    try:
+        net, _ = load_policy(path, game=game, obs_shape=shape, n_actions=_policy_actions(ck), ck=ck)
+    except UserError as e:
+        raise UserError(f"--encoder: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError(f"--encoder: {path} is not a usable policy checkpoint") from None
+    return {k.removeprefix("conv."): v for k, v in net.state_dict().items() if k.startswith("conv.")}
+
+
+def _policy_actions(ck: dict[str, Any]) -> int | None:
+    """A bare policy state dict's action count, read off its last policy layer (None: not one)."""
+    w = ck.get("policy.2.weight") if ck.get("format") is None else None
+    return int(w.shape[0]) if isinstance(w, torch.Tensor) and w.ndim == 2 else None
 
 
 def load_reward_model(

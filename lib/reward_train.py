@@ -46,11 +46,13 @@ from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
 from lib.reward_model import (
     ARCHS,
     DIFF_BLOCK,
+    INPUT_CHUNK,
     NOISE_EPS,
     AnyRewardModel,
     DiffRewardModel,
     check_block,
     lean_net,
+    load_encoder,
     new_reward_model,
     preference_loss,
     reward_checkpoint,
@@ -102,6 +104,7 @@ class PreferenceData:
     # the diff net's input per segment, made on first use (``_grey_steps``): 350 KB a 50-step
     # segment, against decoding 5 MB and resizing it again every epoch
     grey_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    feature_cache: dict[tuple[Any, int], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def n_pairs(self) -> int:
@@ -394,6 +397,31 @@ def model_inputs(data: PreferenceData, ids: Sequence[int], arch: str) -> tuple[n
     return x, actions, owner
 
 
+def step_features(
+    model: DiffRewardModel, data: PreferenceData, ids: Sequence[int], device: torch.device
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """A diff net's unscaled per-step features of segments ``ids``: (F, n) float32 on ``device``,
+    with actions and owner as ``model_inputs`` gives them. They depend on no trained weight (block
+    means, a frozen encoder), so each segment's are computed once and kept in ``data.feature_cache``
+    under ``model.feature_key()``: epochs after the first, and the encoder, cost nothing."""
+    key = model.feature_key()
+    cache = data.feature_cache
+    missing = [int(i) for i in dict.fromkeys(int(i) for i in ids) if (key, int(i)) not in cache]
+    if missing:
+        x, _, owner = model_inputs(data, missing, "diff")
+        # plain tensors even when called under inference_mode (evaluation): training reuses them
+        with torch.inference_mode(False), torch.no_grad():
+            f = torch.cat(
+                [model.features(torch.from_numpy(x[s : s + INPUT_CHUNK]).to(device)) for s in range(0, len(x), INPUT_CHUNK)]
+            )
+            for j, i in enumerate(missing):
+                cache[(key, i)] = f[torch.from_numpy(np.flatnonzero(owner == j)).to(device)]
+    feats = torch.cat([cache[(key, int(i))] for i in ids])
+    actions = np.concatenate([_grey_steps(data, int(i))[2] for i in ids]).astype(np.int64, copy=False)
+    owner = np.repeat(np.arange(len(ids)), data.lengths[list(ids)])
+    return feats, actions, owner
+
+
 # --- training --------------------------------------------------------------------------------
 
 
@@ -422,6 +450,7 @@ class TrainConfig:
     pseudo_tau: float = 0.0  # SURF's confidence threshold for pseudo-labels on unlabeled pairs (0: off)
     pseudo_weight: float = 1.0  # SURF's lambda: weight of the pseudo-label loss
     crop: int = 0  # SURF's temporal cropping: a training segment's window is up to this many steps shorter
+    encoder: str | None = None  # a policy checkpoint whose conv layers add frozen features (--arch diff)
 
 
 @dataclass
@@ -553,10 +582,14 @@ def _returns_of(
     (``crop_weights``), as SURF's temporal cropping (Park et al. 2022)."""
     rng = rng if rng is not None else np.random.default_rng()
     segs, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
-    frames, actions, owner = model_inputs(data, segs, model.arch)
-    if augment > 0:
-        frames = random_shift(frames, augment, rng)
-    r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
+    if isinstance(model, DiffRewardModel):
+        f, actions, owner = step_features(model, data, segs, device)
+        r = model.head(f, torch.from_numpy(actions).to(device))  # (F,)
+    else:
+        frames, actions, owner = model_inputs(data, segs, model.arch)
+        if augment > 0:
+            frames = random_shift(frames, augment, rng)
+        r = model(torch.from_numpy(frames).to(device), torch.from_numpy(actions).to(device))  # (F,)
     if crop > 0:
         r = r * torch.from_numpy(crop_weights(data.lengths[segs], crop, rng)).to(device, r.dtype)
     returns = torch.zeros(len(segs), device=device, dtype=r.dtype).index_add(0, torch.from_numpy(owner).to(device), r)
@@ -604,11 +637,16 @@ def predict_segment_returns(
         for g in groups:
             if not g:
                 continue
-            frames, actions, owner = model_inputs(data, segs[g], arch)
-            f = torch.from_numpy(frames).to(device)
-            a = torch.from_numpy(actions).to(device)
+            if isinstance(nets[0], DiffRewardModel):
+                feats, actions, owner = step_features(nets[0], data, segs[g], device)
+                a = torch.from_numpy(actions).to(device)
+                per_step = torch.stack([net.head(feats, a) for net in nets])  # type: ignore[operator]
+            else:
+                frames, actions, owner = model_inputs(data, segs[g], arch)
+                f = torch.from_numpy(frames).to(device)
+                a = torch.from_numpy(actions).to(device)
+                per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
             o = torch.from_numpy(owner).to(device)
-            per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
             rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(1, o, per_step)
             out[:, g] = rets.double().cpu().numpy()
             m = per_step.mean(0).double()
@@ -745,6 +783,8 @@ def _check_config(cfg: TrainConfig) -> None:
         raise UserError(f"--crop must be 0 or more steps, got {cfg.crop}")
     if not 0 <= cfg.mask_rows < 84:
         raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
+    if cfg.encoder is not None and cfg.arch != "diff":
+        raise UserError("--encoder applies to --arch diff only")
     if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
         raise UserError("--diff-block applies to --arch diff only")
     try:
@@ -800,14 +840,17 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
             f"all {len(train)} training labels are ties: nothing to learn an order from; "
             f"label more pairs where one segment is better"
         )
+    encoder = None if cfg.encoder is None else load_encoder(cfg.encoder, data.game)
     models = [
-        new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block).to(
-            device, memory_format=torch.channels_last
+        new_reward_model(
+            cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block, encoder is not None
         )
         for _ in range(cfg.ensemble)
     ]
     for m in models:
-        m.train()
+        if encoder is not None:
+            m.encoder.load_state_dict(encoder)  # type: ignore[union-attr]
+        m.to(device, memory_format=torch.channels_last).train()
     _fit_input_scale(models, data, train, rng, device)
     members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
     return _Fit(
