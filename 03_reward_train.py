@@ -47,7 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (the book: 1e-4)")
     p.add_argument("--seed", type=int, default=42, help="seed of the train/test split, shuffling and weights")
     p.add_argument("--test-ratio", type=float, default=0.2, help="share of the labels held out for testing")
-    p.add_argument("--patience", type=int, default=4, help="stop after this many epochs without a better test loss")
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=None,
+        help="stop after this many epochs without a better test loss (default: 20 for --arch diff, "
+        "whose epochs are cheap; the book's 4 for --arch book)",
+    )
     p.add_argument(
         "--noise",
         action="store_true",

@@ -648,7 +648,8 @@ def load_reward_models(
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
         # the weights say whether there is an encoder (a lying "encoder" field cannot break loading)
-        encoder = arch == "diff" and isinstance(states[0], dict) and any(str(k).startswith("encoder.") for k in states[0])
+        first_sd = states[0] if isinstance(states[0], dict) else {}
+        encoder = arch == "diff" and any(str(k).startswith("encoder.") for k in first_sd)
     elif checkpoint_kind(ck) == "bare reward":
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1

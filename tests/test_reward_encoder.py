@@ -169,3 +169,18 @@ def test_cli_trains_with_a_frozen_encoder_and_evaluates_it(square_db, tmp_path):
     assert "oracle agreement" in ev.stdout
     bad = subprocess.run(cmd[:7] + ["--encoder", str(out / "reward-enc.pt")], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "is a reward model" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_patience_defaults_to_the_archs(square_db, tmp_path):
+    """No --patience: 20 for the diff net (its epochs are cheap), the book's 4 for the book's net;
+    a given one wins; the checkpoint's config says which was used."""
+    data = load_preferences([square_db], log=_quiet)
+    assert _build_fit(data, TrainConfig(arch="diff")).cfg.patience == 20
+    assert _build_fit(data, TrainConfig(arch="book")).cfg.patience == 4
+    assert _build_fit(data, TrainConfig(arch="diff", patience=3)).cfg.patience == 3
+    with pytest.raises(UserError, match="--patience must be at least 1"):
+        _build_fit(data, TrainConfig(arch="diff", patience=0))
+    from lib.reward_train import train_reward_model
+
+    res = train_reward_model(data, TrainConfig(arch="diff", epochs=2), tmp_path / "r.pt", progress=False, log=_quiet)
+    assert torch.load(res.path, weights_only=True)["config"]["patience"] == 20
