@@ -852,7 +852,13 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
     encoder = None if cfg.encoder is None else load_encoder(cfg.encoder, data.game)
     models = [
         new_reward_model(
-            cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block, cfg.encoder is not None
+            cfg.arch,
+            data.n_actions,
+            data.frame_shape,
+            cfg.downscale,
+            cfg.mask_rows,
+            cfg.diff_block,
+            cfg.encoder is not None,
         )
         for _ in range(cfg.ensemble)
     ]
