@@ -27,6 +27,85 @@ def block_arg(text: str) -> tuple[int, int]:
     return int(rows), int(cols)
 
 
+def _add_network_args(p: argparse.ArgumentParser) -> None:
+    """Which reward network, and what it sees."""
+    p.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default=ARCHS[0],
+        help="network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
+        "points are scored); book = the book's net on the colour frame the action is chosen on",
+    )
+    p.add_argument(
+        "--mask-rows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
+        "(10 covers SeaQuest's score): the model must then learn from the scene",
+    )
+    p.add_argument(
+        "--diff-block",
+        type=block_arg,
+        default=block_arg(DIFF_BLOCK),
+        metavar="ROWSxCOLS",
+        help=f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
+        f"(default {DIFF_BLOCK}); finer rows keep apart what sits in different rows of the screen "
+        f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
+    )
+    p.add_argument(
+        "--encoder",
+        metavar="POLICY",
+        default=None,
+        help="--arch diff: also feed it the features of this policy checkpoint's conv layers (frozen; "
+        "use the policy the DB was recorded with, e.g. saves/.../best.pt) on the stack frame, frame, "
+        "frame, next frame; the checkpoint then carries them",
+    )
+    p.add_argument(
+        "--input",
+        choices=("full", "half"),
+        default="full",
+        help="--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
+    )
+
+
+def _add_lever_args(p: argparse.ArgumentParser) -> None:
+    """Training levers of the few-labels ablation: augmentation, weight decay, SURF's pseudo-labels
+    and temporal cropping."""
+    p.add_argument(
+        "--augment",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="training augmentation: shift each frame randomly by up to PX pixels (0: off)",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="AdamW weight decay (0: plain Adam); the paper regularised its reward model with L2",
+    )
+    p.add_argument(
+        "--pseudo-labels",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="SURF's semi-supervision (0: off): every optimiser step also draws --batch random pairs of "
+        "ALL the DBs' segments, labeled or not, and trains on the model's own answer where it is at "
+        "least TAU sure (e.g. 0.95)",
+    )
+    p.add_argument("--pseudo-weight", type=float, default=1.0, metavar="LAMBDA", help="weight of the pseudo-label loss")
+    p.add_argument(
+        "--crop",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="SURF's temporal cropping (0: off): in training a segment's return sums a random window of "
+        "its steps, up to STEPS shorter than the segment",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
@@ -66,82 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="train K models on bootstrap samples; predict their mean, log their disagreement",
     )
-    p.add_argument(
-        "--arch",
-        choices=ARCHS,
-        default=ARCHS[0],
-        help="network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
-        "points are scored); book = the book's net on the colour frame the action is chosen on",
-    )
-    p.add_argument(
-        "--mask-rows",
-        type=int,
-        default=0,
-        metavar="N",
-        help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
-        "(10 covers SeaQuest's score): the model must then learn from the scene",
-    )
-    p.add_argument(
-        "--diff-block",
-        type=block_arg,
-        default=block_arg(DIFF_BLOCK),
-        metavar="ROWSxCOLS",
-        help=f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
-        f"(default {DIFF_BLOCK}); finer rows keep apart what sits in different rows of the screen "
-        f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
-    )
-    p.add_argument(
-        "--encoder",
-        metavar="POLICY",
-        default=None,
-        help="--arch diff: also feed it the features of this policy checkpoint's conv layers (frozen; "
-        "use the policy the DB was recorded with, e.g. saves/.../best.pt) on the stack frame, frame, "
-        "frame, next frame; the checkpoint then carries them",
-    )
-    p.add_argument(
-        "--input",
-        choices=("full", "half"),
-        default="full",
-        help="--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
-    )
+    _add_network_args(p)
     p.add_argument(
         "--micro-frames",
         type=int,
         default=100,
         help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
     )
-    p.add_argument(
-        "--augment",
-        type=int,
-        default=0,
-        metavar="PX",
-        help="training augmentation: shift each frame randomly by up to PX pixels (0: off)",
-    )
-    p.add_argument(
-        "--weight-decay",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="AdamW weight decay (0: plain Adam); the paper regularised its reward model with L2",
-    )
-    p.add_argument(
-        "--pseudo-labels",
-        type=float,
-        default=0.0,
-        metavar="TAU",
-        help="SURF's semi-supervision (0: off): every optimiser step also draws --batch random pairs of "
-        "ALL the DBs' segments, labeled or not, and trains on the model's own answer where it is at "
-        "least TAU sure (e.g. 0.95)",
-    )
-    p.add_argument("--pseudo-weight", type=float, default=1.0, metavar="LAMBDA", help="weight of the pseudo-label loss")
-    p.add_argument(
-        "--crop",
-        type=int,
-        default=0,
-        metavar="STEPS",
-        help="SURF's temporal cropping (0: off): in training a segment's return sums a random window of "
-        "its steps, up to STEPS shorter than the segment",
-    )
+    _add_lever_args(p)
     p.add_argument(
         "--env", default=None, help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)"
     )

@@ -319,10 +319,15 @@ class DiffRewardModel(nn.Module):
 
     @torch.no_grad()
     def fit_scale(self, x: torch.Tensor) -> None:
-        """Set the per-feature scale to 1 / std of the features over ``x`` (training steps), at most
+        """Set the per-feature scale from inputs ``x`` (training steps): ``scale_to``."""
+        self.scale_to(self.features(x.to(self.scale.device)))
+
+    @torch.no_grad()
+    def scale_to(self, f: torch.Tensor) -> None:
+        """Set the per-feature scale to 1 / std of unscaled features ``f`` (training steps), at most
         1000. A feature that never varies there gets 0: the model learns nothing about it, so a
         change it never saw (a masked row, a region that was always still) must not move it."""
-        std = self.features(x.to(self.scale.device)).std(0)
+        std = f.to(self.scale.device).std(0)
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
@@ -690,8 +695,6 @@ def load_encoder(path: str | os.PathLike, game: str | None = None) -> dict[str, 
     state dict), as the state dict of ``DiffRewardModel.encoder``; UserError with one line when the
     file is no policy, was trained on another game, or does not see the 4-frame 84x84 stack."""
     ck = read_checkpoint(path, "--encoder policy")
-    if (err := wrong_kind(path, ck, "policy")) is not None:
-        raise UserError(f"--encoder: {err}")
     shape = (STACK, POLICY_FRAME, POLICY_FRAME)
     try:
         net, _ = load_policy(path, game=game, obs_shape=shape, n_actions=_policy_actions(ck), ck=ck)

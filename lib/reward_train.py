@@ -406,7 +406,7 @@ def step_features(
     under ``model.feature_key()``: epochs after the first, and the encoder, cost nothing."""
     key = model.feature_key()
     cache = data.feature_cache
-    missing = [int(i) for i in dict.fromkeys(int(i) for i in ids) if (key, int(i)) not in cache]
+    missing = [i for i in dict.fromkeys(int(i) for i in ids) if (key, i) not in cache]
     if missing:
         x, _, owner = model_inputs(data, missing, "diff")
         # plain tensors even when called under inference_mode (evaluation): training reuses them
@@ -906,8 +906,10 @@ def _fit_input_scale(
     segs = np.unique(np.concatenate([data.first[train], data.second[train]]))
     sample = np.sort(rng.choice(segs, size=min(len(segs), SCALE_SEGMENTS), replace=False))
     x, _, _ = model_inputs(data, sample, "diff")
+    with torch.no_grad():
+        f = models[0].features(torch.from_numpy(x).to(device))  # the members share their features
     for m in models:
-        m.fit_scale(torch.from_numpy(x).to(device))
+        m.scale_to(f)
 
 
 def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, float]:
