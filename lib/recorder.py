@@ -28,14 +28,16 @@ DEFAULT_SEGMENT_STEPS = 50
 DEFAULT_RECORD_PROB = 2.5e-4
 
 
-def existing_step_counters(db_root: str | os.PathLike, n_envs: int) -> np.ndarray:
-    """The highest step counter already used in each env's directory (0 when none): a new run
-    into the same DB continues from there, so it never overwrites a segment."""
+def existing_step_counters(db_root: str | os.PathLike, n_envs: int, index_offset: int = 0) -> np.ndarray:
+    """The highest step counter already used in the directories of envs ``index_offset`` ..
+    ``index_offset + n_envs - 1`` (0 when none): a new run into the same DB continues from there,
+    so it never overwrites a segment."""
     out = np.zeros(n_envs, dtype=np.int64)
     for rel in list_segments(db_root, warn=None):
         env, step = rel.removesuffix(".dat").split("/")
-        if int(env) < n_envs:
-            out[int(env)] = max(out[int(env)], int(step))
+        i = int(env) - index_offset
+        if 0 <= i < n_envs:
+            out[i] = max(out[i], int(step))
     return out
 
 
@@ -51,6 +53,7 @@ class EpisodeRecorderWrapper:
         rng: np.random.Generator | None = None,
         step_counters: np.ndarray | None = None,
         checkpoint: str | None = None,
+        index_offset: int = 0,
     ):
         if not 0.0 <= record_prob <= 1.0:
             raise ValueError(f"record_prob must be in [0, 1], got {record_prob}")
@@ -63,7 +66,10 @@ class EpisodeRecorderWrapper:
         self.segment_steps = segment_steps
         self.rng = rng or np.random.default_rng()
         n = env.n_envs
-        self.env_steps = existing_step_counters(self.db_path, n)
+        # env i of this wrapper writes into directory index_offset + i: the ranks of a torchrun
+        # share one DB, each with its own env directories
+        self.index_offset = index_offset
+        self.env_steps = existing_step_counters(self.db_path, n, index_offset)
         if step_counters is not None:
             self.env_steps = np.maximum(self.env_steps, np.asarray(step_counters, dtype=np.int64))
         self.checkpoint = checkpoint
@@ -131,7 +137,7 @@ class EpisodeRecorderWrapper:
             lives=np.array(b["lives"], dtype=np.int32),
             env_id=self.env.env_id,
             action_meanings=tuple(self.env.action_meanings),
-            env_index=int(i),
+            env_index=self.index_offset + int(i),
             step=int(self.env_steps[i]),
             checkpoint=self.checkpoint,
             time=time.time(),
