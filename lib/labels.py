@@ -12,13 +12,14 @@ crash is skipped with a warning. The book's ``labels.json`` (same line format) i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from lib.files import UnsafeFileError, open_append, read_regular
 
 LABELS_FILE = "labels.jsonl"
 LEGACY_LABELS_FILE = "labels.json"
+LOCK_FILE = ".labels.lock"
 MAX_LABELS_BYTES = 1 << 30  # ~5 million labels; a larger file is not a label file
 Warn = Callable[[str], None]
 
@@ -186,35 +188,52 @@ def _winner(lab: Label) -> str | None:
     return {FIRST_BETTER: lab.sample1, SECOND_BETTER: lab.sample2, EQUAL: ""}.get(lab.label)
 
 
+class ConsistencyTracker:
+    """``consistency`` fed one line at a time, so a reader that follows a growing file (the label
+    server) keeps it current from the new lines alone."""
+
+    def __init__(self) -> None:
+        self.current: dict[tuple[str, str], Label] = {}
+        self.checks: dict[tuple[str, tuple[str, str]], bool | None] = {}
+
+    def feed(self, lab: Label) -> None:
+        if is_control(lab):
+            who = str(lab.extra.get("labeler") or lab.source)
+            before = self.current.get(lab.key)
+            mine, theirs = _winner(lab), _winner(before) if before is not None else None
+            self.checks[(who, lab.key)] = None if mine is None or theirs is None else mine == theirs
+            return
+        self.current.pop(lab.key, None)
+        if lab.label != RETRACTED:
+            self.current[lab.key] = lab
+
+    def result(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for (who, _), ok in list(self.checks.items()):
+            if ok is not None:
+                agree, n = out.get(who, (0, 0))
+                out[who] = (agree + int(ok), n + 1)
+        return out
+
+
 def consistency(log: list[Label]) -> dict[str, tuple[int, int]]:
     """Per labeler (``labeler`` field, else the source): (control answers that agree with the
     pair's label at the time, control answers compared). A control answer is compared when it and
     that label both say #1, #2 or equal; an undone control answer does not count."""
-    current: dict[tuple[str, str], Label] = {}
-    checks: dict[tuple[str, tuple[str, str]], bool | None] = {}
+    tracker = ConsistencyTracker()
     for lab in log:
-        if is_control(lab):
-            who = str(lab.extra.get("labeler") or lab.source)
-            before = current.get(lab.key)
-            mine, theirs = _winner(lab), _winner(before) if before is not None else None
-            checks[(who, lab.key)] = None if mine is None or theirs is None else mine == theirs
-            continue
-        current.pop(lab.key, None)
-        if lab.label != RETRACTED:
-            current[lab.key] = lab
-    out: dict[str, tuple[int, int]] = {}
-    for (who, _), ok in checks.items():
-        if ok is not None:
-            agree, n = out.get(who, (0, 0))
-            out[who] = (agree + int(ok), n + 1)
-    return out
+        tracker.feed(lab)
+    return tracker.result()
 
 
 def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
-    """Append labels durably: one write under a lock, flushed and fsynced.
+    """Append labels durably: one write of whole lines under a lock, fsynced -- all of them or none.
 
     Safe with several threads (a lock) and several processes (``fcntl.flock``); a torn last
-    line left by an earlier crash is terminated first so the new line stays whole.
+    line left by an earlier crash is terminated first so the new line stays whole. A failed
+    write (disk full) cuts the file back to its size before: no torn line is left, and the
+    OSError names the path. UserError for a labels file that is a symlink, not a regular file,
+    or has another name (a hard link: the append would change that file too).
     """
     root = Path(db_root)
     payload = ""
@@ -232,16 +251,63 @@ def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
     except UnsafeFileError as e:
         raise UserError(f"{e} (labels.jsonl of a DB must be a regular file)") from None
     with _write_lock, f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        fd = f.fileno()
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            f.seek(0, os.SEEK_END)
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    payload = "\n" + payload  # close a torn line from a crash
-            f.write(payload.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
+            st = os.fstat(fd)
+            if st.st_nlink > 1:
+                raise UserError(
+                    f"{path} has {st.st_nlink} hard links: refusing to append labels to a file with another name "
+                    "(copy it: cp labels.jsonl x && mv x labels.jsonl)"
+                )
+            size = st.st_size
+            data = payload.encode("utf-8")
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # close a torn line from a crash
+            _write_whole(fd, data, size, path)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _write_whole(fd: int, data: bytes, size: int, path: Path) -> None:
+    """Append ``data`` (one ``os.write``, more only if the kernel takes part of it) and fsync; on
+    any OSError cut the file back to ``size`` and raise the OSError naming ``path``."""
+    try:
+        done = 0
+        while done < len(data):
+            done += _os_write(fd, data[done:])
+        os.fsync(fd)
+    except OSError as e:
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError:
+            pass
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+
+
+_os_write = os.write  # tests replace it to play a full disk
+
+
+@contextlib.contextmanager
+def labeling_lock(db_root: str | os.PathLike, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold ``<db>/.labels.lock`` (``fcntl.flock``, exclusive): a labeler that picks pairs from the
+    labels on disk (``--oracle``) reads, picks and appends under it, so two of them never pick the
+    same pair. ``on_wait`` is called once when another holder makes it wait."""
+    path = Path(db_root) / LOCK_FILE
+    try:
+        f = open_append(path)
+    except UnsafeFileError as e:
+        raise UserError(f"{e} (the DB's label lock must be a regular file)") from None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 

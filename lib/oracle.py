@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from lib.errors import UserError, warn
-from lib.labels import Label, append_labels, load_labels, pair_key
+from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
 from lib.sampling import MODEL_MODES, SegmentBeliefs, choose_pairs
 from lib.segments import SegmentError, db_game, list_segments, read_segment
 from lib.teachers import OXYGEN_GAMES, SegmentFacts, Teacher, segment_facts
+
+BATCH = 100  # labels appended at a time: a full disk keeps the batches written before
 
 
 @dataclass
@@ -67,7 +69,6 @@ def oracle_label_db(
         from lib.reward_model import load_reward_model  # torch only when a model is used
 
         beliefs = SegmentBeliefs(load_reward_model(reward, game=game), root)
-    taken = set(load_labels(root))
     facts: dict[str, SegmentFacts | None] = {}
     bad = 0
 
@@ -89,25 +90,44 @@ def oracle_label_db(
         return facts[rel]
 
     labels: list[Label] = []
-    while len(labels) < n_pairs:
-        pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool)
-        if not pairs:
-            break
-        for a, b in pairs:
-            taken.add(pair_key(a, b))
-            fa, fb = facts_of(a), facts_of(b)
-            if fa is None or fb is None:
-                continue
-            extra: dict[str, object] = {"teacher": teacher, "returns": [fa.ret, fb.ret]}
-            if noise:
-                extra["teacher_noise"] = noise
-            if sampling != "random":
-                extra["sampling"] = sampling
-            if fa.oxygen is not None and fb.oxygen is not None:
-                extra["refills"] = [fa.oxygen.refills, fb.oxygen.refills]
-                extra["oxygen_deaths"] = [fa.oxygen.oxygen_deaths, fb.oxygen.oxygen_deaths]
-            labels.append(Label(a, b, judge.answer(fa, fb), time=time.time(), source="oracle", extra=extra))
-    append_labels(root, labels)
+    kept = 0
+
+    def flush() -> None:
+        nonlocal kept
+        try:
+            append_labels(root, labels[kept:])
+        except OSError as e:
+            raise UserError(
+                f"cannot write {root / LABELS_FILE} ({e.strerror or e}): kept {kept} of the {len(labels)} oracle "
+                "labels of this run, nothing torn; free some space and run again"
+            ) from None
+        kept = len(labels)
+
+    # Concurrent oracles: the labels on disk are read, pairs picked and answers appended under one
+    # lock, so a second run picks only pairs the first did not label.
+    with labeling_lock(root, on_wait=lambda: warn(f"another labeler holds {root / LOCK_FILE}: waiting for it")):
+        taken = set(load_labels(root))
+        while len(labels) < n_pairs:
+            pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool)
+            if not pairs:
+                break
+            for a, b in pairs:
+                taken.add(pair_key(a, b))
+                fa, fb = facts_of(a), facts_of(b)
+                if fa is None or fb is None:
+                    continue
+                extra: dict[str, object] = {"teacher": teacher, "returns": [fa.ret, fb.ret]}
+                if noise:
+                    extra["teacher_noise"] = noise
+                if sampling != "random":
+                    extra["sampling"] = sampling
+                if fa.oxygen is not None and fb.oxygen is not None:
+                    extra["refills"] = [fa.oxygen.refills, fb.oxygen.refills]
+                    extra["oxygen_deaths"] = [fa.oxygen.oxygen_deaths, fb.oxygen.oxygen_deaths]
+                labels.append(Label(a, b, judge.answer(fa, fb), time=time.time(), source="oracle", extra=extra))
+                if len(labels) - kept >= BATCH:
+                    flush()
+        flush()
     return OracleSummary(
         db=str(root),
         requested=n_pairs,

@@ -38,12 +38,16 @@ MAIN = ROOT / "02_label_ui.py"
 
 @pytest.fixture
 def label_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture):
-    """``async with label_app('-d', db, ...) as user``: the app of that command line and a user.
+    """``async with label_app('-d', db, ...) as user``: the app of that command line (with
+    ``--no-token`` unless it gives a token or ``default_token=True``) and a user.
 
     Like NiceGUI's ``user`` fixture, a test fails when the app logged an ERROR."""
 
     @asynccontextmanager
-    async def start(*args: str) -> AsyncIterator[User]:
+    async def start(*args: str, default_token: bool = False) -> AsyncIterator[User]:
+        # A token is the default, also on loopback: the tests of the pages opt out (--no-token)
+        # unless they give one or test the default.
+        no_token = [] if default_token or "--token" in args else ["--no-token"]
         argv = [
             "02_label_ui.py",
             "--cache-dir",
@@ -52,6 +56,7 @@ def label_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.Lo
             "1",
             "--public-host",
             "test",
+            *no_token,
             *args,
         ]
         monkeypatch.setattr(sys, "argv", argv)
@@ -466,7 +471,7 @@ async def test_token_is_asked_once_per_browser(label_app, db: Path) -> None:
         (["-d", "{tmp}/missing"], "not found"),
         (["-d", "{db}", "--host", "0.0.0.0"], "refusing to listen on 0.0.0.0 without a token"),
         (["-d", "{db}", "--host", "192.168.1.5", "--port", "9000"], "ssh -L 9000:127.0.0.1:9000"),
-        (["-d", "{db}", "--pairs", "0"], "--pairs must be at least 1"),
+        (["-d", "{db}", "--pairs", "0"], "--pairs must be between 1 and"),
         (["-d", "{db}", "--token", "short"], "--token must have at least 8 characters"),
         (["-d", "{db}", "--port", "70000"], "--port must be between"),
         (["-d", "{db}", "--fps", "0"], "--fps must be in"),
@@ -483,6 +488,48 @@ def test_bad_input_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Pat
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-d", "{db}", "--seed", "-1"], "--seed must be in [0, 2**63 - 1]"),
+        (["-d", "{db}", "--seed", str(2**70)], "--seed must be in [0, 2**63 - 1]"),
+        (["-d", "{db}", "--oracle", "3", "--seed", "-1"], "--seed must be in"),
+        (["-d", "{db}", "--seed", "abc"], "argument --seed: invalid int value"),
+        (["-d", "{db}", "--port", "0"], "--port must be between"),
+        (["-d", "{db}", "--port", "-5"], "--port must be between"),
+        (["-d", "{db}", "--pairs", str(10**9)], "--pairs must be between 1 and"),
+        (["-d", "{db}", "--oracle", str(10**12)], "--oracle must be at most"),
+        (["-d", "{db}", "--pool", "0"], "--pool must be at least 1"),
+        (["-d", "{db}", "--fps", "nan"], "--fps must be in"),
+        (["-d", "{db}", "--fps", "inf"], "--fps must be in"),
+        (["-d", "{db}", "--teacher-noise", "nan"], "--teacher-noise must be in"),
+        (["-d", "{db}", "--control-rate", "nan"], "--control-rate must be in"),
+        (["-d", "{db}", "--cache-dir", "{db}/00/00000012.dat"], "--cache-dir"),
+        (["-d", "{db}", "--cache-dir", "{tmp}/afile"], "is a file, not a directory"),
+        (["-d", "{db}", "--cache-dir", "/proc/x"], "--cache-dir /proc/x cannot be used"),
+        (["-d", "{db}", "--token-file", "{tmp}/missing"], "cannot read --token-file"),
+        (["-d", "{db}", "--token-file", "{tmp}"], "cannot read --token-file"),
+        (["-d", "{db}", "--reward", "{tmp}"], "no such file"),
+        (["-d", "{db}", "--no-token", "--token", "long-enough-token"], "contradict"),
+        (["-d", "{db}", "--no-token", "--host", "0.0.0.0"], "without a token"),
+        (["-d", "{db}", "--teacher", "nobody"], "argument --teacher: invalid choice"),
+        (["-d"], "argument -d/--db: expected one argument"),
+        ([], "the following arguments are required: -d/--db"),
+    ],
+)
+def test_every_bad_flag_value_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Path, capsys) -> None:
+    """Issue 24, Low 4: negative or huge seeds, ports, counts, NaN, a file or /proc as a directory,
+    argparse's own errors: each one line ``error: ...`` and exit 2, never a traceback or usage block."""
+    (tmp_path / "afile").write_text("x")
+    argv = [a.format(tmp=tmp_path, db=db) for a in args]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "afile").is_dir() and not (db / "labels.jsonl").exists()
 
 
 def test_port_in_use_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:

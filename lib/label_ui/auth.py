@@ -15,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import math
+import time
+from collections.abc import Callable
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -52,13 +55,57 @@ def login_form(next_path: str = "/", error: str = "") -> str:
 <button id="login" type="submit">Enter</button></form></body></html>"""
 
 
+async def read_bounded(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None when it is larger than ``limit`` bytes: refused by its
+    Content-Length before reading, and never read past ``limit`` (a chunked upload stops there)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                return None
+        except ValueError:
+            return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+class LoginLimiter:
+    """Wrong tokens per client address: a burst of ``burst``, then one more every ``1 / rate``
+    seconds; past that, ``wait`` says how long the address must wait (the login answers 429)."""
+
+    MAX_ADDRESSES = 10_000
+
+    def __init__(self, burst: int = 5, rate: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate, self.clock = burst, rate, clock
+        self.debt: dict[str, tuple[float, float]] = {}  # address -> (wrong attempts owed, when counted)
+
+    def _owed(self, who: str) -> float:
+        owed, at = self.debt.get(who, (0.0, 0.0))
+        return max(owed - (self.clock() - at) * self.rate, 0.0)
+
+    def wait(self, who: str) -> float:
+        """Seconds ``who`` must wait before its next attempt is looked at (0: now)."""
+        over = self._owed(who) - (self.burst - 1)
+        return over / self.rate if over > 0 else 0.0
+
+    def failed(self, who: str) -> None:
+        if len(self.debt) >= self.MAX_ADDRESSES:  # many addresses: forget the ones that owe nothing
+            self.debt = {k: v for k, v in self.debt.items() if self._owed(k) > 0}
+        self.debt[who] = (self._owed(who) + 1.0, self.clock())
+
+
 class TokenMiddleware:
     """ASGI middleware: lets a request through only with the right cookie (or to the login form)."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, token: str, limiter: LoginLimiter | None = None) -> None:
         self.app = app
         self.token = token
         self.expected = cookie_value(token)
+        self.limiter = limiter or LoginLimiter()
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         raw = b"; ".join(v for k, v in scope.get("headers", []) if k == b"cookie").decode("latin-1")
@@ -86,22 +133,32 @@ class TokenMiddleware:
     async def _login_flow(self, request: Request) -> Response:
         path = request.url.path
         if path == LOGIN_PATH and request.method == "POST":
-            body = await request.body()
-            form = parse_qs(body[:_MAX_FORM].decode("utf-8", "replace"))
-            token = form.get("token", [""])[0]
-            nxt = _safe_next(form.get("next", ["/"])[0])
-            if hmac.compare_digest(token.encode(), self.token.encode()):
-                return self._grant(nxt)
-            return HTMLResponse(login_form(nxt, "Wrong token."), status_code=401)
+            body = await read_bounded(request, _MAX_FORM)
+            if body is None:
+                return PlainTextResponse(f"a login form has at most {_MAX_FORM} bytes", status_code=413)
+            form = parse_qs(body.decode("utf-8", "replace"))
+            return self._attempt(request, form.get("token", [""])[0], _safe_next(form.get("next", ["/"])[0]))
         query_token = request.query_params.get("token")
         if query_token is not None and request.method == "GET":
-            if hmac.compare_digest(query_token.encode(), self.token.encode()):
-                return self._grant(_safe_next(path))
-            return HTMLResponse(login_form(_safe_next(path), "Wrong token."), status_code=401)
+            return self._attempt(request, query_token, _safe_next(path))
         if request.method == "GET" and "text/html" in request.headers.get("accept", "") or path == LOGIN_PATH:
             nxt = _safe_next(request.query_params.get("next") if path == LOGIN_PATH else path)
             return HTMLResponse(login_form(nxt), status_code=401)
         return PlainTextResponse("token required: open the page in a browser and enter it", status_code=401)
+
+    def _attempt(self, request: Request, token: str, nxt: str) -> Response:
+        """A login attempt: the cookie for the right token, the form again for a wrong one, 429
+        when this address has tried too often (``LoginLimiter``)."""
+        who = request.client.host if request.client is not None else ""
+        wait = self.limiter.wait(who)
+        if wait > 0:
+            return PlainTextResponse(
+                "too many login attempts: wait a moment", status_code=429, headers={"Retry-After": str(math.ceil(wait))}
+            )
+        if hmac.compare_digest(token.encode(), self.token.encode()):
+            return self._grant(nxt)
+        self.limiter.failed(who)
+        return HTMLResponse(login_form(nxt, "Wrong token."), status_code=401)
 
     def _grant(self, nxt: str) -> Response:
         response = RedirectResponse(quote(nxt, safe="/?=&"), status_code=303)
@@ -117,6 +174,16 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+def _host_port(value: str) -> int | None:
+    """'example.org:8080' -> 8080, '[::1]:8080' -> 8080, 'example.org' -> None."""
+    value = value.strip()
+    tail = value.rsplit("]", 1)[1] if value.startswith("[") and "]" in value else value
+    if tail.count(":") != 1:
+        return None
+    digits = tail.rsplit(":", 1)[1]
+    return int(digits) if digits.isdigit() and len(digits) <= 5 else -1
+
+
 class HostCheckMiddleware:
     """ASGI middleware against DNS rebinding and cross-site websockets: a request is served only
     when its Host header names this server (the bound address, localhost, or a ``--public-host``)
@@ -129,14 +196,26 @@ class HostCheckMiddleware:
 
     def why_refused(self, scope: dict[str, Any]) -> str | None:
         headers = {k: v.decode("latin-1") for k, v in scope.get("headers", []) if k in (b"host", b"origin")}
-        host = _host_name(headers.get(b"host", ""))
+        host_header = headers.get(b"host", "")
+        host = _host_name(host_header)
         if host not in self.allowed:
             return f"this server does not answer to the host name {host!r}"
         origin = headers.get(b"origin")
         if origin is not None:
-            parts = urlsplit(origin)
+            try:
+                parts = urlsplit(origin)
+                origin_port = parts.port
+            except ValueError:
+                return f"requests from the page {origin[:80]!r} are not accepted"
             if parts.scheme not in ("http", "https") or (parts.hostname or "") not in self.allowed:
                 return f"requests from the page {origin[:80]!r} are not accepted"
+            # Same port as the Host header (a page of another local server is another site), an
+            # absent port being the scheme's default: an SSH tunnel or a proxy keeps them equal.
+            if origin_port is None:
+                origin_port = 443 if parts.scheme == "https" else 80
+            port = _host_port(host_header)
+            if origin_port != port and not (port is None and origin_port in (80, 443)):
+                return f"requests from the page {origin[:80]!r} (another port) are not accepted"
         return None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from lib.errors import UserError, warn
 from lib.files import read_regular
@@ -17,6 +19,10 @@ from lib.segments import check_same_game
 from lib.teachers import TEACHERS, TIE_RULES
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
+MAX_SEED = 2**63 - 1
+MAX_PAIRS = 10_000  # one tab's list
+MAX_ORACLE = 10_000_000
+MAX_POOL = 10_000_000
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "clips"
 
@@ -30,6 +36,7 @@ class LabelConfig:
     port: int = 8080
     pairs: int = 20
     token: str | None = None
+    token_generated: bool = False  # no token given: one was made for this run (printed at start)
     fps: float = 15.0
     cache_dir: Path = DEFAULT_CACHE_DIR
     oracle: int | None = None
@@ -49,8 +56,15 @@ class LabelConfig:
         return {self.host, "localhost", "127.0.0.1", "::1", *self.public_hosts}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is a UserError: one line (``error: ...``) and exit 2, no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="02_label_ui.py",
         description="Label pairs of clips from segment DBs in a web page (or with --oracle, from true rewards).",
     )
@@ -85,6 +99,12 @@ def _add_page_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--token-file", type=Path, default=None, metavar="FILE", help="read the token from the first line of FILE"
+    )
+    p.add_argument(
+        "--no-token",
+        action="store_true",
+        help="no token on loopback (by default one is made at start and printed in the page's URL): "
+        "then every account of this machine can label",
     )
     p.add_argument(
         "--public-host",
@@ -192,6 +212,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     """Parse and check the command line; every mistake raises UserError with one line."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
     dbs: list[Path] = []
     for d in args.db:
         path = Path(d)
@@ -207,25 +229,30 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         if labels.is_symlink() or (labels.exists() and not labels.is_file()):
             what = "a symlink" if labels.is_symlink() else "not a regular file"
             raise UserError(f"{labels} is {what}: refusing to write labels through it (make it a plain file)")
-    if args.pairs < 1:
-        raise UserError(f"--pairs must be at least 1, got {args.pairs}")
+        check_single_link(labels)
+    if not 1 <= args.pairs <= MAX_PAIRS:
+        raise UserError(f"--pairs must be between 1 and {MAX_PAIRS}, got {args.pairs}")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be between 1 and 65535, got {args.port}")
     if not 0 < args.fps <= 120:
         raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
-    if args.oracle is not None and args.oracle < 1:
-        raise UserError(f"--oracle must be at least 1 pair, got {args.oracle}")
+    if args.oracle is not None and not 1 <= args.oracle <= MAX_ORACLE:
+        what = "at least 1 pair" if args.oracle < 1 else f"at most {MAX_ORACLE:,} pairs"
+        raise UserError(f"--oracle must be {what}, got {args.oracle}")
     if args.sampling in MODEL_MODES and args.reward is None:
         raise UserError(f"--sampling {args.sampling} picks pairs by the reward model's view: pass --reward MODEL")
     if args.reward is not None and not args.reward.is_file():
         raise UserError(f"--reward {args.reward}: no such file (a model made by 03_reward_train.py)")
     if not 0.0 <= args.control_rate <= 1.0:
         raise UserError(f"--control-rate must be in [0, 1], got {args.control_rate:g}")
-    if args.pool is not None and args.pool < 1:
-        raise UserError(f"--pool must be at least 1 pair, got {args.pool}")
+    if args.pool is not None and not 1 <= args.pool <= MAX_POOL:
+        what = "at least 1 pair" if args.pool < 1 else f"at most {MAX_POOL:,} pairs"
+        raise UserError(f"--pool must be {what}, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
     token = _token(args, environ)
+    if args.no_token and token is not None:
+        raise UserError("--no-token and a token (--token, --token-file or $RLHF_LABEL_TOKEN) contradict each other")
     if token is not None and len(token) < 8:
         raise UserError(
             "--token must have at least 8 characters (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
@@ -236,6 +263,9 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
             f"labels; pass --token (or set {TOKEN_ENV}), or keep 127.0.0.1 and reach it with "
             f"ssh -L {args.port}:127.0.0.1:{args.port} <server>"
         )
+    generated = args.oracle is None and token is None and not args.no_token
+    if generated:  # loopback: other accounts of this machine reach it too, so a token by default
+        token = secrets.token_urlsafe()
     cache_dir = args.cache_dir.resolve()
     for db in dbs:
         root = db.resolve()
@@ -243,6 +273,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
             raise UserError(
                 f"--cache-dir {args.cache_dir} is inside the DB {db}: put clips outside segment directories"
             )
+    if args.oracle is None:
+        cache_dir = _cache_dir(args.cache_dir)
     if args.token is not None:
         warn(f"--token is visible to every user of this machine (ps); prefer ${TOKEN_ENV} or --token-file")
     return LabelConfig(
@@ -251,6 +283,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         port=args.port,
         pairs=args.pairs,
         token=token,
+        token_generated=generated,
         fps=args.fps,
         cache_dir=cache_dir,
         oracle=args.oracle,
@@ -265,6 +298,36 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         pool=args.pool,
         control_rate=args.control_rate,
     )
+
+
+def check_single_link(labels: Path) -> None:
+    """UserError when ``labels`` has another name (a hard link): an append would write there too."""
+    try:
+        st = labels.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"cannot read {labels}: {e.strerror}") from None
+    if st.st_nlink > 1:
+        raise UserError(
+            f"{labels} has {st.st_nlink} hard links: refusing to append labels to a file with another name "
+            "(copy it: cp labels.jsonl x && mv x labels.jsonl)"
+        )
+
+
+def _cache_dir(given: Path) -> Path:
+    """--cache-dir resolved and created; UserError when it cannot be a directory we write to."""
+    try:
+        path = given.resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except FileExistsError:
+        raise UserError(f"--cache-dir {given} is a file, not a directory: pass a directory for clips") from None
+    except (OSError, RuntimeError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise UserError(f"--cache-dir {given} cannot be used ({why}): pass a directory you can write to") from None
+    return path
 
 
 def _token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> str | None:

@@ -361,6 +361,11 @@ async def label_page(state: AppState, tab: TabSession) -> None:
     # Buttons stay out of `ignore`: after a click the focused button must not swallow the keys.
     ui.keyboard(on_key=page.on_key, ignore=["input", "select", "textarea"], repeating=False)
     if not tab.items:
+        # Pairs are reserved for a page that connected (its websocket), never for a bare GET:
+        # a request without JavaScript would otherwise hold a list of pairs until it times out.
+        await page.client.connected()
+        if page.client.is_deleted:
+            return
         await refresh_dbs(state, rescan=True)
         tab.resample()
     page.build_list()

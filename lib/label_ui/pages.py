@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from nicegui import ui
+from nicegui import run, ui
 
 from lib.label_ui.common import ANSWERS, refresh_dbs
 from lib.label_ui.label_page import label_page
@@ -62,17 +62,17 @@ def make_root(state: AppState) -> Callable[[], None]:
 
 
 async def overview_page(state: AppState) -> None:
-    await refresh_dbs(state)
+    await refresh_dbs(state)  # the new lines of labels.jsonl, read off the event loop
+    stats = await run.io_bound(lambda: [d.stats() for d in state.dbs])  # many labels: counting takes a while
     ui.label("Overview").classes("text-h5")
-    for d in state.dbs:
-        _db_card(d)
+    for d, s in zip(state.dbs, stats, strict=True):
+        _db_card(d, s)
     for note in state.notices:
         ui.label(note).classes("text-orange-9").mark("notice")
     ui.button("Label new data", on_click=lambda: ui.navigate.to("/label")).props("unelevated")
 
 
-def _db_card(d: DbState) -> None:
-    s = d.stats()
+def _db_card(d: DbState, s: dict) -> None:
     by_answer, by_source = s["by_answer"], s["by_source"]
     with ui.card().classes("w-full max-w-3xl").mark(f"db-{d.index}"):
         ui.label(d.name).classes("text-h6 font-mono")

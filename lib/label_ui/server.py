@@ -90,10 +90,11 @@ def serve(cfg: LabelConfig) -> None:
         total = sum(len(d.segments) for d in state.dbs)
         shown = "localhost" if cfg.host in ("127.0.0.1", "::1") else cfg.host
         print(f"Labeling {total} segments of {', '.join(d.name for d in state.dbs)}", flush=True)
-        print(
-            f"Open http://{shown}:{cfg.port}/label" + ("  (asks for the token once)" if cfg.token else ""),
-            flush=True,
-        )
+        if cfg.token_generated:  # only this terminal sees it: other accounts of the machine cannot label
+            print(f"Open http://{shown}:{cfg.port}/label?token={cfg.token}  (this run's token; --no-token: none)")
+        else:
+            print(f"Open http://{shown}:{cfg.port}/label" + ("  (asks for the token once)" if cfg.token else ""))
+        sys.stdout.flush()
     try:
         ui.run(
             make_root(state),

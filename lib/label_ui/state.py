@@ -28,11 +28,9 @@ from lib.labels import (
     RETRACTED,
     SECOND_BETTER,
     VALID_LABELS,
+    ConsistencyTracker,
     Label,
     append_labels,
-    consistency,
-    is_control,
-    load_labels,
     pair_key,
     parse_label_lines,
     read_label_log,
@@ -46,34 +44,41 @@ PairKey = tuple[str, str]
 class LabelIndex:
     """The current labels of one DB, kept in step with ``<db>/labels.jsonl``.
 
-    Loaded once with ``lib.labels.load_labels`` (the last line for a pair wins; a torn last line
-    is skipped with a warning, kept in ``warnings``); after that only the new bytes at the end of
-    the file are read (``refresh``), so labels appended by other tabs, or by another process
-    such as ``--oracle``, show up without re-reading the whole file.
+    Loaded once (the last line for a pair wins; a torn last line is skipped with a warning, kept
+    in ``warnings``); after that only the new bytes at the end of the file are read
+    (``refresh``), so labels appended by other tabs, or by another process such as ``--oracle``,
+    show up without re-reading the whole file. The labelers' consistency (control answers) is
+    kept up to date the same way. Reading is blocking: the pages call ``refresh`` off the event
+    loop (``common.refresh_dbs``); what the loop reads (``snapshot``, ``consistency``) is memory.
     """
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.path = root / LABELS_FILE
-        self.labels: dict[PairKey, Label] = {}
+        self.tracker = ConsistencyTracker()
+        self.labels: dict[PairKey, Label] = self.tracker.current
         self.warnings: list[str] = []
         self._offset = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the labels while they change
+        self._read_lock = threading.Lock()  # one reader of the file at a time
         self.load()
 
     def load(self) -> None:
         """(Re-)read every label file of the DB."""
-        with self._lock:
+        with self._read_lock:
             self._load()
 
     def _load(self) -> None:
         size = self.path.stat().st_size if self.path.is_file() and not self.path.is_symlink() else 0
-        self.labels = load_labels(self.root, warn=self.warnings.append)
-        self._offset = size
+        tracker = ConsistencyTracker()
+        for lab in read_label_log(self.root, warn=self.warnings.append):
+            tracker.feed(lab)
+        with self._lock:
+            self.tracker, self.labels, self._offset = tracker, tracker.current, size
 
     def refresh(self) -> int:
         """Apply whole lines appended since the last read; returns how many were read."""
-        with self._lock:
+        with self._read_lock:
             if not self.path.is_file() or self.path.is_symlink():
                 return 0
             with open(self.path, "rb") as f:
@@ -86,13 +91,10 @@ class LabelIndex:
                 data = f.read(size - self._offset)
             end = data.rfind(b"\n") + 1  # a line still being written is read next time
             new = parse_label_lines(data[:end], str(self.path), warn=self.warnings.append)
-            for lab in new:
-                if is_control(lab):
-                    continue
-                self.labels.pop(lab.key, None)
-                if lab.label != RETRACTED:
-                    self.labels[lab.key] = lab
-            self._offset += end
+            with self._lock:
+                for lab in new:
+                    self.tracker.feed(lab)
+                self._offset += end
             return len(new)
 
     def append(self, label: Label) -> None:
@@ -107,6 +109,11 @@ class LabelIndex:
         """The current labels, oldest answer first (a copy: safe while other threads append)."""
         with self._lock:
             return list(self.labels.values())
+
+    def consistency(self) -> dict[str, tuple[int, int]]:
+        """``lib.labels.consistency`` of the whole file, from what was read so far."""
+        with self._lock:
+            return self.tracker.result()
 
 
 @dataclass
@@ -167,7 +174,7 @@ class DbState:
         return f"every pair of the {n - bad} segments of {self.name} is labeled already."
 
     def stats(self) -> dict[str, object]:
-        """Counts for the Overview page."""
+        """Counts for the Overview page, from memory (``labels.refresh`` reads the file)."""
         labels = self.labels.snapshot()
         touched = {s for lab in labels for s in (lab.sample1, lab.sample2)}
         return {
@@ -178,7 +185,7 @@ class DbState:
             "by_source": Counter(lab.source for lab in labels),
             "untouched": sum(1 for s in self.segments if s not in touched),
             "free_pairs": self.free_pairs(),
-            "consistency": consistency(read_label_log(self.root, warn=lambda _: None)),
+            "consistency": self.labels.consistency(),
         }
 
 
