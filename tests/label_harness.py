@@ -43,14 +43,30 @@ def free_port() -> int:
 
 
 class LabelServer:
-    """``02_label_ui.py`` in a subprocess: ``url``, ``startup_s`` (launch to first page), ``rss_mb()``."""
+    """``02_label_ui.py`` in a subprocess: ``url``, ``startup_s`` (launch to first page), ``rss_mb()``.
 
-    def __init__(self, *args: str, port: int | None = None, cwd: Path | None = None, timeout: float = 60.0) -> None:
+    Without a token in ``args`` it runs with ``--no-token`` (the pages are what is tested), unless
+    ``default_token``: then the server makes its own token and ``open_line`` is the line it
+    printed to open the page (with ``?token=...``)."""
+
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        cwd: Path | None = None,
+        timeout: float = 60.0,
+        default_token: bool = False,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "NICEGUI_USER_SIMULATION")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PYTEST_CURRENT_TEST", "NICEGUI_USER_SIMULATION", "RLHF_LABEL_TOKEN")
+        }
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, str(REPO_ROOT / "02_label_ui.py"), "--port", str(self.port), *args]
+        no_token = [] if default_token or "--token" in args or "--token-file" in args else ["--no-token"]
+        cmd = [sys.executable, str(REPO_ROOT / "02_label_ui.py"), "--port", str(self.port), *no_token, *args]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             cmd, cwd=cwd or REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -61,6 +77,12 @@ class LabelServer:
             self.stop()
             raise
         self.startup_s = time.perf_counter() - t0
+        self.open_line = ""
+        if default_token:  # printed before the server answered: already in the pipe
+            for line in self.proc.stdout:
+                if line.startswith("Open "):
+                    self.open_line = line.strip()
+                    break
 
     def _wait_ready(self, timeout: float) -> None:
         end = time.monotonic() + timeout

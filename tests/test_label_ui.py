@@ -692,3 +692,176 @@ async def test_control_pairs_come_back_swapped_and_never_change_a_label(label_ap
         await see(user, marker="consistency-0")
         text = user.find(marker="consistency-0").elements.pop().text
         assert text == "consistency (pairs shown again, order swapped) — ann: 1/2 (50%)", text
+
+
+# --- issue 24: the server under attack and under load ----------------------------------------
+
+
+async def test_login_body_is_bounded_before_reading(label_app, db: Path) -> None:
+    """Medium 3: a large POST to /login is refused (413) after at most the form's 4 KB, by its
+    Content-Length before reading, and a chunked one stops being read past the bound."""
+    token = "s3cret-token"
+    async with label_app("-d", str(db), "--token", token) as user:
+        c = user.http_client
+        sent = 0
+
+        async def endless() -> AsyncIterator[bytes]:  # 128 MB offered, no Content-Length
+            nonlocal sent
+            for _ in range(2048):
+                sent += 1
+                yield b"token=" + b"x" * 65536
+
+        r = await c.post("/login", content=endless())
+        assert r.status_code == 413
+        assert sent <= 2, f"{sent} chunks of 64 KB were read"
+        r = await c.post("/login", content=b"token=" + b"x" * 100_000)  # Content-Length over the bound
+        assert r.status_code == 413
+        r = await c.post("/login", data={"token": token, "next": "/label"})
+        assert r.status_code == 303  # a real form still logs in
+
+
+def test_a_token_is_made_by_default_and_no_token_opts_out(db: Path, capsys) -> None:
+    """Medium 4: on the default loopback bind a token is required unless --no-token."""
+    from lib.label_ui.config import parse_config
+
+    a = parse_config(["-d", str(db)], environ={})
+    b = parse_config(["-d", str(db)], environ={})
+    assert a.host == "127.0.0.1" and a.token_generated and len(a.token) >= 32 and a.token != b.token
+    none = parse_config(["-d", str(db), "--no-token"], environ={})
+    assert none.token is None and not none.token_generated
+    given = parse_config(["-d", str(db)], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
+    assert given.token == "from-the-env" and not given.token_generated
+    oracle = parse_config(["-d", str(db), "--oracle", "3"], environ={})
+    assert oracle.token is None  # no server, no token
+
+
+async def test_the_default_token_guards_the_pages(label_app, db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import secrets
+
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda *a: "made-at-start-0123456789")
+    async with label_app("-d", str(db), default_token=True) as user:
+        c = user.http_client
+        r = await c.get("/label", headers={"accept": "text/html"})
+        assert r.status_code == 401 and 'name="token"' in r.text
+        r = await c.get("/label?token=made-at-start-0123456789")  # the printed link
+        assert r.status_code == 303 and r.headers["location"] == "/label" and "rlhf_label_auth" in c.cookies
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+
+
+async def test_a_bare_get_reserves_no_pair(label_app, tmp_path: Path) -> None:
+    """Medium 4: GET /label without JavaScript (no websocket) must not take pairs from people."""
+    db = tmp_path / "small"
+    make_synthetic_db(db, 3)  # 3 pairs in all
+    async with label_app("-d", str(db), "--pairs", "3") as user:
+        for _ in range(3):
+            r = await user.http_client.get("/label")
+            assert r.status_code == 200
+        await asyncio.sleep(0.3)  # what the bare pages' builders would do, they have done
+        await user.open("/label")
+        await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
+        assert len({pair_key(*t.split()[1:4:2]) for t in list_texts(user, 3)}) == 3
+
+
+async def test_overview_reads_only_new_label_lines_off_the_event_loop(
+    label_app, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Low 2: after start-up the Overview never reads labels.jsonl whole, and what it reads (the
+    appended lines) is read in a worker thread, not on the event loop; consistency stays right."""
+    import threading
+
+    import lib.labels
+    from lib.label_ui.state import LabelIndex
+
+    segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
+    pairs = [(a, b) for i, a in enumerate(segs) for b in segs[i + 1 :]]
+    append_labels(db, [Label(a, b, 1, source="human", extra={"labeler": "ann"}) for a, b in pairs[:20]])
+    whole, on_loop = [], []
+    read_regular, refresh = lib.labels.read_regular, LabelIndex.refresh
+
+    def spy_read(path, max_bytes):
+        whole.append(str(path))
+        return read_regular(path, max_bytes)
+
+    def spy_refresh(self):
+        if threading.current_thread() is threading.main_thread():
+            on_loop.append("refresh")
+        return refresh(self)
+
+    async with label_app("-d", str(db)) as user:
+        monkeypatch.setattr(lib.labels, "read_regular", spy_read)
+        monkeypatch.setattr(LabelIndex, "refresh", spy_refresh)
+        await user.open("/")
+        await see(user, "20 labels")
+        a, b = pairs[0]  # a control answer from another process: it agrees with ann's first answer
+        append_labels(db, [Label(b, a, 2, source="human", extra={"labeler": "ann", "control": True})])
+        append_labels(db, [Label(*pairs[20], 2, source="oracle")])
+        await user.open("/")
+        await see(user, "21 labels")
+        await see(user, "consistency (pairs shown again, order swapped) — ann: 1/1 (100%)")
+    assert whole == [] and on_loop == []
+
+
+def test_origin_must_name_the_same_port() -> None:
+    """Low 3: a page served on another local port is another site."""
+    from lib.label_ui.auth import HostCheckMiddleware
+
+    check = HostCheckMiddleware(None, {"127.0.0.1", "localhost", "::1"})
+
+    def refused(host: str, origin: str) -> bool:
+        return check.why_refused({"headers": [(b"host", host.encode()), (b"origin", origin.encode())]}) is not None
+
+    assert not refused("127.0.0.1:8080", "http://127.0.0.1:8080")
+    assert not refused("127.0.0.1:8080", "http://localhost:8080")
+    assert not refused("[::1]:8080", "http://[::1]:8080")
+    assert not refused("localhost", "http://localhost")  # no port: the scheme's default
+    assert not refused("localhost:9000", "http://localhost:9000")  # ssh -L 9000:127.0.0.1:8080
+    assert refused("127.0.0.1:8080", "http://127.0.0.1:9999")
+    assert refused("127.0.0.1:8080", "http://localhost")
+    assert refused("localhost", "http://localhost:3000")
+    assert refused("localhost:8080", "http://localhost:99999")
+
+
+async def test_a_page_on_another_port_gets_no_websocket(label_app, db: Path) -> None:
+    async with label_app("-d", str(db)) as user:
+        c = user.http_client
+        sio = "/_nicegui_ws/socket.io/?EIO=4&transport=polling"
+        for path in ("/label", sio):
+            r = await c.get(path, headers={"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:9999"})
+            assert r.status_code == 403 and "another port" in r.text, path
+        r = await c.get("/label", headers={"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"})
+        assert r.status_code == 200
+
+
+async def test_login_attempts_are_rate_limited_per_address(label_app, db: Path) -> None:
+    """Low 3: a few wrong tokens, then 429 (with Retry-After) for that address only, for a while."""
+    token = "s3cret-token"
+    async with label_app("-d", str(db), "--token", token) as user:
+        c = user.http_client
+        codes = [(await c.post("/login", data={"token": f"guess-{k}"})).status_code for k in range(8)]
+        assert codes[:5] == [401] * 5 and codes[5:] == [429] * 3, codes
+        r = await c.get("/label?token=guess-9")
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert (await c.post("/login", data={"token": token})).status_code == 429  # not even looked at
+        elsewhere = httpx.AsyncClient(
+            transport=httpx.ASGITransport(core.app, client=("10.1.2.3", 5000)), base_url="http://test"
+        )
+        assert (await elsewhere.post("/login", data={"token": token})).status_code == 303
+        await asyncio.sleep(1.1)  # one attempt a second comes back
+        assert (await c.post("/login", data={"token": token})).status_code == 303
+
+
+def test_a_hard_linked_labels_file_is_refused(db: Path, tmp_path: Path, capsys) -> None:
+    """Low 5: labels.jsonl with another name (a hard link) would append into that file too."""
+    import os
+
+    other = tmp_path / "elsewhere.jsonl"
+    other.write_text("# not a label file\n")
+    os.link(other, db / "labels.jsonl")
+    for extra in ([], ["--oracle", "3"]):
+        with pytest.raises(SystemExit) as e:
+            main(["-d", str(db), "--cache-dir", str(tmp_path / "c"), *extra])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and "has 2 hard links" in err and err.count("\n") == 1, err
+    assert other.read_text() == "# not a label file\n"

@@ -186,3 +186,63 @@ def test_control_answers_never_change_a_label_and_are_scored_per_labeler(tmp_pat
     index = LabelIndex(tmp_path)  # the page's index, loaded and then appended to, agrees
     index.append(lab("a", "b", 2, "ann", control=True))
     assert index.get(("a", "b")).label == 1
+
+
+# --- issue 24: a full disk, a hard link, the consistency kept incrementally ---------------------
+
+
+def test_a_failed_write_leaves_no_torn_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Low 1/6: the disk fills in the middle of a line: the file is cut back to what it was, every
+    earlier label is intact, and the error names the file."""
+    import errno
+
+    import lib.labels
+
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1)])
+    before = (tmp_path / "labels.jsonl").read_bytes()
+    real_write = lib.labels.os.write
+
+    def disk_full(fd: int, data: bytes) -> int:
+        real_write(fd, data[: len(data) // 2])  # part of the line reaches the disk, then no space
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lib.labels, "_os_write", disk_full, raising=False)
+    with pytest.raises(OSError, match="No space left") as e:
+        append_labels(tmp_path, [Label("00/a.dat", f"02/{i:08d}.dat", 2) for i in range(50)])
+    assert "labels.jsonl" in str(e.value)
+    assert (tmp_path / "labels.jsonl").read_bytes() == before
+    monkeypatch.undo()
+    append_labels(tmp_path, [Label("00/a.dat", "03/c.dat", 0)])
+    assert [json.loads(x)["label"] for x in lines(tmp_path)] == [1, 0]
+
+
+def test_labels_are_never_appended_to_a_hard_link(tmp_path: Path) -> None:
+    """Low 5: O_NOFOLLOW does not see a hard link; the link count does."""
+    import os
+
+    from lib.errors import UserError
+
+    other = tmp_path / "profile"
+    other.write_text("# someone else's file\n")
+    db = tmp_path / "db"
+    db.mkdir()
+    os.link(other, db / "labels.jsonl")
+    with pytest.raises(UserError, match="has 2 hard links"):
+        append_labels(db, [Label("00/a.dat", "01/b.dat", 1)])
+    assert other.read_text() == "# someone else's file\n"
+
+
+def test_label_index_keeps_consistency_from_the_new_lines(tmp_path: Path) -> None:
+    """Low 2: the server's consistency figure follows appended lines without re-reading the file."""
+    ann = {"labeler": "ann"}
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1, extra=ann), Label("00/a.dat", "02/c.dat", 2, extra=ann)])
+    index = LabelIndex(tmp_path)
+    assert index.consistency() == {}
+    control = {"labeler": "ann", "control": True}
+    append_labels(
+        tmp_path,
+        [Label("01/b.dat", "00/a.dat", 2, extra=control), Label("02/c.dat", "00/a.dat", 2, extra=control)],
+    )
+    index.refresh()
+    assert index.consistency() == {"ann": (1, 2)} == consistency(read_label_log(tmp_path))
+    assert len(index.labels) == 2  # control answers never change a label

@@ -101,3 +101,64 @@ def test_oracle_on_a_legacy_db_is_a_clear_error(tmp_path: Path) -> None:
     assert p.stderr.startswith("error: ") and "legacy DB without true rewards" in p.stderr
     assert p.stderr.count("\n") == 1
     assert not (db / "labels.jsonl").exists() or not read_label_log(db)
+
+
+# --- issue 24: concurrent oracles, a full disk ------------------------------------------------
+
+
+def test_concurrent_oracles_never_label_a_pair_twice(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Low 6: four oracle runs at once, same seed (so, unguarded, the same picks): each pair is
+    labeled once. The barrier makes every run pick at the same moment, unless a lock serializes them."""
+    import contextlib
+    import threading
+
+    import lib.oracle
+
+    barrier = threading.Barrier(4)
+    choose = lib.oracle.choose_pairs
+
+    def choose_together(*args, **kwargs):
+        with contextlib.suppress(threading.BrokenBarrierError):  # serialized runs: no one else comes
+            barrier.wait(timeout=1.0)
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(lib.oracle, "choose_pairs", choose_together)
+    results: list[int] = []
+    runs = [threading.Thread(target=lambda: results.append(oracle_label_db(db, 12, seed=0).labeled)) for _ in range(4)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(timeout=60)
+    assert results == [12] * 4
+    log = read_label_log(db)
+    assert len(log) == 48 and len({lab.key for lab in log}) == 48
+
+
+def test_a_full_disk_ends_the_oracle_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Low 1: the disk fills while the oracle writes: one line naming the file and how many labels
+    were kept, exit 2, no traceback, no torn line; the labels written before stay."""
+    import errno
+
+    import lib.labels
+    from lib.label_ui.cli import main
+
+    db = tmp_path / "db"
+    make_synthetic_db(db, 24, seed=3)  # 276 pairs
+    real_write, calls = lib.labels.os.write, []
+
+    def fills_up(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, data)
+        real_write(fd, data[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lib.labels, "_os_write", fills_up, raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["-d", str(db), "--oracle", "250", "--seed", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write ") and f"{db}/labels.jsonl" in err and err.count("\n") == 1, err
+    assert "No space left on device" in err and "kept 100 of the 200" in err
+    raw = (db / "labels.jsonl").read_bytes()
+    assert raw.endswith(b"\n") and len(read_label_log(db)) == 100  # whole lines only
