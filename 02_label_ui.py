@@ -1,11 +1,13 @@
 """Label pairs of clips of the agent's play in a web page -- or, with --oracle, from true rewards.
 
-    python 02_label_ui.py -d db/v0 [-d db/v1 ...]     # then open http://localhost:8080/label
+    python 02_label_ui.py -d db/v0 [-d db/v1 ...]     # then open the printed http://localhost:8080/label?token=...
     python 02_label_ui.py -d db/v0 --oracle 300        # 300 synthetic labels, no server
 
 Keys on the label page: 1 = #1 better, 2 = #2 better, 0 = equal, x = can't tell, u = undo,
 r = new list, space = pause, + / - = speed. Answers go to <db>/labels.jsonl.
-Listens on 127.0.0.1 unless --host is given, which needs --token (or $RLHF_LABEL_TOKEN).
+Listens on 127.0.0.1 unless --host is given. Every browser gives a token once: --token-file,
+$RLHF_LABEL_TOKEN or --token, else one made at start and printed in the link (--no-token: none,
+loopback only).
 All logic lives in lib/label_ui/.
 """
 

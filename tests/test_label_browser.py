@@ -112,6 +112,19 @@ def test_token_is_asked_once_then_the_page_works(atari_db: Path, tmp_path: Path)
         page.get_by_text("Label new data").first.wait_for()
 
 
+def test_the_printed_link_opens_the_page_with_the_default_token(atari_db: Path, tmp_path: Path) -> None:
+    """No token given: the link the server prints logs the browser in (clips and websocket too);
+    without it a browser gets the login form."""
+    args = ("-d", str(atari_db), "--cache-dir", str(tmp_path / "clips"))
+    with LabelServer(*args, default_token=True) as server, chromium() as page:
+        page.goto(f"{server.url}/label")
+        assert page.locator("#token").count() == 1
+        link = server.open_line.split()[1].replace("localhost", "127.0.0.1")
+        page.goto(link)
+        page.wait_for_url(f"{server.url}/label")
+        wait_shown(page, 1)
+
+
 def _get(url: str, **headers: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -137,9 +150,12 @@ def test_only_its_own_host_names_and_origins_are_served(atari_db: Path, tmp_path
         assert status == 403 and "--public-host" in body
         assert _get(url, Origin="http://attacker.example")[0] == 403
         assert _get(url, Origin=f"http://localhost:{port}")[0] == 200
+        status, body = _get(url, Origin=f"http://localhost:{port + 1}")  # a page of another local server
+        assert status == 403 and "another port" in body
         socketio = f"{server.url}/_nicegui_ws/socket.io/?EIO=4&transport=polling"
         assert _get(socketio, Origin="http://attacker.example")[0] == 403
         assert _get(socketio, Origin=f"http://127.0.0.1:{port}")[0] == 200
+        assert _get(socketio, Origin=f"http://127.0.0.1:{port + 1}")[0] == 403
 
 
 def test_model_view_plots_follow_the_clips(atari_db: Path, tmp_path: Path) -> None:

@@ -865,3 +865,12 @@ def test_a_hard_linked_labels_file_is_refused(db: Path, tmp_path: Path, capsys) 
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "has 2 hard links" in err and err.count("\n") == 1, err
     assert other.read_text() == "# not a label file\n"
+
+
+async def test_every_request_body_is_bounded(label_app, db: Path) -> None:
+    """Medium 3, beyond /login: no route (socket.io's included) is handed a body over 1 MB."""
+    async with label_app("-d", str(db)) as user:
+        c = user.http_client
+        for path in ("/_nicegui_ws/socket.io/?EIO=4&transport=polling", "/label", "/clip/0/00/00000012.mp4"):
+            r = await c.post(path, content=b"x" * (2 << 20))
+            assert r.status_code == 413, path

@@ -1,13 +1,17 @@
-"""The optional access token (``--token``): asked once per browser, then kept in a cookie.
+"""Who may use the label server: a token asked once per browser, kept in a cookie; the Host and
+Origin check; bounded request bodies.
 
-Without a token the server listens on loopback only (``config.parse_config`` refuses anything
-else), so only this machine -- or an SSH tunnel (``ssh -L 8080:127.0.0.1:8080 host``) -- reaches it.
+A token is the default, on loopback too (another account of the machine reaches 127.0.0.1):
+``--token-file``, ``$RLHF_LABEL_TOKEN`` or ``--token``, else one made at start and printed in the
+page's link (``?token=...``). ``--no-token`` turns it off, on loopback only (``config.parse_config``
+refuses anything else), for a machine of one user or an SSH tunnel.
 
 With a token every HTTP request and every websocket (NiceGUI's socket.io lives inside the same
 ASGI app) must carry the cookie ``rlhf_label_auth``: an HMAC of the token, so the token itself is
 never stored in the browser. A request without it gets the login form (pages) or 401 (anything
 else). The form posts to ``/login``, which sets the cookie (HttpOnly, SameSite=Strict) and
-redirects back. ``/?token=T`` works too, for a link printed in a terminal.
+redirects back. ``/?token=T`` works too, for a link printed in a terminal. Wrong tokens are
+rate-limited per client address (``LoginLimiter``: a few, then 429).
 """
 
 from __future__ import annotations
@@ -164,6 +168,46 @@ class TokenMiddleware:
         response = RedirectResponse(quote(nxt, safe="/?=&"), status_code=303)
         response.set_cookie(COOKIE, self.expected, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
         return response
+
+
+MAX_BODY = 1 << 20  # any request: the pages post small socket.io messages and the login form
+
+
+class BodyLimitMiddleware:
+    """ASGI middleware: a request body larger than ``limit`` is refused before it is read (413 by
+    its Content-Length), and one without a Content-Length is cut off past ``limit`` (the app sees
+    the client disconnect), so no route, NiceGUI's included, ever holds more than ``limit``."""
+
+    def __init__(self, app: Any, limit: int = MAX_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = [v for k, v in scope.get("headers", []) if k == b"content-length"]
+        try:
+            too_big = any(int(v) > self.limit for v in declared)
+        except ValueError:
+            too_big = True
+        if too_big:
+            await PlainTextResponse(f"request body over {self.limit} bytes", status_code=413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded_receive() -> dict[str, Any]:
+            nonlocal seen
+            if seen > self.limit:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, bounded_receive, send)
 
 
 def _host_name(value: str) -> str:

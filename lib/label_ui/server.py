@@ -15,7 +15,7 @@ from fastapi import HTTPException
 from fastapi.responses import FileResponse
 from nicegui import app, helpers, ui
 
-from lib.label_ui.auth import HostCheckMiddleware, TokenMiddleware
+from lib.label_ui.auth import BodyLimitMiddleware, HostCheckMiddleware, TokenMiddleware
 from lib.label_ui.clips import ClipStore, prune_cache
 from lib.label_ui.config import LabelConfig, check_port_free
 from lib.label_ui.pages import make_root
@@ -71,6 +71,7 @@ def build_app(cfg: LabelConfig) -> AppState:
     app.add_api_route("/clip/{db}/{env}/{name}", clip_route, methods=["GET"])
     if cfg.token:
         app.add_middleware(TokenMiddleware, token=cfg.token)
+    app.add_middleware(BodyLimitMiddleware)  # before the token check: a login form is small too
     app.add_middleware(HostCheckMiddleware, allowed=cfg.allowed_hosts())  # added last: runs first
     for d in dbs:
         for w in d.labels.warnings:  # e.g. a torn last line after a crash: recovered, but say so
