@@ -517,6 +517,12 @@ def test_bad_input_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Pat
         (["-d", "{db}", "--teacher", "nobody"], "argument --teacher: invalid choice"),
         (["-d"], "argument -d/--db: expected one argument"),
         ([], "the following arguments are required: -d/--db"),
+        (["-d", ""], "-d/--db: an empty path"),
+        (["-d", "{db}", "--cache-dir", ""], "argument --cache-dir: an empty path"),
+        (["-d", "{db}", "--fps", "1e-300"], "--fps must be in [0.5, 120]"),
+        (["-d", "{db}", "--host", ""], "--host must be an address or a host name"),
+        (["-d", "{db}", "--public-host", ""], "--public-host must be a host name"),
+        (["-d", "{db}", "--token", "t" * 2000], "at most 1024 characters"),
     ],
 )
 def test_every_bad_flag_value_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Path, capsys) -> None:
@@ -874,3 +880,20 @@ async def test_every_request_body_is_bounded(label_app, db: Path) -> None:
         for path in ("/_nicegui_ws/socket.io/?EIO=4&transport=polling", "/label", "/clip/0/00/00000012.mp4"):
             r = await c.post(path, content=b"x" * (2 << 20))
             assert r.status_code == 413, path
+
+
+def test_pruning_the_clip_cache_deletes_only_its_own_clips(tmp_path: Path) -> None:
+    """Low 4: a --cache-dir given by mistake (a directory of the user's videos) loses nothing."""
+    import os
+
+    from lib.label_ui.clips import prune_cache
+
+    mine = tmp_path / "holiday" / "beach.mp4"
+    mine.parent.mkdir()
+    mine.write_bytes(b"v" * 4096)
+    clip = tmp_path / "ab" / ("ab" + "0" * 38 + ".mp4")
+    clip.parent.mkdir()
+    clip.write_bytes(b"c" * 4096)
+    os.utime(mine, (1, 1))  # the oldest: pruned first, were it a clip
+    assert prune_cache(tmp_path, max_bytes=1024, keep_bytes=0) == 1
+    assert mine.exists() and not clip.exists()

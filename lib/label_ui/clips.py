@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -106,10 +107,19 @@ class ClipStore:
         return out
 
 
+_CLIP_NAME = re.compile(r"[0-9a-f]{40}\.mp4")
+
+
 def prune_cache(cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int = 384 * 2**20) -> int:
     """Keep the clip cache bounded: when over ``max_bytes``, delete the least recently used clips
     down to ``keep_bytes``. Returns the number of files deleted."""
-    files = [(p.stat(), p) for p in Path(cache_dir).glob("*/*.mp4")]
+    # Only the cache's own names (<2 hex>/<40 hex>.mp4): a --cache-dir given by mistake (a home
+    # directory of videos) loses nothing of the user's.
+    files = [
+        (p.stat(), p)
+        for p in Path(cache_dir).glob("[0-9a-f][0-9a-f]/*.mp4")
+        if _CLIP_NAME.fullmatch(p.name) and p.name.startswith(p.parent.name) and p.is_file() and not p.is_symlink()
+    ]
     total = sum(st.st_size for st, _ in files)
     if total <= max_bytes:
         return 0

@@ -56,6 +56,13 @@ class LabelConfig:
         return {self.host, "localhost", "127.0.0.1", "::1", *self.public_hosts}
 
 
+def _path(text: str) -> Path:
+    """A path argument; an empty one (which Path would read as the current directory) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return Path(text)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a mistake is a UserError: one line (``error: ...``) and exit 2, no usage block."""
 
@@ -98,7 +105,7 @@ def _add_page_args(p: argparse.ArgumentParser) -> None:
         "or --token-file",
     )
     p.add_argument(
-        "--token-file", type=Path, default=None, metavar="FILE", help="read the token from the first line of FILE"
+        "--token-file", type=_path, default=None, metavar="FILE", help="read the token from the first line of FILE"
     )
     p.add_argument(
         "--no-token",
@@ -122,7 +129,7 @@ def _add_page_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache-dir",
-        type=Path,
+        type=_path,
         default=DEFAULT_CACHE_DIR,
         help=f"where encoded clips are cached (default {DEFAULT_CACHE_DIR})",
     )
@@ -164,7 +171,7 @@ def _add_pair_args(p: argparse.ArgumentParser) -> None:
     """Which pairs to ask, the reward model's view, control pairs, who answers."""
     p.add_argument(
         "--reward",
-        type=Path,
+        type=_path,
         default=None,
         metavar="MODEL",
         help="a reward model (03_reward_train.py): the page shows its per-step prediction under each clip and "
@@ -216,6 +223,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
     dbs: list[Path] = []
     for d in args.db:
+        if not d.strip():
+            raise UserError("-d/--db: an empty path; pass a segment DB made by 01_a2c.py --db-path (e.g. -d db/v0)")
         path = Path(d)
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "not found"
@@ -234,8 +243,13 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--pairs must be between 1 and {MAX_PAIRS}, got {args.pairs}")
     if not 0 < args.port < 65536:
         raise UserError(f"--port must be between 1 and 65535, got {args.port}")
-    if not 0 < args.fps <= 120:
-        raise UserError(f"--fps must be in (0, 120], got {args.fps:g}")
+    if not 0.5 <= args.fps <= 120:
+        raise UserError(f"--fps must be in [0.5, 120] agent steps per second, got {args.fps:g}")
+    if not args.host or any(c.isspace() or c in "/\\@?#" for c in args.host):
+        raise UserError(f"--host must be an address or a host name, got {args.host!r}")
+    for name in args.public_host:
+        if not name or any(c.isspace() or c in "/\\@?#," for c in name):
+            raise UserError(f"--public-host must be a host name or an address, got {name!r}")
     if args.oracle is not None and not 1 <= args.oracle <= MAX_ORACLE:
         what = "at least 1 pair" if args.oracle < 1 else f"at most {MAX_ORACLE:,} pairs"
         raise UserError(f"--oracle must be {what}, got {args.oracle}")
@@ -253,6 +267,8 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     token = _token(args, environ)
     if args.no_token and token is not None:
         raise UserError("--no-token and a token (--token, --token-file or $RLHF_LABEL_TOKEN) contradict each other")
+    if token is not None and len(token) > 1024:
+        raise UserError(f"the token must have at most 1024 characters, got {len(token)}")
     if token is not None and len(token) < 8:
         raise UserError(
             "--token must have at least 8 characters (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
