@@ -299,6 +299,8 @@ def labeling_lock(db_root: str | os.PathLike, on_wait: Callable[[], None] | None
         f = open_append(path)
     except UnsafeFileError as e:
         raise UserError(f"{e} (the DB's label lock must be a regular file)") from None
+    except OSError as e:
+        raise UserError(f"cannot open {path} ({e.strerror or e}): labels are written into the DB") from None
     with f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

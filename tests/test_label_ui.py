@@ -895,5 +895,10 @@ def test_pruning_the_clip_cache_deletes_only_its_own_clips(tmp_path: Path) -> No
     clip.parent.mkdir()
     clip.write_bytes(b"c" * 4096)
     os.utime(mine, (1, 1))  # the oldest: pruned first, were it a clip
-    assert prune_cache(tmp_path, max_bytes=1024, keep_bytes=0) == 1
-    assert mine.exists() and not clip.exists()
+    killed = clip.parent / ".tmp-abc123.mp4"  # an encode killed with its server
+    killed.write_bytes(b"t" * 100)
+    os.utime(killed, (1, 1))
+    running = clip.parent / ".tmp-def456.mp4"  # an encode of a server running now
+    running.write_bytes(b"t" * 100)
+    assert prune_cache(tmp_path, max_bytes=1024, keep_bytes=0) == 2
+    assert mine.exists() and not clip.exists() and not killed.exists() and running.exists()

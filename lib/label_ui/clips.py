@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -110,9 +111,23 @@ class ClipStore:
 _CLIP_NAME = re.compile(r"[0-9a-f]{40}\.mp4")
 
 
-def prune_cache(cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int = 384 * 2**20) -> int:
+def prune_cache(
+    cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int = 384 * 2**20, stale_s: float = 3600.0
+) -> int:
     """Keep the clip cache bounded: when over ``max_bytes``, delete the least recently used clips
-    down to ``keep_bytes``. Returns the number of files deleted."""
+    down to ``keep_bytes``. Temp files of an encode that was killed (``.tmp-*.mp4``, untouched for
+    ``stale_s``: an encode of a server running now is seconds old) go first. Returns the number of
+    files deleted."""
+    deleted = 0
+    now = time.time()
+    for p in Path(cache_dir).glob("[0-9a-f][0-9a-f]/.tmp-*.mp4"):
+        try:
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime > stale_s:
+                p.unlink()
+                deleted += 1
+        except OSError:
+            continue
     # Only the cache's own names (<2 hex>/<40 hex>.mp4): a --cache-dir given by mistake (a home
     # directory of videos) loses nothing of the user's.
     files = [
@@ -122,8 +137,7 @@ def prune_cache(cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int =
     ]
     total = sum(st.st_size for st, _ in files)
     if total <= max_bytes:
-        return 0
-    deleted = 0
+        return deleted
     for st, p in sorted(files, key=lambda x: max(x[0].st_atime, x[0].st_mtime)):
         if total <= keep_bytes:
             break
