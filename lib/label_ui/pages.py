@@ -64,6 +64,8 @@ def make_root(state: AppState) -> Callable[[], None]:
 async def overview_page(state: AppState) -> None:
     await refresh_dbs(state)  # the new lines of labels.jsonl, read off the event loop
     stats = await run.io_bound(lambda: [d.stats() for d in state.dbs])  # many labels: counting takes a while
+    if stats is None:  # the server is shutting down
+        return
     ui.label("Overview").classes("text-h5")
     for d, s in zip(state.dbs, stats, strict=True):
         _db_card(d, s)
