@@ -17,7 +17,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib.envs import DEFAULT_ENV, AtariVec, VecStep, rom_name
+from lib.distributed import Dist, NullWriter, env_uniforms, init_dist
+from lib.envs import DEFAULT_ENV, AtariVec, VecStep, default_env_threads, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.games import format_behaviour, play_games, score_stats, select_actions
@@ -56,6 +57,8 @@ EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training 
 LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
+MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET  # ALE seeds env i with seed + i (a C++ int)
+MAX_RECORD_ENVS = 100  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
 # --- settings -----------------------------------------------------------------------------------
@@ -88,6 +91,7 @@ class A2CConfig:
     runs_dir: str = "runs"
     bf16: bool = False
     threads: int = 0
+    env_threads: int = 0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> A2CConfig:
@@ -108,8 +112,10 @@ class A2CConfig:
             (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
             (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
             (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
-            (self.lr is not None and not self.lr > 0, f"--lr must be positive, got {self.lr}"),
+            (self.lr is not None and not 0 < self.lr < 1, f"--lr must be a number in (0, 1), got {self.lr}"),
+            (not 0 <= self.seed <= MAX_SEED, f"--seed must be in [0, {MAX_SEED}], got {self.seed}"),
             (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
+            (self.env_threads < 0, f"--env-threads must be >= 0, got {self.env_threads}"),
             (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (not self.reward_penalty >= 0, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
@@ -210,6 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
     )
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (0: one per core)")
+    p.add_argument(
+        "--env-threads",
+        type=int,
+        default=d.env_threads,
+        metavar="N",
+        help="emulator threads of every vector env (training and evaluation; 0: the cores this process may "
+        "use, divided among the ranks of a torchrun on this machine)",
+    )
     return p  # fmt: skip
 
 
@@ -223,11 +237,14 @@ def a2c_loss(
     device: torch.device,
     entropy_beta: float,
     bf16: bool = False,
+    weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """A2C loss on a batch of n-step transitions.
 
     target = returns + discount * V(s_boot) (boot_values are 0 where the episode terminated);
-    boot_values: (B,) float32, computed without gradient.
+    boot_values: (B,) float32, computed without gradient. ``weight`` scales the returned loss (not
+    the metrics): with K ranks, B / (all ranks' B), so the summed gradients are those of the mean
+    over every rank's transitions.
     """
     states = torch.from_numpy(batch.obs).to(device)
     actions = torch.from_numpy(batch.actions).to(device)
@@ -244,12 +261,12 @@ def a2c_loss(
     loss_policy = -(adv * log_prob[torch.arange(len(actions), device=device), actions]).mean()
     # Entropy bonus keeps the policy exploring (the book's beta 0.01).
     entropy = -(log_prob.exp() * log_prob).sum(dim=1).mean()
-    loss = loss_policy + loss_value - entropy_beta * entropy
+    loss = (loss_policy + loss_value - entropy_beta * entropy) * weight
     metrics = {
         "losses/policy": loss_policy.item(),
         "losses/value": loss_value.item(),
         "losses/entropy": entropy.item(),
-        "losses/total": loss.item(),
+        "losses/total": loss.item() / weight if weight else 0.0,
         "losses/advantage": adv.mean().item(),
     }
     return loss, metrics
@@ -260,17 +277,31 @@ def autocast(device: torch.device, enabled: bool) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def act(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool) -> tuple[np.ndarray, np.ndarray]:
-    """One batched forward for all envs: (actions sampled from the policy, V(obs))."""
+def act(
+    net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool, uniforms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One batched forward for all envs: (actions sampled from the policy, V(obs)).
+
+    ``uniforms`` (N,) in [0, 1), one per env (``env_uniforms``): the action is the first whose
+    cumulative probability exceeds it (inverse-CDF sampling). Actions and values come back to the
+    host together: one device synchronisation per vector step."""
     with torch.no_grad(), autocast(device, bf16):
-        logits, values = net(torch.from_numpy(obs).to(device))
-        actions = torch.multinomial(F.softmax(logits.float(), dim=1), 1).squeeze(1).cpu().numpy()
-    return actions, values.float().cpu().numpy()
+        logits, values = net(torch.from_numpy(obs).to(device, non_blocking=True))
+        cum = F.softmax(logits.float(), dim=1).cumsum(dim=1)
+        u = torch.from_numpy(uniforms).to(device, dtype=torch.float32)[:, None]
+        actions = (cum < u).sum(dim=1).clamp_max(logits.shape[1] - 1)
+        both = torch.stack([actions.float(), values.float()]).cpu().numpy()
+    return both[0].astype(np.int64), both[1]
 
 
 def _values(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool = False) -> np.ndarray:
     with torch.no_grad(), autocast(device, bf16):
         return net(torch.from_numpy(obs).to(device))[1].float().cpu().numpy()
+
+
+class NonFiniteError(UserError):
+    """The loss, a gradient or the weights went NaN/inf (a too-high --lr, a broken reward model):
+    the run stops with one line and keeps the last finite checkpoint."""
 
 
 # --- before anything is written -----------------------------------------------------------------
@@ -375,8 +406,24 @@ class Run:
     tb_dir: Path
     resumed: bool
     eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    dist: Dist = field(default_factory=Dist.single)
+
+    @property
+    def global_envs(self) -> int:
+        """Envs over all ranks: what one vector step adds to the step counter."""
+        return self.cfg.envs * self.dist.world
+
+    @property
+    def env_ids(self) -> np.ndarray:
+        """(envs,) global indices of this rank's envs."""
+        return self.dist.rank * self.cfg.envs + np.arange(self.cfg.envs)
 
     def save(self, path: Path, **extra: Any) -> None:
+        """Rank 0 writes; the weights must be finite (a NaN never replaces a good file)."""
+        if not self.dist.is_main:
+            return
+        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
+            raise NonFiniteError(f"the policy's weights are not finite: {path} not written")
         ck = policy_checkpoint(
             self.net,
             self.cfg.env,
@@ -418,18 +465,27 @@ def make_env_stack(
     device: torch.device,
     rng: np.random.Generator,
     resume_ck: dict[str, Any] | None,
+    dist: Dist | None = None,
 ) -> tuple[Any, EpisodeRecorderWrapper | None]:
     """The env the learner steps, wrapper by wrapper. Order matters: the recorder sees the game's
     own frames and true reward; the reward model then replaces the reward the learner gets."""
+    dist = dist or Dist.single()
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
     if cfg.db_path:
         counters = (resume_ck or {}).get("env_steps")
-        if counters is not None and len(counters) != cfg.envs:
-            counters = None  # resumed with another --envs: each env's own files tell its counter
+        if counters is not None and (len(counters) != cfg.envs or dist.active):
+            counters = None  # another --envs, or ranks (last.pt has rank 0's): the env's own files tell
         _make_dir(Path(cfg.db_path), "DB dir")
         checkpoint = str(cfg.model) if cfg.model else None
         env = recorder = EpisodeRecorderWrapper(
-            env, cfg.db_path, cfg.record_prob, cfg.segment_steps, rng=rng, step_counters=counters, checkpoint=checkpoint
+            env,
+            cfg.db_path,
+            cfg.record_prob,
+            cfg.segment_steps,
+            rng=rng,
+            step_counters=counters,
+            checkpoint=checkpoint,
+            index_offset=dist.rank * cfg.envs,
         )
     if cfg.reward:
         from lib.reward_wrapper import RewardModelWrapper
@@ -469,54 +525,51 @@ def _optimiser(
     return optimizer, scheduler, lr, decay_steps
 
 
-def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
-    """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=)`` makes a
-    vector env (``AtariVec``; tests pass a small fake)."""
+def env_threads(cfg: A2CConfig, dist: Dist) -> int:
+    """--env-threads, or the cores this process may use shared among the ranks on this machine."""
+    return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
+
+
+def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> Run:
+    """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
+    device=)`` makes a vector env (``AtariVec``; tests pass a small fake). Under torchrun (``dist``)
+    this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
+    writes checkpoints and TensorBoard."""
+    dist = dist or Dist.single()
     device = resolve_device(cfg.dev)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.db_path and cfg.envs * dist.world > MAX_RECORD_ENVS:
+        raise UserError(
+            f"recording names env directories 00-{MAX_RECORD_ENVS - 1}: at most {MAX_RECORD_ENVS} envs over all "
+            f"ranks with --db-path, got {cfg.envs * dist.world}"
+        )
     game = rom_name(cfg.env)
     resume_ck = check_run(cfg)
+    dist.barrier()  # every rank has checked before any writes
     torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed)
+    rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
+    threads = env_threads(cfg, dist)
+    offset = dist.rank * cfg.envs
+    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device)
     net, finetune, progress = _policy(cfg, resume_ck, base_env)
     if finetune:
         net.freeze_conv()
     net.to(device)
-    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck)
-    eval_env = make_env(cfg.env, cfg.test_episodes, seed=cfg.seed + EVAL_SEED_OFFSET) if cfg.test_every else None
+    dist.broadcast_module(net)
+    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
+    eval_env = None
+    if cfg.test_every and dist.is_main:
+        seed = cfg.seed + EVAL_SEED_OFFSET
+        eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
     optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck)
 
-    _make_dir(cfg.save_dir, "checkpoint dir")
-    _make_dir(Path(cfg.runs_dir), "TensorBoard dir")
-    from torch.utils.tensorboard import SummaryWriter
-
-    if resume_ck is not None and resume_ck.get("tb_dir"):
-        tb_dir = Path(resume_ck["tb_dir"])
-    else:
-        tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
-    writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
-    if resume_ck is None:
-        writer.add_text(
-            "hyperparameters",
-            hparams_table(
-                {
-                    **vars(cfg),
-                    "gamma": GAMMA,
-                    "lr_used": lr,
-                    "entropy_beta": ENTROPY_BETA,
-                    "batch": BATCH_SIZE,
-                    "reward_steps": REWARD_STEPS,
-                    "clip_grad": CLIP_GRAD,
-                    "adam_eps": ADAM_EPS,
-                    "lr_decay_steps": decay_steps,
-                    "finetune": finetune,
-                    "n_actions": base_env.n_actions,
-                    "game": game,
-                }
-            ),
-        )
+    writer: Any = NullWriter()
+    tb_dir = Path(cfg.runs_dir)
+    if dist.is_main:
+        _make_dir(cfg.save_dir, "checkpoint dir")
+        extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
+        writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
     return Run(
         cfg,
         device,
@@ -536,7 +589,44 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> Run:
         tb_dir,
         resume_ck is not None,
         eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
+        dist=dist,
     )
+
+
+def _tensorboard(
+    cfg: A2CConfig,
+    game: str,
+    progress: Progress,
+    resume_ck: dict[str, Any] | None,
+    lr: float,
+    decay_steps: int,
+    extra: dict[str, Any],
+) -> tuple[Any, Path]:
+    """The run's SummaryWriter (a resumed run continues its own log) with the settings as a table."""
+    _make_dir(Path(cfg.runs_dir), "TensorBoard dir")
+    from torch.utils.tensorboard import SummaryWriter
+
+    if resume_ck is not None and resume_ck.get("tb_dir"):
+        tb_dir = Path(resume_ck["tb_dir"])
+    else:
+        tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
+    writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
+    if resume_ck is None:
+        settings = {
+            **vars(cfg),
+            "gamma": GAMMA,
+            "lr_used": lr,
+            "entropy_beta": ENTROPY_BETA,
+            "batch": BATCH_SIZE,
+            "reward_steps": REWARD_STEPS,
+            "clip_grad": CLIP_GRAD,
+            "adam_eps": ADAM_EPS,
+            "lr_decay_steps": decay_steps,
+            "game": game,
+            **extra,
+        }
+        writer.add_text("hyperparameters", hparams_table(settings))
+    return writer, tb_dir
 
 
 # --- one learner step ---------------------------------------------------------------------------
@@ -568,11 +658,15 @@ class MeanTracker:
 
 
 class Learner:
-    """Turns transitions into A2C updates, one per BATCH_SIZE transitions.
+    """Turns transitions into A2C updates, one per BATCH_SIZE transitions (over all ranks).
 
     The transitions a vector step completes bootstrap from V(obs after that step). The acting
     forward pass of the next step computes exactly those values, so ``learn`` takes them from
-    there (``values``): the learner does one forward + backward per batch, not two forwards."""
+    there (``values``): the learner does one forward + backward per batch, not two forwards.
+
+    Under torchrun each rank keeps its own transitions; one small all-reduce per vector step sums
+    the ranks' counts (and their stop requests), so all ranks update on the same step, and the
+    gradients are summed before the optimiser step (``Dist.sum_grads``)."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -583,36 +677,56 @@ class Learner:
         self.metrics: dict[str, float] = {}
         self.tracker = MeanTracker(run.writer, every=LOSS_MEAN_OF)
 
-    def learn(self, values: np.ndarray) -> dict[str, float] | None:
+    def learn(self, values: np.ndarray, stop: bool = False) -> bool:
         """Bootstrap the waiting transitions with ``values`` (V of the current obs, per env) and take
-        an optimiser step when a batch is full; returns that step's metrics, else None."""
+        an optimiser step when a batch is full. ``stop``: this process wants to stop (Ctrl-C);
+        returns whether any rank does, so that all stop on the same step."""
         waiting, self.waiting = self.waiting, None
-        if waiting is None or not len(waiting):
-            return None
         run = self.run
-        boot = np.zeros(len(waiting), dtype=np.float32)  # 0 where the episode terminated
-        nxt = waiting.boot_mode == BOOT_NEXT
-        boot[nxt] = values[waiting.env[nxt]]
-        fin = waiting.boot_mode == BOOT_FINAL  # truncated: the episode's own last obs
-        if fin.any():
-            boot[fin] = _values(run.net, waiting.boot_obs[fin], run.device, run.cfg.bf16)
-        self.ready.append(waiting)
-        self.ready_boot.append(boot)
-        if sum(len(t) for t in self.ready) < BATCH_SIZE:
-            return None
-        batch, boot_all = Transitions.concat(self.ready), np.concatenate(self.ready_boot)
-        self.ready, self.ready_boot = [], []
-        loss, m = a2c_loss(run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16)
-        run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        m["losses/grad_norm"] = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD).item()
+        if waiting is not None and len(waiting):
+            boot = np.zeros(len(waiting), dtype=np.float32)  # 0 where the episode terminated
+            nxt = waiting.boot_mode == BOOT_NEXT
+            boot[nxt] = values[waiting.env[nxt]]
+            fin = waiting.boot_mode == BOOT_FINAL  # truncated: the episode's own last obs
+            if fin.any():
+                boot[fin] = _values(run.net, waiting.boot_obs[fin], run.device, run.cfg.bf16)
+            self.ready.append(waiting)
+            self.ready_boot.append(boot)
+        local = sum(len(t) for t in self.ready)
+        total, stops = run.dist.all_sum([float(local), float(stop)])
+        if total >= BATCH_SIZE:
+            self._update(local, total)
+        return stops > 0
+
+    def _update(self, local: int, total: float) -> None:
+        run = self.run
+        if local:
+            batch, boot_all = Transitions.concat(self.ready), np.concatenate(self.ready_boot)
+            self.ready, self.ready_boot = [], []
+            weight = local * run.dist.world / total  # the mean over every rank's transitions
+            loss, m = a2c_loss(run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16, weight)
+            run.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+        else:  # this rank has nothing yet; it still takes part in the sum
+            run.optimizer.zero_grad(set_to_none=False)
+            m = {}
+        run.dist.sum_grads(self.params)
+        if run.dist.active:
+            for p in self.params:
+                p.grad.div_(run.dist.world)  # summed gradients of weighted means -> the global mean
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD).item()
+        if not math.isfinite(grad_norm) or any(not math.isfinite(v) for v in m.values()):
+            raise NonFiniteError(
+                f"non-finite loss or gradient at step {run.progress.step:,} (loss {m.get('losses/total', 'n/a')}, "
+                f"grad norm {grad_norm}): stopped before the optimiser step; lower --lr or check the reward model"
+            )
+        m["losses/grad_norm"] = grad_norm
         run.optimizer.step()
         run.scheduler.step()
         run.progress.train_steps += 1
         self.metrics = m
         for k, v in m.items():
             self.tracker.track(k, v, run.progress.step)
-        return m
 
 
 # --- game statistics and progress ---------------------------------------------------------------
@@ -793,8 +907,9 @@ def evaluate_and_save(run: Run, stop: list[bool]) -> float:
 class _Stopper:
     """Ctrl-C / SIGTERM set a flag; the loop finishes its step and shuts down cleanly."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
         self.flag = [False]
+        self.quiet = quiet  # ranks other than 0 say nothing (torchrun sends the signal to all)
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Stopper:
@@ -806,54 +921,82 @@ class _Stopper:
         if self.flag[0]:
             raise KeyboardInterrupt  # second Ctrl-C: stop waiting
         self.flag[0] = True
-        print(f"\n{signal.Signals(signum).name}: finishing the current step and saving...", flush=True)
+        if not self.quiet:
+            print(f"\n{signal.Signals(signum).name}: finishing the current step and saving...", flush=True)
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
 
-def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec) -> int:
-    """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are."""
-    run = build_run(cfg, make_env)
-    announce(run)
+def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> int:
+    """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
+
+    The env steps in its C++ threads while this thread learns: actions are sent (``step_async``),
+    the learner takes its update on the transitions so far, then the step's results are collected
+    (``step_wait``). The order of computations is the same as act -> learn -> step: the actions of
+    a step are chosen before the update that the step's wait overlaps."""
+    run = build_run(cfg, make_env, dist)
+    if run.dist.is_main:
+        announce(run)
     collector = NStepCollector(cfg.envs, run.base_env.obs_shape, REWARD_STEPS, GAMMA)
     learner, games, log = Learner(run), GameStats(cfg.envs), ProgressLog(run)
     clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
     test_every = cfg.test_every
     next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
-    status = "finished"
+    status, failure = "finished", None
     obs = run.env.reset()
     run.net.train()
-    with _Stopper() as stopper:
+    with _Stopper(quiet=not run.dist.is_main) as stopper:
         try:
-            while not (cfg.max_steps and run.progress.step >= cfg.max_steps):
-                if stopper.flag[0]:
+            actions, values = act_step(run, obs)
+            while True:
+                if learner.learn(values, stopper.flag[0]):  # overlaps the env step just sent
+                    run.env.step_wait()
                     status = "interrupted"
                     break
-                actions, values = act(run.net, obs, run.device, cfg.bf16)
-                learner.learn(values)  # the last step's transitions bootstrap from these values
-                st = run.env.step(actions)
+                st = run.env.step_wait()
                 rewards = np.sign(st.rewards) if clip else st.rewards
                 learner.waiting = collector.add(
                     obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
                 )
                 obs = st.obs
-                run.progress.step += cfg.envs
+                run.progress.step += run.global_envs
                 games.update(st, run.progress, run.writer)
-                log.tick(games, learner)
+                if run.dist.is_main:
+                    log.tick(games, learner)
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
-                    log.skip(evaluate_and_save(run, stopper.flag))
+                    if run.dist.is_main:
+                        log.skip(evaluate_and_save(run, stopper.flag))
+                if cfg.max_steps and run.progress.step >= cfg.max_steps:
+                    break
+                actions, values = act_step(run, obs)
         except KeyboardInterrupt:
             status = "interrupted"
+        except NonFiniteError as e:
+            status, failure = "stopped", e
         finally:
             run.close()
-            run.save_last()
+            if failure is None:
+                run.save_last()
             learner.tracker.flush()
             run.writer.close()
-    report(run, status, log)
+    if run.dist.is_main:
+        report(run, status, log)
+    if failure is not None:
+        raise failure
     return 0
+
+
+def act_step(run: Run, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Choose this vector step's actions (per-env random streams: ``env_uniforms``), start the env
+    stepping with them, and return (actions, V(obs))."""
+    t = run.progress.step // run.global_envs
+    u = env_uniforms(run.cfg.seed, run.env_ids, t)
+    actions, values = act(run.net, obs, run.device, run.cfg.bf16, u)
+    run.env.step_async(actions)
+    return actions, values
 
 
 def announce(run: Run) -> None:
@@ -890,4 +1033,10 @@ def report(run: Run, status: str, log: ProgressLog) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return train(A2CConfig.from_args(build_parser().parse_args(argv)))
+    """``01_a2c.py``: one process, or one rank of ``torchrun --nproc-per-node K 01_a2c.py ...``."""
+    cfg = A2CConfig.from_args(build_parser().parse_args(argv))
+    dist, dev = init_dist(cfg.dev)
+    try:
+        return train(replace(cfg, dev=dev), dist=dist)
+    finally:
+        dist.close()

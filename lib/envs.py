@@ -22,8 +22,10 @@ Settings are chosen deliberately (ale-py's defaults differ from the DeepMind set
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import cv2
 import numpy as np
@@ -67,13 +69,63 @@ def rom_name(env: str) -> str:
     raise UserError(f"unknown --env {env!r}: no such ALE game (e.g. SeaquestNoFrameskip-v4, BreakoutNoFrameskip-v4)")
 
 
+def default_env_threads() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``: a container's or taskset's
+    share, not the machine's), the default number of emulator threads of every vector env."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def grey84(frames: np.ndarray) -> np.ndarray:
-    """(N, 210, 160, 3) uint8 RGB -> (N, 84, 84) uint8 grey, as the DeepMind preprocessing."""
-    out = np.empty((len(frames), POLICY_FRAME, POLICY_FRAME), dtype=np.uint8)
-    for i, f in enumerate(frames):
-        g = cv2.cvtColor(f, cv2.COLOR_RGB2GRAY)
-        out[i] = cv2.resize(g, (POLICY_FRAME, POLICY_FRAME), interpolation=cv2.INTER_AREA)
-    return out
+    """(N, H, W, 3) uint8 RGB -> (N, 84, 84) uint8 grey, as the DeepMind preprocessing (grey, then
+    INTER_AREA down to 84x84), in two OpenCV calls for the whole batch instead of two per frame.
+
+    The frames are stacked on top of each other into one (N*H, W) image and resized to
+    (N*84, 84): output row 84k starts at input row 84k * H/84 = kH, so each 84-row band of the
+    output is made of exactly one frame, and for ALE's 210 rows (2.5 input rows per output row,
+    exact in floating point) the result is byte-identical to one resize per frame
+    (tests/test_envs.py checks it on real frames)."""
+    n, h, w = frames.shape[:3]
+    if n == 0:
+        return np.empty((0, POLICY_FRAME, POLICY_FRAME), dtype=np.uint8)
+    g = cv2.cvtColor(np.ascontiguousarray(frames).reshape(n * h, w, 3), cv2.COLOR_RGB2GRAY)
+    out = cv2.resize(g, (POLICY_FRAME, POLICY_FRAME * n), interpolation=cv2.INTER_AREA)
+    return out.reshape(n, POLICY_FRAME, POLICY_FRAME)
+
+
+def area_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) float32 weights of INTER_AREA down-sampling along one axis: output pixel i
+    averages input [i * s, (i + 1) * s), s = n_in / n_out, each input pixel weighted by its overlap."""
+    s = n_in / n_out
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    for i in range(n_out):
+        a, b = i * s, (i + 1) * s
+        for j in range(int(np.floor(a)), min(n_in, int(np.ceil(b)))):
+            m[i, j] = max(0.0, min(b, j + 1) - max(a, j)) / s
+    return m.astype(np.float32)
+
+
+class TorchGrey84:
+    """``grey84`` as two matrix products on a torch device (the GPU path: frames go up once,
+    no per-env work on the host). Within 1 grey level of ``grey84`` (tests/test_envs.py pins it):
+    OpenCV rounds the grey image to integers before resizing, this keeps it in float."""
+
+    def __init__(self, height: int, width: int, device: Any) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.rows = torch.from_numpy(area_matrix(height, POLICY_FRAME)).to(self.device)  # (84, H)
+        self.cols = torch.from_numpy(area_matrix(width, POLICY_FRAME)).T.contiguous().to(self.device)  # (W, 84)
+        self.rgb = torch.tensor([0.299, 0.587, 0.114], device=self.device)  # ITU-R BT.601, as OpenCV
+
+    def __call__(self, frames: np.ndarray) -> np.ndarray:
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device, non_blocking=True).float()
+        grey = self.rows @ (x @ self.rgb) @ self.cols  # (N, 84, 84)
+        return grey.round_().clamp_(0, 255).to(torch.uint8).cpu().numpy()
 
 
 @dataclass
@@ -109,6 +161,11 @@ class AtariVec:
 
     ``frames`` is the full-resolution RGB frame (N, 210, 160, 3) each env shows now: the frame the
     next action is chosen on. ``reset()`` returns the policy obs (N, 4, 84, 84).
+
+    num_threads: emulator threads (None: ``default_env_threads()``, the cores this process may
+                 use; never more than ``n_envs``). ``01_a2c.py --env-threads`` sets it.
+    device:      where the grey 84x84 policy input is made: a CUDA device makes it there
+                 (``TorchGrey84``), anything else on the host (``grey84``).
     """
 
     def __init__(
@@ -116,9 +173,10 @@ class AtariVec:
         env: str = DEFAULT_ENV,
         n_envs: int = 16,
         seed: int | None = None,
-        num_threads: int = 2,
+        num_threads: int | None = None,
         noop_max: int = 30,
         max_game_frames: int = MAX_GAME_FRAMES,
+        device: Any = None,
     ):
         from ale_py.vector_env import AtariVectorEnv
 
@@ -128,10 +186,11 @@ class AtariVec:
         self.game = rom_name(env)
         self.n_envs = n_envs
         self.seed = seed
+        self.num_threads = max(1, min(num_threads or default_env_threads(), n_envs))
         self._env = AtariVectorEnv(
             self.game,
             n_envs,
-            num_threads=max(1, min(num_threads, n_envs)),
+            num_threads=self.num_threads,
             autoreset_mode="SameStep",
             img_height=210,
             img_width=160,
@@ -155,6 +214,11 @@ class AtariVec:
         self._stack = np.zeros((n_envs, *self.obs_shape), dtype=np.uint8)
         self._efn = np.zeros(n_envs, dtype=np.int64)
         self._seeded = False
+        self._in_flight = False
+        # The policy input is made in one batched call: OpenCV on the host, or two matrix
+        # products on a GPU when the run's networks live there.
+        on_gpu = device is not None and str(device).startswith("cuda")
+        self._grey = TorchGrey84(210, 160, device) if on_gpu else grey84
 
     def reset(self) -> np.ndarray:
         """Reset all games; the seed is used on the first reset only, later resets go on from
@@ -164,7 +228,7 @@ class AtariVec:
         self.frames = obs[:, 0]
         self.lives = info["lives"].astype(np.int32)
         self._efn = info["episode_frame_number"].astype(np.int64)
-        g = grey84(self.frames)
+        g = self._grey(self.frames)
         self._stack[:] = g[:, None]
         return self._stack.copy()
 
@@ -175,10 +239,12 @@ class AtariVec:
     def step_async(self, actions: np.ndarray) -> None:
         """Start stepping in the C++ threads and return at once (overlap work with it)."""
         self._env.send(np.asarray(actions, dtype=np.int64))
+        self._in_flight = True
 
     def step_wait(self) -> VecStep:
         """Finish the step started by ``step_async``."""
         obs, rew, term, trunc, info = self._env.recv()
+        self._in_flight = False
         frames = obs[:, 0]
         efn = info["episode_frame_number"].astype(np.int64)
         # With SameStep autoreset a finished game comes back already reset: its episode frame
@@ -188,11 +254,9 @@ class AtariVec:
         self._efn = efn
         done = term | trunc
         final_obs = None
-        g = grey84(frames)
+        g = self._grey(frames)
         if game_over.any() and "final_obs" in info:
-            final_frames = frames.copy()
-            final_frames[game_over] = info["final_obs"][game_over][:, 0]
-            gf = grey84(final_frames[game_over])
+            gf = self._grey(info["final_obs"][game_over][:, 0])
             final_obs = self._stack.copy()
             final_obs[game_over] = np.concatenate([final_obs[game_over][:, 1:], gf[:, None]], axis=1)
         self._stack[:, :-1] = self._stack[:, 1:]
@@ -220,4 +284,7 @@ class AtariVec:
         )
 
     def close(self) -> None:
+        if self._in_flight:  # a step was sent and never collected (the loop stopped on an error)
+            self._env.recv()
+            self._in_flight = False
         self._env.close()

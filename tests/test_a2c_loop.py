@@ -26,7 +26,7 @@ OBS = (4, 36, 36)  # the smallest input AtariA2C's conv stack takes
 class FakeVec:
     """An ``AtariVec`` stand-in: same attributes and step contract, a game known by hand."""
 
-    def __init__(self, env_id: str, n_envs: int, seed: int | None = None) -> None:
+    def __init__(self, env_id: str, n_envs: int, seed: int | None = None, **_: object) -> None:
         self.env_id, self.game, self.n_envs, self.seed = env_id, "seaquest", n_envs, seed
         self.obs_shape, self.n_actions, self.action_meanings = OBS, 3, ("NOOP", "FIRE", "UP")
         self.t = np.zeros(n_envs, dtype=np.int64)  # steps into the current game
@@ -62,6 +62,12 @@ class FakeVec:
             self.lives.copy(),
         )
 
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = actions
+
+    def step_wait(self) -> VecStep:
+        return self.step(self._actions)
+
     def close(self) -> None:
         self.closed = True
 
@@ -84,11 +90,12 @@ def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(t
     seen = []
     real_loss = a2c.a2c_loss
 
-    def spy(net, batch, boot_values, device, beta, bf16=False):
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0):
         # Weights change only at the optimiser step, so every bootstrap value in this batch must
         # equal what the current network says about the bootstrap state.
         seen.append((batch, boot_values.copy(), a2c._values(net, batch.boot_obs, device)))
-        return real_loss(net, batch, boot_values, device, beta, bf16)
+        assert weight == 1.0  # one process: the plain mean
+        return real_loss(net, batch, boot_values, device, beta, bf16, weight)
 
     monkeypatch.setattr(a2c, "a2c_loss", spy)
     assert a2c.train(config(tmp_path), make_env=FakeVec) == 0
