@@ -25,9 +25,9 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import cv2
-import imageio_ffmpeg
 import numpy as np
 
 from lib.errors import UserError
@@ -36,6 +36,16 @@ GAME_FPS = 15  # 60 Hz Atari / frame skip 4
 SCALE = 2  # game pixels -> video pixels (nearest neighbour), for videos and the label page's clips
 CRF = 18  # H.264 quality of every MP4 we write (lower = better; 18 keeps Atari's flat colours clean)
 NICENESS = 10  # clip encodes are background work: the browser and the label page go first
+
+
+def _ffmpeg() -> Any:
+    """imageio_ffmpeg, imported when a video is written: its wheel (68 MB, an ffmpeg binary) is
+    needed only for video, so training, oracle labeling and the round run where it is missing."""
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise UserError("writing video needs imageio-ffmpeg: pip install imageio-ffmpeg") from None
+    return imageio_ffmpeg
 
 
 def h264_options(crf: int = CRF) -> list[str]:
@@ -170,7 +180,7 @@ class Mp4Writer:
         self.size = (width, height)
         self.frames = 0
         self._tmp = self.path.with_name(f".{self.path.name}.part")
-        self._gen = imageio_ffmpeg.write_frames(
+        self._gen = _ffmpeg().write_frames(
             str(self._tmp),
             self.size,
             fps=fps,
@@ -226,7 +236,7 @@ def mp4_to_gif(mp4: str | os.PathLike, gif: str | os.PathLike) -> Path:
     length. GIF delays are in 10 ms units, so 15 fps plays at 1/0.07 = 14.3 fps (5% slow).
     """
     mp4, gif = Path(mp4), Path(gif)
-    exe = imageio_ffmpeg.get_ffmpeg_exe()
+    exe = _ffmpeg().get_ffmpeg_exe()
     tmp = gif.with_name(f".{gif.name}.part")
     with tempfile.TemporaryDirectory(dir=gif.parent, prefix=".palette-") as d:
         palette = Path(d) / "palette.png"
@@ -256,7 +266,7 @@ def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) ->
         raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
     _, h, w, _ = frames.shape
     cmd = [
-        imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
+        _ffmpeg().get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
         "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
         "-vf", f"scale={w * scale}:{h * scale}:flags=neighbor",
         "-c:v", "libx264", "-tune", "animation", *h264_options(CRF), "-pix_fmt", "yuv420p", "-threads", "1", "-an",
