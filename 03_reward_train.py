@@ -192,12 +192,12 @@ def main() -> int:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
     from torch.utils.tensorboard import SummaryWriter
 
+    from lib.errors import UserError
     from lib.model import resolve_device
-    from lib.reward_train import TrainConfig, load_preferences, summary_lines, train_reward_model
+    from lib.reward_train import TrainConfig, check_config, load_preferences, summary_lines, train_reward_model
     from lib.tb import hparams_table, run_dir
 
     device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
-    data = load_preferences(args.dbs, env=args.env, unlabeled=args.pseudo_labels > 0)
     cfg = TrainConfig(
         epochs=args.epochs,
         batch=args.batch,
@@ -220,7 +220,16 @@ def main() -> int:
         pseudo_weight=args.pseudo_weight,
         crop=args.crop,
     )
-    writer = SummaryWriter(log_dir=str(run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)))
+    check_config(cfg)  # every flag in range before the DBs are read
+    data = load_preferences(args.dbs, env=args.env, unlabeled=args.pseudo_labels > 0)
+    log_dir = run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        writer = SummaryWriter(log_dir=str(log_dir))
+    except OSError as e:
+        raise UserError(
+            f"cannot write TensorBoard logs to {log_dir}: {e.strerror or e} (pass another --runs-dir)"
+        ) from None
     writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))
     try:
         res = train_reward_model(

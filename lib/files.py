@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -43,6 +44,9 @@ def _read_umask() -> int:
 
 
 UMASK = _read_umask()
+# When this process started (near enough: when lib.files was first imported). A temp file older
+# than this cannot be one this process is writing.
+STARTED = time.time()
 
 
 def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
@@ -132,3 +136,26 @@ def _fsync_dir(d: Path) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def remove_stale_temps(directory: str | os.PathLike, prefix: str, suffix: str, started: float | None = None) -> int:
+    """Remove the temp files a killed writer left in ``directory``: regular files (never a
+    symlink, never a directory) named ``<prefix>*<suffix>`` last modified before ``started``
+    (default: this process's start). Returns how many were removed; never raises."""
+    started = STARTED if started is None else started
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for e in entries:
+        if not (e.name.startswith(prefix) and e.name.endswith(suffix)) or len(e.name) <= len(prefix) + len(suffix):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < started:
+                os.unlink(e.path)
+                removed += 1
+        except OSError:
+            continue
+    return removed

@@ -9,8 +9,13 @@ shapes come from the caller.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 import re
+import stat
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +23,17 @@ import torch
 from torch import nn
 
 from lib.errors import UserError
-from lib.files import atomic_write
+from lib.files import atomic_write, remove_stale_temps
 
 POLICY_FORMAT = "rlhf-atari-policy"
 REWARD_FORMAT = "rlhf-atari-reward"
+# A checkpoint file, and the tensors it unpacks to, are bounded before torch.load allocates them:
+# a policy is ~13 MB (last.pt with Adam's moments ~40 MB), a reward ensemble of 64 full-frame book
+# nets ~150 MB. A zip may deflate its entries: their uncompressed sizes count, not the file's.
+MAX_CHECKPOINT_BYTES = 512 << 20
+MAX_CHECKPOINT_ENTRIES = 100_000
+MAX_CHECKPOINT_NODES = 1_000_000  # dicts, lists and values walked after loading
+MAX_ACTIONS = 256  # as lib.segments.MAX_ACTIONS: no Atari game has more than 18
 
 
 def checkpoint_kind(ck: dict[str, Any]) -> str:
@@ -120,29 +132,271 @@ def policy_checkpoint(
     return ck
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
     """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint,
-    and two runs saving at once never share a temp file."""
-    atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def read_checkpoint(path: str | os.PathLike, what: str = "model") -> dict[str, Any]:
-    """Load a checkpoint dict safely (weights_only); UserError with one line on any problem."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} file not found: {path}")
-    if path.is_dir():
-        raise UserError(f"{what} path is a directory, expected a .pt file: {path}")
+    and two runs saving at once never share a temp file. A failed write (disk full) is a
+    UserError naming the path and saying that what was there is kept."""
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        # Whatever a broken or foreign file makes torch.load raise (UnpicklingError also covers
-        # a file that weights_only refuses to load because it would run code; a text file can
-        # give KeyError), it is the same message.
+        atomic_write(path, lambda f: torch.save(obj, f))
+    except OSError as e:
+        kept = "the previous file is kept" if os.path.lexists(path) else "nothing was written"
+        raise UserError(f"cannot write {what} {path}: {e.strerror or e} ({kept})") from None
+
+
+def remove_stale_checkpoint_temps(path: str | os.PathLike, started: float | None = None) -> int:
+    """Remove the temp files a killed ``atomic_torch_save`` of ``path`` left beside it
+    (``.<name>.*.tmp``, regular files older than ``started``); returns how many."""
+    path = Path(path)
+    return remove_stale_temps(path.parent, f".{path.name}.", ".tmp", started)
+
+
+# --- reading a checkpoint: untrusted bytes -----------------------------------------------------
+
+
+def _open_checkpoint(path: Path, what: str, max_bytes: int) -> Any:
+    """A binary file object of a regular file of at most ``max_bytes``; UserError otherwise. Opened
+    with O_NONBLOCK and checked with fstat: a FIFO, device or socket never hangs or floods us."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UserError(f"{what} file not found: {path}") from None
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise UserError(f"{what} {path} is not a regular file (a socket or FIFO): pass a .pt file") from None
+        raise UserError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{what} path is a directory, expected a .pt file: {path}")
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{what} {path} is not a regular file (a FIFO, device or socket): pass a .pt file")
+        if st.st_size > max_bytes:
+            raise UserError(f"{what} {path} has {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_zip(f: Any, path: Path, what: str, max_bytes: int) -> None:
+    """A PyTorch checkpoint is a zip: its entries' uncompressed sizes (what torch.load allocates)
+    are bounded before anything is inflated."""
+    try:
+        with zipfile.ZipFile(f) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
+    if len(infos) > MAX_CHECKPOINT_ENTRIES:
+        raise UserError(f"{what} {path} holds {len(infos):,} entries: not a checkpoint")
+    total = sum(i.file_size for i in infos)
+    if total > max_bytes:
+        raise UserError(f"{what} {path} unpacks to {total:,} bytes, more than the {max_bytes:,} a checkpoint may have")
+    f.seek(0)
+
+
+def _tensor_bytes(obj: Any, path: Path, what: str) -> int:
+    """Bytes of the distinct storages of the tensors in ``obj`` (dicts, lists, tuples walked)."""
+    seen: set[int] = set()
+    total, nodes, stack = 0, 0, [obj]
+    while stack:
+        x = stack.pop()
+        nodes += 1
+        if nodes > MAX_CHECKPOINT_NODES:
+            raise UserError(f"{what} {path} holds more than {MAX_CHECKPOINT_NODES:,} values: not a checkpoint")
+        if isinstance(x, torch.Tensor):
+            s = x.untyped_storage()
+            if s.data_ptr() not in seen:
+                seen.add(s.data_ptr())
+                total += s.nbytes()
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
+    return total
+
+
+def read_checkpoint(path: str | os.PathLike, what: str = "model", max_bytes: int | None = None) -> dict[str, Any]:
+    """Load a checkpoint dict safely; UserError with one line on any problem.
+
+    The one way every stage reads a ``.pt`` it is handed (policy, reward model, ``last.pt``): a
+    regular file (a FIFO or device is refused by fstat, never opened for a blocking read) of at
+    most ``max_bytes``, a zip whose entries unpack to at most ``max_bytes``, loaded with
+    ``weights_only`` (no code runs) from the very file that was checked. The fields are the
+    caller's to check (``check_fields``, ``check_state_dict``)."""
+    path = Path(path)
+    max_bytes = MAX_CHECKPOINT_BYTES if max_bytes is None else max_bytes
+    with _open_checkpoint(path, what, max_bytes) as f:
+        _check_zip(f, path, what, max_bytes)
+        try:
+            ck = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception:
+            # Whatever a broken or foreign file makes torch.load raise (UnpicklingError also covers
+            # a file that weights_only refuses to load because it would run code; a text file can
+            # give KeyError), it is the same message.
+            raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
     if not isinstance(ck, dict):
         raise UserError(f"{what} {path} is not a checkpoint dict")
+    if _tensor_bytes(ck, path, what) > max_bytes:
+        raise UserError(f"{what} {path} holds more than {max_bytes:,} bytes of tensors")
     return ck
+
+
+# --- checking a checkpoint's fields --------------------------------------------------------------
+
+Check = Callable[[Any], None]
+
+
+def _plain_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def int_in(lo: int, hi: int) -> Check:
+    """An int (not a bool, not a float) in [lo, hi]."""
+
+    def check(v: Any) -> None:
+        if type(v) is not int or not lo <= v <= hi:
+            raise ValueError(f"must be an integer in {lo}..{hi}, got {_show(v)}")
+
+    return check
+
+
+def float_in(lo: float, hi: float, lo_open: bool = False) -> Check:
+    """A finite number in [lo, hi] (``lo_open``: (lo, hi])."""
+
+    def check(v: Any) -> None:
+        ok = _plain_number(v) and math.isfinite(v) and (lo < v if lo_open else lo <= v) and v <= hi
+        if not ok:
+            raise ValueError(f"must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {_show(v)}")
+
+    return check
+
+
+def text(max_len: int = 4096) -> Check:
+    def check(v: Any) -> None:
+        if not isinstance(v, str) or len(v) > max_len:
+            raise ValueError(f"must be a text of at most {max_len} characters, got {_show(v)}")
+
+    return check
+
+
+def is_bool(v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, got {_show(v)}")
+
+
+def is_dict(v: Any) -> None:
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a dict, got {_show(v)}")
+
+
+def one_of(*values: Any) -> Check:
+    def check(v: Any) -> None:
+        if not any(type(v) is type(x) and v == x for x in values):
+            raise ValueError(f"must be one of {', '.join(map(repr, values))}, got {_show(v)}")
+
+    return check
+
+
+def optional(check: Check) -> Check:
+    """``check``, or None."""
+
+    def opt(v: Any) -> None:
+        if v is not None:
+            check(v)
+
+    return opt
+
+
+def list_of(check: Check, min_len: int = 0, max_len: int = 1 << 16) -> Check:
+    """A list (or tuple) of ``min_len``..``max_len`` items, each passing ``check``."""
+
+    def lst(v: Any) -> None:
+        if not isinstance(v, list | tuple) or not min_len <= len(v) <= max_len:
+            n = f"{min_len}" if min_len == max_len else f"{min_len}..{max_len}"
+            raise ValueError(f"must be a list of {n} items, got {_show(v)}")
+        for i, x in enumerate(v):
+            try:
+                check(x)
+            except ValueError as e:
+                raise ValueError(f"item {i} {e}") from None
+
+    return lst
+
+
+def plain_values(v: Any) -> None:
+    """A dict of metrics or settings: string keys, values None, bool, str, finite numbers (or
+    lists/dicts of them, two levels deep)."""
+
+    def ok(x: Any, depth: int) -> bool:
+        if x is None or isinstance(x, bool | str):
+            return True
+        if _plain_number(x):
+            return math.isfinite(x)
+        if depth and isinstance(x, list | tuple):
+            return len(x) <= 4096 and all(ok(y, depth - 1) for y in x)
+        if depth and isinstance(x, dict):
+            return len(x) <= 4096 and all(isinstance(k, str) and ok(y, depth - 1) for k, y in x.items())
+        return False
+
+    if not isinstance(v, dict) or not ok(v, 2):
+        raise ValueError(f"must be a dict of names to finite numbers or texts, got {_show(v)}")
+
+
+def _show(v: Any) -> str:
+    return f"{type(v).__name__} {repr(v)[:40]}"
+
+
+def check_fields(ck: dict[str, Any], spec: dict[str, tuple[Check, bool]], where: str) -> None:
+    """Check a checkpoint's fields against ``spec``: ``{name: (check, required)}``. A missing
+    required field, or a field whose check raises ValueError, is a UserError with one line
+    naming ``where`` (e.g. "model saves/x.pt") and the field. Fields not in ``spec`` are
+    ignored. Example: ``check_fields(ck, {"lr": (float_in(0, 1, lo_open=True), True),
+    "optimizer": (is_dict, True), "env_steps": (optional(list_of(int_in(0, 10**12))), False)},
+    f"checkpoint {path}")``."""
+    for name, (check, required) in spec.items():
+        if name not in ck:
+            if required:
+                raise UserError(f"{where} has no {name!r} field: not a usable checkpoint")
+            continue
+        try:
+            check(ck[name])
+        except ValueError as e:
+            raise UserError(f"{where}: field {name!r} {e}") from None
+
+
+def check_state_dict(sd: Any, where: str) -> dict[str, torch.Tensor]:
+    """A state dict of named tensors whose floating-point values are all finite; UserError with
+    one line otherwise (a NaN or inf weight never reaches a network)."""
+    if not isinstance(sd, dict) or not sd or len(sd) > 4096:
+        raise UserError(f"{where} holds no state dict of weights")
+    for k, v in sd.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise UserError(f"{where}: its state dict holds {_show(k)}: not a tensor of weights")
+        if (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all()):
+            raise UserError(f"{where}: weight {k[:60]!r} holds NaN or infinite values: retrain or use another file")
+    return sd
+
+
+def state_is_finite(sd: dict[str, torch.Tensor]) -> bool:
+    """Whether every floating-point tensor of a state dict is finite."""
+    return all(
+        bool(torch.isfinite(v).all()) for v in sd.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
+    )
+
+
+MAX_OBS_SIDE = 256  # the policy sees 84x84: larger observations would build a giant network
+POLICY_FIELDS: dict[str, tuple[Check, bool]] = {
+    "version": (int_in(0, 1000), False),
+    "state_dict": (is_dict, True),
+    "obs_shape": (list_of(int_in(1, MAX_OBS_SIDE), 3, 3), True),
+    "n_actions": (int_in(1, MAX_ACTIONS), True),
+    "env_id": (optional(text(200)), False),
+    "game": (optional(text(200)), False),
+    "action_meanings": (optional(list_of(text(64), 1, MAX_ACTIONS)), False),
+    "step": (optional(int_in(0, 10**15)), False),
+    "metrics": (optional(plain_values), False),
+}
 
 
 def load_policy(
@@ -160,9 +414,12 @@ def load_policy(
     """
     ck = read_checkpoint(path, "model") if ck is None else ck
     if ck.get("format") == POLICY_FORMAT:
+        check_fields(ck, POLICY_FIELDS, f"model {path}")
         state = ck["state_dict"]
         ck_shape = tuple(ck["obs_shape"])
         ck_actions = int(ck["n_actions"])
+        if ck_shape[0] > 16 or min(ck_shape[1:]) < 36:
+            raise UserError(f"model {path} declares observations {ck_shape}: not an Atari policy's")
         ck_game = ck.get("game")
         if game is not None and ck_game is not None and ck_game != game:
             raise UserError(
@@ -181,6 +438,7 @@ def load_policy(
         ck = {"state_dict": state}
     else:
         raise wrong_kind(path, ck, "policy") or UserError(f"model {path} is not a policy checkpoint")
+    check_state_dict(state, f"model {path}")
     net = AtariA2C(ck_shape, ck_actions)
     try:
         net.load_state_dict(state)

@@ -24,7 +24,15 @@ import torch
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.games import EpisodeResult, behaviour_stats, format_behaviour, play_games, select_actions
-from lib.model import POLICY_FORMAT, load_policy, read_checkpoint, resolve_device, wrong_kind
+from lib.model import (
+    POLICY_FIELDS,
+    POLICY_FORMAT,
+    check_fields,
+    load_policy,
+    read_checkpoint,
+    resolve_device,
+    wrong_kind,
+)
 from lib.reward_wrapper import DEFAULT_CLIP
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
@@ -36,6 +44,8 @@ def policy_env_id(model: str | os.PathLike, env: str | None, ck: dict[str, Any])
     game), else ``env``, else the default."""
     if (err := wrong_kind(model, ck, "policy")) is not None:
         raise err
+    if ck.get("format") == POLICY_FORMAT:
+        check_fields(ck, POLICY_FIELDS, f"model {model}")  # before its env id makes an env
     ck_env = ck.get("env_id") if ck.get("format") == POLICY_FORMAT else None
     if ck_env is None:
         return env or DEFAULT_ENV
@@ -143,6 +153,8 @@ def play(
         raise UserError(f"--max-steps must be at least 1, got {max_steps}")
     if gif and video_dir is None:
         raise UserError("--gif needs -r VIDEO_DIR")
+    if seed is not None and not 0 <= seed < 2**31:
+        raise UserError(f"--seed must be in 0..{2**31 - 1}, got {seed}")
     dev = resolve_device(device)
     ck = read_checkpoint(model, "model")  # read once: missing or corrupt files fail here
     env_id = policy_env_id(model, env, ck)

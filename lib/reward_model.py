@@ -48,13 +48,24 @@ from torch import nn
 from lib.envs import POLICY_FRAME, STACK, grey84
 from lib.errors import UserError
 from lib.model import (
+    MAX_ACTIONS,
     REWARD_FORMAT,
     atomic_torch_save,
+    check_fields,
+    check_state_dict,
     checkpoint_kind,
+    float_in,
+    int_in,
+    is_bool,
+    is_dict,
+    list_of,
     load_policy,
+    optional,
+    plain_values,
     policy_conv,
     read_checkpoint,
     resolve_device,
+    text,
     wrong_kind,
 )
 
@@ -74,6 +85,9 @@ ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
 # learned to die (round benchmark, same v0 and labels: 333 +- 33 against 428 +- 55 with 4x12).
 DIFF_BLOCK = (4, 12)
 OLD_DIFF_BLOCK = (12, 12)
+MAX_ENSEMBLE = 64  # members of one reward model (03_reward_train.py --ensemble)
+MAX_FRAME_SIDE = 1024  # as lib.segments.MAX_FRAME_SIDE
+MAX_DOWNSCALE = 8
 
 
 def check_block(block: Any) -> tuple[int, int]:
@@ -621,8 +635,50 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _check_block_field(v: Any) -> None:
+    check_block(v)
+
+
+REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
+    "version": (int_in(0, 1000), False),
+    "needs_next_frames": (is_bool, False),
+    "diff_block": (_check_block_field, False),
+    "encoder": (is_bool, False),
+    "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
+    "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
+    "downscale": (int_in(1, MAX_DOWNSCALE), False),
+    "input_shape": (optional(list_of(int_in(1, MAX_FRAME_SIDE), 3, 3)), False),
+    "n_actions": (int_in(1, MAX_ACTIONS), True),
+    "env_id": (optional(text(200)), False),
+    "game": (optional(text(200)), False),
+    "action_meanings": (optional(list_of(text(64), 1, MAX_ACTIONS)), False),
+    "norm_mean": (optional(float_in(-1e30, 1e30)), False),
+    "norm_std": (optional(float_in(0.0, 1e30)), False),
+    "metrics": (optional(plain_values), False),
+    "epoch": (optional(int_in(0, 10**9)), False),
+}
+
+
+def check_reward_checkpoint(ck: dict[str, Any], where: str) -> None:
+    """Every field a reward checkpoint of our format carries, in type and range (``REWARD_FIELDS``),
+    and every member's weights finite, each member on storages of its own. UserError otherwise."""
+    check_fields(ck, REWARD_FIELDS, where)
+    if ck["frame_shape"][2] != 3:
+        raise UserError(f"{where}: field 'frame_shape' must be (height, width, 3), got {ck['frame_shape']}")
+    owner: dict[int, int] = {}
+    for k, sd in enumerate(ck["state_dicts"]):
+        check_state_dict(sd, f"{where} (member {k})")
+        for v in sd.values():
+            ptr = v.untyped_storage().data_ptr()
+            if v.untyped_storage().nbytes() and owner.setdefault(ptr, k) != k:
+                raise UserError(f"{where}: members {owner[ptr]} and {k} share their weights: not a trained ensemble")
+
+
 def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
-    atomic_torch_save(ck, path)
+    """Write a reward checkpoint; UserError (nothing written) when a weight, the normalisation
+    stats or a metric is not finite: a NaN model never reaches a run."""
+    check_reward_checkpoint(ck, f"refusing to write reward model {path}")
+    atomic_torch_save(ck, path, "reward model")
 
 
 def load_reward_models(
@@ -639,6 +695,7 @@ def load_reward_models(
     if (err := wrong_kind(path, ck, "reward")) is not None:
         raise err
     if ck.get("format") == REWARD_FORMAT:
+        check_reward_checkpoint(ck, f"reward model {path}")
         states = ck.get("state_dicts")
         try:
             frame_shape = tuple(int(x) for x in ck["frame_shape"])
@@ -656,10 +713,11 @@ def load_reward_models(
         first_sd = states[0] if isinstance(states[0], dict) else {}
         encoder = arch == "diff" and any(str(k).startswith("encoder.") for k in first_sd)
     elif checkpoint_kind(ck) == "bare reward":
+        check_state_dict(ck, f"reward model {path}")
         w = ck["out.0.weight"]
         frame_shape, downscale = FULL_FRAME, 1
-        ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME)))
-        if ck_actions < 1:
+        ck_actions = int(w.shape[1]) - math.prod(conv_out_shape(input_shape_of(FULL_FRAME))) if w.ndim == 2 else 0
+        if not 1 <= ck_actions <= MAX_ACTIONS:
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}

@@ -42,11 +42,14 @@ import torch.nn.functional as F
 
 from lib.envs import DEFAULT_ENV, game_of, grey84, rom_name
 from lib.errors import UserError, warn
+from lib.files import remove_stale_temps
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
+from lib.model import state_is_finite
 from lib.reward_model import (
     ARCHS,
     DIFF_BLOCK,
     INPUT_CHUNK,
+    MAX_ENSEMBLE,
     NOISE_EPS,
     AnyRewardModel,
     DiffRewardModel,
@@ -758,6 +761,16 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+MAX_LR = 1.0
+MAX_SEED = 2**63 - 1
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Every hyper-parameter in type and range; UserError with one line naming the flag. The CLI
+    calls it before reading the DBs (bounds before work)."""
+    _check_config(cfg)
+
+
 def _check_config(cfg: TrainConfig) -> None:
     for name, v in (
         ("--epochs", cfg.epochs),
@@ -770,8 +783,20 @@ def _check_config(cfg: TrainConfig) -> None:
             raise UserError(f"{name} must be at least 1, got {v}")
     if cfg.augment < 0:
         raise UserError(f"--augment must be 0 or more pixels, got {cfg.augment}")
-    if cfg.lr <= 0:
-        raise UserError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.ensemble > MAX_ENSEMBLE:
+        raise UserError(f"--ensemble must be at most {MAX_ENSEMBLE}, got {cfg.ensemble}")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise UserError(f"--seed must be in 0..{MAX_SEED}, got {cfg.seed}")
+    # every float flag finite and in range (NaN fails every comparison: checked as "not in range")
+    if not 0 < cfg.lr <= MAX_LR:
+        raise UserError(f"--lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")
+    if not 0 < cfg.test_ratio < 1:
+        raise UserError(f"--test-ratio must be between 0 and 1, got {cfg.test_ratio}")
+    for name, v, hi in (("--weight-decay", cfg.weight_decay, 100.0), ("--pseudo-weight", cfg.pseudo_weight, 1e3)):
+        if not 0 <= v <= hi:
+            raise UserError(f"{name} must be a number in 0..{hi:g}, got {v}")
+    if cfg.pseudo_tau != 0 and not 0.5 <= cfg.pseudo_tau < 1.0:
+        raise UserError(f"--pseudo-labels must be 0 (off) or a confidence in [0.5, 1), got {cfg.pseudo_tau}")
     if cfg.arch not in ARCHS:
         raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}")
     if cfg.arch != "book" and (cfg.augment or cfg.downscale != 1):
@@ -780,12 +805,6 @@ def _check_config(cfg: TrainConfig) -> None:
         )
     if cfg.mask_rows and cfg.arch != "diff":
         raise UserError("--mask-rows applies to --arch diff only")
-    if cfg.weight_decay < 0:
-        raise UserError(f"--weight-decay must be 0 or more, got {cfg.weight_decay}")
-    if cfg.pseudo_tau and not 0.5 <= cfg.pseudo_tau < 1.0:
-        raise UserError(f"--pseudo-labels must be 0 (off) or a confidence in [0.5, 1), got {cfg.pseudo_tau}")
-    if cfg.pseudo_weight < 0:
-        raise UserError(f"--pseudo-weight must be 0 or more, got {cfg.pseudo_weight}")
     if cfg.crop < 0:
         raise UserError(f"--crop must be 0 or more steps, got {cfg.crop}")
     if not 0 <= cfg.mask_rows < 84:
@@ -912,6 +931,21 @@ def _fit_input_scale(
         m.scale_to(f)
 
 
+class Diverged(Exception):
+    """Training produced a non-finite loss, weight or statistic: it stops, and nothing of it is
+    installed."""
+
+    def __init__(self, epoch: int, what: str):
+        super().__init__(what)
+        self.epoch, self.what = epoch, what
+
+
+def _check_finite_models(models: Sequence[AnyRewardModel], epoch: int) -> None:
+    for k, m in enumerate(models):
+        if not state_is_finite(m.state_dict()):
+            raise Diverged(epoch, f"the weights{f' of member {k}' if len(models) > 1 else ''} are not finite")
+
+
 def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, float]:
     """One pass over the training pairs in batches of ``cfg.batch``, each processed in micro-batches
     of at most ``cfg.micro_frames`` steps whose gradients accumulate to the batch-mean loss.
@@ -940,8 +974,12 @@ def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, floa
         for mb in micro_batches(data, batch, cfg.micro_frames):
             r1, r2 = _pair_returns(model, data, mb, fit.device, cfg.augment, fit.rng, cfg.crop)
             loss, _ = preference_loss(r1, r2, torch.from_numpy(data.mu[mb]).to(fit.device), fit.noise)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                bar.close()
+                raise Diverged(epoch, f"the training loss is {value}")
             (loss * (len(mb) / len(batch))).backward()
-            loss_sum += float(loss.detach()) * len(mb)
+            loss_sum += value * len(mb)
             n_seen += len(mb)
             bar.update(len(mb))
         if cfg.pseudo_tau:
@@ -996,14 +1034,26 @@ def train_reward_model(
     """
     fit = _build_fit(data, cfg)
     out_path, partial_path = _output_paths(out_path)
+    for p in (out_path, partial_path, out_path.with_name(out_path.stem + ".prev.pt")):
+        remove_stale_temps(p.parent, f".{p.name}.", ".tmp")  # left by a killed run
     _log_start(fit, log)
     meta = _checkpoint_meta(fit)
     if fit.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(fit.device)
-    run = _run_epochs(fit, meta, partial_path, writer, progress, log)
-    if run.best is None:
-        raise UserError("interrupted before the first epoch finished: no model saved")
-    mean, std = _install_best(fit, run.best, run.best_states, meta, out_path, log)
+    try:
+        run = _run_epochs(fit, meta, partial_path, writer, progress, log)
+        if run.best is None:
+            raise UserError("interrupted before the first epoch finished: no model saved")
+        mean, std = _install_best(fit, run.best, run.best_states, meta, out_path, log)
+    except UserError as e:
+        if partial_path.exists():
+            raise UserError(f"{e}; the best epoch's model is kept in {partial_path}") from None
+        raise
+    except Diverged as e:
+        kept = f"{out_path} is unchanged" if out_path.exists() else "no model installed"
+        if partial_path.exists():
+            kept += f"; the last finite best epoch is in {partial_path}"
+        raise UserError(f"training diverged in epoch {e.epoch}: {e.what} (--lr {cfg.lr:g} too high?); {kept}") from None
     partial_path.unlink(missing_ok=True)
     peak_cuda = torch.cuda.max_memory_allocated(fit.device) / 2**20 if fit.device.type == "cuda" else None
     return TrainResult(
@@ -1079,7 +1129,11 @@ def _run_epochs(
     try:
         for epoch in range(cfg.epochs):
             train_loss, n_seen, seconds = train_epoch(fit, epoch, progress)
+            _check_finite_models(fit.models, epoch)
             ev = evaluate(fit.models, fit.data, fit.test, fit.device, fit.noise)
+            for key in ("loss", "step_mean", "step_std"):
+                if not math.isfinite(ev[key]):
+                    raise Diverged(epoch, f"the test {key.replace('_', ' ')} is {ev[key]}")
             em = EpochMetrics.of(epoch, train_loss, ev, seconds, n_seen)
             run.history.append(em)
             improved = run.improves(em)
@@ -1155,6 +1209,8 @@ def _install_best(
     all_segs = np.unique(np.concatenate([data.first, data.second]))
     sample = np.sort(fit.rng.choice(all_segs, size=min(len(all_segs), 256), replace=False))
     mean, std = norm_stats(fit.models, data, sample, fit.device)
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        raise Diverged(best.epoch, f"the per-step prediction mean {mean} / std {std} is not finite")
     ck = reward_checkpoint(fit.models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch, **meta)
     prev = install_checkpoint(ck, out_path)
     if prev is not None:
@@ -1171,10 +1227,16 @@ def install_checkpoint(ck: dict[str, Any], out_path: Path) -> Path | None:
         tmp = prev.with_name(f".{prev.name}.{os.getpid()}.tmp")
         tmp.unlink(missing_ok=True)
         try:
-            os.link(out_path, tmp)
-        except OSError:  # a file system without hard links: copy
-            tmp.write_bytes(out_path.read_bytes())
-        os.replace(tmp, prev)
+            try:
+                os.link(out_path, tmp)
+            except OSError:  # a file system without hard links: copy
+                tmp.write_bytes(out_path.read_bytes())
+            os.replace(tmp, prev)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise UserError(
+                f"cannot keep the previous model {out_path} as {prev}: {e.strerror or e} ({out_path} is unchanged)"
+            ) from None
     save_reward_checkpoint(ck, out_path)
     return prev
 

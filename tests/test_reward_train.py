@@ -418,3 +418,131 @@ def test_the_scripts_torch_free_defaults_are_the_librarys():
     assert stage3.block_arg(stage3.DIFF_BLOCK) == reward_model.DIFF_BLOCK
     args = stage3.build_parser().parse_args(["-n", "x", "-o", "y", "db"])
     assert args.diff_block == reward_model.DIFF_BLOCK and args.arch == reward_model.ARCHS[0]
+
+
+def test_a_non_finite_loss_stops_training_and_installs_nothing(square_db, tmp_path, monkeypatch):
+    """Issue 24 (High): training that turns NaN ends with one line and never installs its model;
+    a model already there stays as it was."""
+    import lib.reward_train as rt
+
+    db, _ = square_db
+    oracle_label_db(db, 40, seed=0)
+    data = load_preferences([db], log=_quiet)
+    out = tmp_path / "out" / "r.pt"
+    cfg = TrainConfig(epochs=1, batch=8, arch="diff", patience=1)
+    train_reward_model(data, cfg, out, progress=False, log=_quiet)
+    before = out.read_bytes()
+    calls = {"n": 0}
+    real = rt.preference_loss
+
+    def nan_later(*a, **k):
+        loss, m = real(*a, **k)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] > 3 else loss), m
+
+    monkeypatch.setattr(rt, "preference_loss", nan_later)
+    with pytest.raises(UserError, match="training diverged in epoch 0: the training loss is nan") as e:
+        train_reward_model(data, TrainConfig(epochs=3, batch=8, arch="diff"), out, progress=False, log=_quiet)
+    assert "\n" not in str(e.value) and "is unchanged" in str(e.value)
+    assert out.read_bytes() == before
+    assert not out.with_name("r.prev.pt").exists()
+
+
+def test_weights_that_turn_non_finite_are_never_saved(square_db, tmp_path, monkeypatch):
+    """The loss was finite, the step made the weights inf: caught before the epoch's checkpoint."""
+    import lib.reward_train as rt
+
+    db, _ = square_db
+    oracle_label_db(db, 40, seed=0)
+    data = load_preferences([db], log=_quiet)
+    real = rt.train_epoch
+
+    def blow_up(fit, epoch, progress):
+        res = real(fit, epoch, progress)
+        with torch.no_grad():
+            next(fit.models[0].out.parameters()).fill_(float("inf"))
+        return res
+
+    monkeypatch.setattr(rt, "train_epoch", blow_up)
+    out = tmp_path / "r.pt"
+    with pytest.raises(UserError, match="the weights are not finite.*no model installed"):
+        train_reward_model(data, TrainConfig(epochs=2, batch=8, arch="diff"), out, progress=False, log=_quiet)
+    assert not out.exists() and not out.with_name("r.partial.pt").exists()
+
+
+def _cli_in_process(monkeypatch, capsys, *args: str) -> str:
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "03_reward_train.py"), *args])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(ROOT / "03_reward_train.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr", "1e30"], "--lr must be positive and at most 1"),
+        (["--lr", "nan"], "--lr"),
+        (["--lr", "inf"], "--lr"),
+        (["--weight-decay", "nan"], "--weight-decay"),
+        (["--weight-decay", "-1"], "--weight-decay"),
+        (["--pseudo-weight", "inf"], "--pseudo-weight"),
+        (["--pseudo-labels", "nan"], "--pseudo-labels"),
+        (["--test-ratio", "nan"], "--test-ratio"),
+        (["--test-ratio", "1.5"], "--test-ratio"),
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**70)], "--seed"),
+        (["--ensemble", "2000"], "--ensemble must be at most 64"),
+        (["--runs-dir", "/proc/x"], "cannot write TensorBoard logs"),
+        (["-o", "/proc/x"], "/proc/x"),
+    ],
+)
+def test_cli_bad_values_are_one_line_exit_2(square_db, tmp_path, monkeypatch, capsys, flags, message):
+    db, _ = square_db
+    oracle_label_db(db, 10, seed=0)
+    base = ["-n", "t", "-o", str(tmp_path / "o"), "--epochs", "1", "--runs-dir", str(tmp_path / "runs"), str(db)]
+    assert message in _cli_in_process(monkeypatch, capsys, *base, *flags)
+    assert not (tmp_path / "o" / "reward-t.pt").exists()
+
+
+def test_stale_temp_files_of_a_killed_install_are_removed(square_db, tmp_path):
+    import os
+
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    out = tmp_path / "o" / "reward-x.pt"
+    out.parent.mkdir()
+    stale = [out.parent / ".reward-x.pt.k1ll3d.tmp", out.parent / ".reward-x.partial.pt.abc.tmp"]
+    keep = out.parent / ".reward-y.pt.abc.tmp"  # another model's: not ours to remove
+    for p in [*stale, keep]:
+        p.write_bytes(b"x" * 10)
+        os.utime(p, (1, 1))
+    train_reward_model(data, TrainConfig(epochs=1, batch=8, arch="diff"), out, progress=False, log=_quiet)
+    assert not any(p.exists() for p in stale) and keep.exists() and out.is_file()
+
+
+def test_disk_full_at_install_is_one_line_naming_what_was_kept(square_db, tmp_path, monkeypatch):
+    import errno
+
+    import lib.model
+
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    out = tmp_path / "reward-x.pt"
+    real = lib.model.atomic_write
+
+    def full(path, data, fsync=True):
+        if str(path) == str(out):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data, fsync)
+
+    monkeypatch.setattr(lib.model, "atomic_write", full)
+    with pytest.raises(UserError, match="No space left on device") as e:
+        train_reward_model(data, TrainConfig(epochs=1, batch=8, arch="diff"), out, progress=False, log=_quiet)
+    assert "\n" not in str(e.value) and "kept in" in str(e.value) and str(out) in str(e.value)
+    assert not out.exists() and out.with_name("reward-x.partial.pt").is_file()
