@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 import time
@@ -128,6 +129,39 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
         _fsync_dir(path.parent)
 
 
+def create_exclusive(path: str | os.PathLike, data: bytes, fsync: bool = True) -> None:
+    """Write ``data`` to a NEW file ``path``, atomically: a temp file beside it, flushed, then
+    hard-linked to ``path`` (which fails if ``path`` exists: an existing file is never replaced)
+    and removed. FileExistsError when ``path`` exists; a crash leaves no half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            # a file system without hard links: rename, after a check (the DB's lock keeps other
+            # recorders out, so nobody creates the name in between)
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+            os.rename(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if fsync:
+        _fsync_dir(path.parent)
+
+
 def _fsync_dir(d: Path) -> None:
     # The rename is durable only once the directory entry is: fsync the directory (POSIX).
     with contextlib.suppress(OSError):
@@ -138,10 +172,17 @@ def _fsync_dir(d: Path) -> None:
             os.close(dfd)
 
 
-def remove_stale_temps(directory: str | os.PathLike, prefix: str, suffix: str, started: float | None = None) -> int:
+def remove_stale_temps(
+    directory: str | os.PathLike,
+    prefix: str,
+    suffix: str,
+    started: float | None = None,
+    pattern: re.Pattern[str] | None = None,
+) -> int:
     """Remove the temp files a killed writer left in ``directory``: regular files (never a
-    symlink, never a directory) named ``<prefix>*<suffix>`` last modified before ``started``
-    (default: this process's start). Returns how many were removed; never raises."""
+    symlink, never a directory) named ``<prefix>*<suffix>`` (and matching ``pattern`` when given)
+    last modified before ``started`` (default: this process's start). Returns how many were
+    removed; never raises."""
     started = STARTED if started is None else started
     removed = 0
     try:
@@ -150,6 +191,8 @@ def remove_stale_temps(directory: str | os.PathLike, prefix: str, suffix: str, s
         return 0
     for e in entries:
         if not (e.name.startswith(prefix) and e.name.endswith(suffix)) or len(e.name) <= len(prefix) + len(suffix):
+            continue
+        if pattern is not None and not pattern.fullmatch(e.name):
             continue
         try:
             st = e.stat(follow_symlinks=False)

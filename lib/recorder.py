@@ -8,12 +8,21 @@ one segment: frame t (the full-resolution RGB frame the agent acted on), action 
 game reward of step t, whether step t ended an episode / the game, and the lives before it.
 A segment may span a life loss or a game over: a person sees that happen in the clip.
 
-Segments are handed to a ``SegmentWriter`` thread that compresses and writes them atomically.
+Segments are handed to a ``SegmentWriter`` thread that compresses and writes them atomically,
+each under a new name (an existing segment is never replaced). One recorder per DB: the wrapper
+holds an exclusive lock on ``<db>/.recorder.lock`` (``lock_db``) while it records; a second one
+ends with one line naming the holder. The lock goes with the process (close, crash or kill -9).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import socket
+import stat
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +30,61 @@ from typing import Any
 import numpy as np
 
 from lib.envs import VecStep
-from lib.segments import Segment, SegmentWriter, claim_db, list_segments
+from lib.errors import UserError
+from lib.segments import (
+    MAX_SEGMENT_STEPS,
+    Segment,
+    SegmentWriter,
+    claim_db,
+    list_segments,
+    max_segment_steps,
+    remove_stale_segment_temps,
+)
 
 DEFAULT_SEGMENT_STEPS = 50
 # About 2,500 segments over a 10M-step run: 10M * p / (1 + 50 p) ~= 2,500.
 DEFAULT_RECORD_PROB = 2.5e-4
+# --segment-steps must be 1..MAX_SEGMENT_STEPS (lib/segments.py: what every reader accepts for
+# 210x160 frames; ``max_segment_steps(frame_shape)`` for other frame sizes).
+__all__ = ["MAX_SEGMENT_STEPS", "EpisodeRecorderWrapper", "lock_db"]
+LOCK_FILE = ".recorder.lock"
+
+
+def lock_db(db_root: str | os.PathLike) -> int:
+    """Take the DB's recorder lock: an exclusive ``flock`` on ``<db>/.recorder.lock`` (created;
+    never through a symlink), which then names this process (pid, host, command line, time).
+    Returns the open descriptor: the lock lasts until it is closed or the process ends.
+    UserError with one line naming the holder when another recorder has it."""
+    root = Path(db_root)
+    path = root / LOCK_FILE
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        why = "it is a symlink" if e.errno == errno.ELOOP else (e.strerror or str(e))
+        raise UserError(f"cannot lock DB {root} for recording ({path}: {why})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"cannot lock DB {root} for recording: {path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip().splitlines()
+            raise UserError(
+                f"DB {root} is being recorded into by another run ({holder[0] if holder else 'unknown'}): "
+                f"record into another --db-path or wait until it ends"
+            ) from None
+        except OSError as e:
+            raise UserError(f"cannot lock DB {root} for recording: {e.strerror or e}") from None
+        cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:160]
+        line = f"pid {os.getpid()} on {socket.gethostname()}, {cmd!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line.encode("utf-8", "replace"), 0)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def existing_step_counters(db_root: str | os.PathLike, n_envs: int, index_offset: int = 0) -> np.ndarray:
@@ -57,11 +116,18 @@ class EpisodeRecorderWrapper:
     ):
         if not 0.0 <= record_prob <= 1.0:
             raise ValueError(f"record_prob must be in [0, 1], got {record_prob}")
-        if segment_steps < 1:
-            raise ValueError(f"segment_steps must be >= 1, got {segment_steps}")
+        limit = max_segment_steps(tuple(np.shape(env.frames)[1:]))
+        if not 1 <= segment_steps <= limit:
+            raise ValueError(f"segment_steps must be in 1..{limit} (what every reader accepts), got {segment_steps}")
         self.env = env
         self.db_path = Path(db_path)
-        claim_db(self.db_path, env.env_id, tuple(env.action_meanings))
+        self._lock: int | None = lock_db(self.db_path)  # one recorder per DB
+        try:
+            claim_db(self.db_path, env.env_id, tuple(env.action_meanings))
+            remove_stale_segment_temps(self.db_path)  # a killed run's; ours hold the lock now
+        except BaseException:
+            self._release()
+            raise
         self.record_prob = record_prob
         self.segment_steps = segment_steps
         self.rng = rng or np.random.default_rng()
@@ -88,6 +154,16 @@ class EpisodeRecorderWrapper:
     @property
     def segments_written(self) -> int:
         return self.writer.written
+
+    @property
+    def segments_failed(self) -> int:
+        """Segments that could not be written (disk full...); ``writer.errors`` says why."""
+        return self.writer.failed
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock = None
 
     def reset(self) -> np.ndarray:
         self.recording[:] = False
@@ -147,6 +223,11 @@ class EpisodeRecorderWrapper:
         self.recording[i] = False
 
     def close(self) -> None:
-        """Drop unfinished segments (never half-written) and wait until queued ones are on disk."""
-        self.writer.close()
-        self.env.close()
+        """Drop unfinished segments (never half-written), wait until queued ones are on disk (or
+        counted as failed: ``writer.errors`` then holds one line saying how many and why), release
+        the DB's lock."""
+        try:
+            self.writer.close()  # then writer.errors is the one line the run's end report prints
+        finally:
+            self._release()
+            self.env.close()

@@ -39,7 +39,7 @@ import numpy as np
 import zstandard
 
 from lib.errors import UserError, warn
-from lib.files import UnsafeFileError, atomic_write, inside, read_regular
+from lib.files import UnsafeFileError, atomic_write, create_exclusive, inside, read_regular, remove_stale_temps
 
 FORMAT_NAME = "rlhf-atari-segment"
 FORMAT_VERSION = 2
@@ -50,6 +50,10 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_FILE_BYTES = 128 << 20
 MAX_RAW_BYTES = 128 << 20
 MAX_STEPS = 100_000
+# The most steps a recorder may put in one segment: 1,000 full SeaQuest frames are 101 MB decoded,
+# within MAX_RAW_BYTES with room for the pickle around them (1,400 were not: every reader refused
+# them). ``max_segment_steps`` gives the bound for other frame sizes.
+MAX_SEGMENT_STEPS = 1000
 MAX_FRAME_SIDE = 1024
 MAX_ACTIONS = 256
 # NN/SSSSSSSS.dat: ASCII digits only (str.isdigit would accept other scripts' digits).
@@ -403,6 +407,13 @@ def _from_record(rec: Any, version: int) -> Segment:
     return _checked(fields)
 
 
+def max_segment_steps(frame_shape: tuple[int, ...]) -> int:
+    """The most steps of ``frame_shape`` (H, W, 3) uint8 frames a segment may hold so that every
+    reader accepts it (its decoded size stays within MAX_RAW_BYTES, with a margin for the rest)."""
+    per_step = math.prod(frame_shape) + 64  # the frame, the action, reward, flags and lives
+    return max(1, min(MAX_SEGMENT_STEPS, (MAX_RAW_BYTES * 9 // 10) // per_step))
+
+
 def _from_legacy(obj: Any) -> Segment:
     # The book: a list of EpisodeStep(obs=(210, 160, 3) uint8 array, act=int); no rewards.
     if not isinstance(obj, list) or not 0 < len(obj) <= MAX_STEPS:
@@ -423,6 +434,12 @@ def _from_legacy(obj: Any) -> Segment:
     first = frames[0]
     if first is None or any(f is None or f.shape != first.shape or f.dtype != first.dtype for f in frames):
         raise ValueError("steps with different frame shapes")
+    # A pickle can reference one frame many times: bound what np.stack would allocate, as the
+    # decompressed size bounds a format-2 file.
+    if len(frames) * first.nbytes > MAX_RAW_BYTES:
+        raise ValueError(
+            f"{len(frames):,} steps of {first.nbytes:,}-byte frames decode to more than {MAX_RAW_BYTES:,} bytes"
+        )
     fields = {"frames": np.stack(frames), "actions": np.asarray(actions, dtype=np.int64)}
     seg = _checked(fields)
     return Segment(frames=seg.frames, actions=seg.actions, meta={"legacy": True})
@@ -531,8 +548,26 @@ def save_segment(db_root: str | os.PathLike, segment: Segment, fsync: bool = Tru
     if segment.env_index is None or segment.step is None:
         raise ValueError("segment needs env_index and step to be saved in a DB")
     path = Path(db_root) / segment_relpath(segment.env_index, segment.step)
-    atomic_write(path, encode_segment(segment), fsync=fsync)
+    create_exclusive(path, encode_segment(segment), fsync=fsync)  # never replaces a segment
     return path
+
+
+_SEGMENT_TEMP = re.compile(r"\.[0-9]{8,12}\.dat\..+\.tmp")
+
+
+def remove_stale_segment_temps(db_root: str | os.PathLike, started: float | None = None) -> int:
+    """Remove the temp files of segments (``NN/.SSSSSSSS.dat.*.tmp``) and of ``db.json`` that a
+    killed recorder left (regular files older than ``started``, default this process's start).
+    Call it only while holding the DB's recorder lock. Returns how many were removed."""
+    root = Path(db_root)
+    n = remove_stale_temps(root, f".{DB_INFO_FILE}.", ".tmp", started)
+    try:
+        dirs = [d for d in os.scandir(root) if re.fullmatch(r"[0-9]{2,3}", d.name) and d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return n
+    for d in dirs:
+        n += remove_stale_temps(d.path, ".", ".tmp", started, pattern=_SEGMENT_TEMP)
+    return n
 
 
 # --- the DB's directory -----------------------------------------------------------------------
@@ -565,8 +600,14 @@ def scan_db(db_root: str | os.PathLike) -> DbListing:
         return listing
     real_root = os.path.realpath(root)
     for d in sorted(os.scandir(root), key=lambda e: e.name):
-        if not d.is_dir() or not re.fullmatch(r"[0-9]{2,3}", d.name):
+        if not re.fullmatch(r"[0-9]{2,3}", d.name):
             continue  # db.json, labels, other files of the DB: not segments, not worth a warning
+        try:
+            if not d.is_dir():
+                continue
+        except OSError as e:  # a symlink loop (07 -> 07)
+            listing.ignored[d.name] = e.strerror or "unreadable"
+            continue
         try:
             entries = sorted(os.scandir(d.path), key=lambda e: e.name)
         except OSError as e:
@@ -635,9 +676,13 @@ def read_db_info(db_root: str | os.PathLike, warn: Warn | None = warn) -> DbInfo
         if path.is_symlink():
             raise UnsafeFileError("a symlink")
         d = json.loads(read_regular(path, 1 << 16).decode("utf-8"))
+        if not isinstance(d, dict):
+            raise ValueError("not a DB description")
         meanings = d.get("action_meanings") or []
+        version = d.get("version", 0)
         if not (
-            isinstance(d, dict)
+            type(version) is int
+            and 0 <= version < 1000
             and d.get("format") == DB_INFO_FORMAT
             and isinstance(d.get("game"), str)
             and isinstance(d.get("env_id"), str)
@@ -645,8 +690,8 @@ def read_db_info(db_root: str | os.PathLike, warn: Warn | None = warn) -> DbInfo
             and all(isinstance(m, str) for m in meanings)
         ):
             raise ValueError("not a DB description")
-        return DbInfo(d["game"], d["env_id"], tuple(meanings), int(d.get("version", 0)))
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return DbInfo(d["game"], d["env_id"], tuple(meanings), version)
+    except (OSError, ValueError, TypeError, AttributeError, OverflowError, RecursionError) as e:
         if warn is not None:
             warn(f"{path}: ignored ({type(e).__name__}: {str(e)[:120]})")
         return None
@@ -702,6 +747,12 @@ def claim_db(db_root: str | os.PathLike, env_id: str, action_meanings: tuple[str
 
     check_db_game(db_root, env_id)
     if read_db_info(db_root, warn=None) is None:
+        path = Path(db_root) / DB_INFO_FILE
+        if os.path.lexists(path):
+            raise UserError(
+                f"{path} is not a readable DB description (a directory, a symlink or broken JSON): "
+                f"move it away or record into another --db-path"
+            )
         game = game_of(env_id)
         write_db_info(db_root, DbInfo(game, env_id, tuple(action_meanings)))
 
@@ -716,6 +767,9 @@ class SegmentWriter:
     def __init__(self, db_root: str | os.PathLike, max_queue: int = 64):
         self.db_root = Path(db_root)
         self.written = 0
+        self.failed = 0  # segments that could not be written (disk full, a name taken)
+        self.first_error: str | None = None
+        # the first few reasons; after close(), one line that sums them up (what a run reports)
         self.errors: list[str] = []
         self._q: queue.Queue[Segment | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="segment-writer", daemon=True)
@@ -729,13 +783,31 @@ class SegmentWriter:
             try:
                 save_segment(self.db_root, seg)
                 self.written += 1
-            except OSError as e:
-                self.errors.append(f"cannot write segment into {self.db_root}: {e}")
+            except Exception as e:  # disk full, a name already taken...: count it, never stop the thread
+                self.failed += 1
+                if len(self.errors) < 3:
+                    rel = segment_relpath(seg.env_index or 0, seg.step or 0)
+                    why = "exists already, not replaced" if isinstance(e, FileExistsError) else str(e)[:200]
+                    self.errors.append(f"{rel}: {why}")
+                    self.first_error = self.first_error or self.errors[0]
 
     def put(self, segment: Segment) -> None:
         self._q.put(segment)
 
+    def summary(self) -> str | None:
+        """One line on the segments that could not be written (None when all were)."""
+        if not self.failed:
+            return None
+        return (
+            f"{self.failed:,} segment(s) could not be written into {self.db_root} "
+            f"({self.written:,} were; first: {self.first_error})"
+        )
+
     def close(self) -> None:
+        """Wait until every queued segment is written or counted as failed; then ``errors`` is
+        the one ``summary`` line (empty when all were written)."""
         if self._thread.is_alive():
             self._q.put(None)
             self._thread.join()
+        line = self.summary()
+        self.errors = [line] if line else []

@@ -574,3 +574,89 @@ def test_a_flipped_bit_in_a_frame_payload_is_caught_by_the_checksum(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(SegmentError, match="00000001.dat"):
         read_segment(tmp_path, "00/00000001.dat")
+
+
+# --- issue 24: bounds before np.stack, db.json and directories that break readers ---------------
+
+
+def test_a_legacy_file_of_many_references_to_one_frame_is_refused_before_stacking(tmp_path):
+    """Under 1 MB of pickle, 30,000 references to one 100 KB frame: would decode to 2.8 GiB."""
+    frame = np.zeros((210, 160, 3), np.uint8)
+    data = book_pickle([(frame, 0)] * 30_000)
+    assert len(data) < 1 << 20
+    with pytest.raises(SegmentError, match="decode to more than"):
+        decode_segment(data, "bomb.dat")
+    ok = book_pickle([(frame, 0)] * 50)  # the book's own size still loads
+    assert len(decode_segment(ok, "ok.dat")) == 50
+
+
+def _broken_db_json(db: Path, case: str) -> None:
+    db.mkdir(parents=True, exist_ok=True)
+    info = db / "db.json"
+    if case == "version 1e400":
+        text = (
+            '{"format": "rlhf-atari-db", "version": 1e400, "game": "seaquest", "env_id": "%s", "action_meanings": []}'
+        )
+        info.write_text(text % SEAQUEST)
+    elif case == "60,000 nested [":
+        info.write_text("[" * 60_000)
+    elif case == "symlink to itself":
+        info.symlink_to("db.json")
+    elif case == "a directory":
+        info.mkdir()
+    elif case == "directory loop":
+        (db / "07").symlink_to("07")
+    else:
+        raise AssertionError(case)
+
+
+DB_CASES = ["version 1e400", "60,000 nested [", "symlink to itself", "a directory", "directory loop"]
+
+
+@pytest.mark.parametrize("case", DB_CASES)
+def test_broken_db_json_or_directory_loop_is_a_warning_for_every_reader(tmp_path, case):
+    db = tmp_path / "db"
+    save_segment(db, _tiny())
+    _broken_db_json(db, case)
+    warned: list[str] = []
+    read_db_info(db, warn=warned.append)
+    assert list_segments(db, warn=warned.append) == ["00/00000001.dat"]
+    assert check_same_game([db], "labeling") == "seaquest"  # from the segment
+    assert all("\n" not in w for w in warned)
+    if case != "directory loop":
+        assert any("db.json: ignored" in w for w in warned)
+    else:
+        assert "07 (" in scan_db(db).warning(db)
+
+
+@pytest.mark.parametrize("case", DB_CASES)
+def test_broken_db_json_or_directory_loop_stops_the_recorder_with_one_line(tmp_path, case):
+    from test_recorder import CountingEnv
+
+    from lib.recorder import EpisodeRecorderWrapper
+
+    db = tmp_path / "db"
+    _broken_db_json(db, case)
+    if case == "directory loop":  # readable db.json: the recorder just skips the loop
+        EpisodeRecorderWrapper(CountingEnv(1), db, segment_steps=2).close()
+        return
+    with pytest.raises(UserError, match="not a readable DB description") as e:
+        EpisodeRecorderWrapper(CountingEnv(1), db, segment_steps=2)
+    assert "\n" not in str(e.value)
+    # the refused DB's lock was released: once db.json is fixed, a recorder starts
+    if (db / "db.json").is_dir():
+        (db / "db.json").rmdir()
+    else:
+        (db / "db.json").unlink()
+    EpisodeRecorderWrapper(CountingEnv(1), db, segment_steps=2).close()
+
+
+def test_the_legacy_decoded_size_bound_is_the_format_2_one(monkeypatch):
+    """The legacy path is bounded by MAX_RAW_BYTES, like a format-2 file (cheap: a 20 MB bound)."""
+    import lib.segments
+
+    frame = np.zeros((210, 160, 3), np.uint8)
+    monkeypatch.setattr(lib.segments, "MAX_RAW_BYTES", 20 << 20)
+    assert len(decode_segment(book_pickle([(frame, 0)] * 200), "ok.dat")) == 200  # 20.2 MB < 20 MiB
+    with pytest.raises(SegmentError, match="decode to more than"):
+        decode_segment(book_pickle([(frame, 0)] * 300), "big.dat")  # 30 MB

@@ -88,3 +88,125 @@ def test_real_ale_frames_actions_rewards(tmp_path):
     assert seg.action_meanings[:2] == ("NOOP", "FIRE")
     # the frames move: it is a real game, not a frozen screen
     assert len({f.tobytes() for f in seg.frames}) > 10
+
+
+# --- issue 24: one recorder per DB, never a replaced segment, failures counted, bounds ----------
+
+
+def _record(env, steps):
+    env.reset()
+    for _ in range(steps):
+        env.step(np.zeros(env.env.n_envs, dtype=np.int64))
+
+
+def test_a_second_recorder_on_the_same_db_is_one_line_naming_the_holder(tmp_path):
+    import os
+
+    import pytest
+
+    from lib.errors import UserError
+
+    first = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
+    with pytest.raises(UserError, match=f"being recorded into by another run \\(pid {os.getpid()} on ") as e:
+        EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
+    assert "\n" not in str(e.value)
+    _record(first, 4)
+    first.close()
+    second = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)  # released
+    _record(second, 2)
+    second.close()
+    assert list_segments(tmp_path) == ["00/00000002.dat", "00/00000004.dat", "00/00000006.dat"]
+
+
+def test_the_lock_goes_with_a_killed_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys, time; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests'];"
+        "from lib.recorder import lock_db; lock_db(sys.argv[2]); print('locked', flush=True); time.sleep(60)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        import pytest
+
+        from lib.errors import UserError
+
+        with pytest.raises(UserError, match=f"pid {p.pid}"):
+            EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
+    finally:
+        p.kill()
+        p.wait()
+    EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2).close()
+
+
+def test_an_existing_segment_is_never_replaced_and_the_clash_is_counted(tmp_path):
+    (tmp_path / "00").mkdir()
+    env = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
+    # another writer (not a recorder of ours) puts a file where our next segment goes
+    (tmp_path / "00" / "00000002.dat").write_bytes(b"theirs")
+    _record(env, 4)
+    env.close()
+    assert (tmp_path / "00" / "00000002.dat").read_bytes() == b"theirs"
+    assert env.segments_written == 1 and env.segments_failed == 1
+    assert len(env.writer.errors) == 1 and "1 segment(s) could not be written" in env.writer.errors[0]
+    assert "exists already, not replaced" in env.writer.errors[0]
+
+
+def test_disk_full_segments_are_counted_and_reported(tmp_path, monkeypatch):
+    import errno
+
+    import lib.segments
+
+    def full(path, data, fsync=True):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    env = EpisodeRecorderWrapper(CountingEnv(2), tmp_path, record_prob=1.0, segment_steps=2)
+    monkeypatch.setattr(lib.segments, "create_exclusive", full)
+    _record(env, 6)
+    env.close()
+    assert env.segments_written == 0 and env.segments_failed == 6
+    assert env.writer.errors == [
+        f"6 segment(s) could not be written into {tmp_path} (0 were; first: 00/00000002.dat: "
+        "[Errno 28] No space left on device)"
+    ]
+
+
+def test_segment_steps_are_bounded_by_what_readers_accept(tmp_path):
+    import pytest
+
+    from lib.recorder import MAX_SEGMENT_STEPS
+    from lib.segments import MAX_RAW_BYTES
+
+    assert MAX_SEGMENT_STEPS * 210 * 160 * 3 < MAX_RAW_BYTES
+    with pytest.raises(ValueError, match="segment_steps must be in 1..1000"):
+        EpisodeRecorderWrapper(CountingEnv(1), tmp_path, segment_steps=1400)
+    EpisodeRecorderWrapper(CountingEnv(1), tmp_path, segment_steps=MAX_SEGMENT_STEPS).close()
+
+
+def test_the_longest_segment_a_recorder_may_write_is_read_back(tmp_path):
+    """MAX_SEGMENT_STEPS full-size frames of noise (incompressible): every reader takes it."""
+    from lib.recorder import MAX_SEGMENT_STEPS
+    from lib.segments import Segment, encode_segment, load_segment
+
+    t = MAX_SEGMENT_STEPS
+    frames = np.random.default_rng(0).integers(0, 256, (t, 210, 160, 3), dtype=np.uint8)
+    seg = Segment(frames=frames, actions=np.zeros(t, np.int64), rewards=np.zeros(t, np.float32), env_index=0, step=t)
+    (tmp_path / "s.dat").write_bytes(encode_segment(seg, level=1))
+    assert len(load_segment(tmp_path / "s.dat")) == t
+
+
+def test_stale_segment_temps_are_removed_at_the_next_start(tmp_path):
+    import os
+
+    (tmp_path / "00").mkdir()
+    stale = tmp_path / "00" / ".00000050.dat.abc123.tmp"
+    other = tmp_path / "00" / ".notes.tmp"  # not a name we make
+    for p in (stale, other):
+        p.write_bytes(b"half")
+        os.utime(p, (1, 1))
+    EpisodeRecorderWrapper(CountingEnv(1), tmp_path, segment_steps=2).close()
+    assert not stale.exists() and other.exists()
