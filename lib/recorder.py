@@ -35,6 +35,7 @@ from lib.segments import (
     MAX_SEGMENT_STEPS,
     Segment,
     SegmentWriter,
+    check_db_game,
     claim_db,
     list_segments,
     max_segment_steps,
@@ -113,7 +114,10 @@ class EpisodeRecorderWrapper:
         step_counters: np.ndarray | None = None,
         checkpoint: str | None = None,
         index_offset: int = 0,
+        lock: bool = True,
     ):
+        """``lock=False``: another process of the same run holds the DB's lock and has written
+        its db.json (the ranks of a torchrun other than rank 0, each in its own env directories)."""
         if not 0.0 <= record_prob <= 1.0:
             raise ValueError(f"record_prob must be in [0, 1], got {record_prob}")
         limit = max_segment_steps(tuple(np.shape(env.frames)[1:]))
@@ -121,10 +125,13 @@ class EpisodeRecorderWrapper:
             raise ValueError(f"segment_steps must be in 1..{limit} (what every reader accepts), got {segment_steps}")
         self.env = env
         self.db_path = Path(db_path)
-        self._lock: int | None = lock_db(self.db_path)  # one recorder per DB
+        self._lock: int | None = lock_db(self.db_path) if lock else None  # one recorder per DB
         try:
-            claim_db(self.db_path, env.env_id, tuple(env.action_meanings))
-            remove_stale_segment_temps(self.db_path)  # a killed run's; ours hold the lock now
+            if lock:
+                claim_db(self.db_path, env.env_id, tuple(env.action_meanings))
+                remove_stale_segment_temps(self.db_path)  # a killed run's; ours hold the lock now
+            else:
+                check_db_game(self.db_path, env.env_id)
         except BaseException:
             self._release()
             raise

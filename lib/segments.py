@@ -555,18 +555,23 @@ def save_segment(db_root: str | os.PathLike, segment: Segment, fsync: bool = Tru
 _SEGMENT_TEMP = re.compile(r"\.[0-9]{8,12}\.dat\..+\.tmp")
 
 
-def remove_stale_segment_temps(db_root: str | os.PathLike, started: float | None = None) -> int:
-    """Remove the temp files of segments (``NN/.SSSSSSSS.dat.*.tmp``) and of ``db.json`` that a
-    killed recorder left (regular files older than ``started``, default this process's start).
-    Call it only while holding the DB's recorder lock. Returns how many were removed."""
+def remove_stale_segment_temps(
+    db_root: str | os.PathLike, env_indices: Any = None, started: float | None = None
+) -> int:
+    """Remove the temp files of segments (``NN/.SSSSSSSS.dat.*.tmp``, in the directories of
+    ``env_indices``, default all) and of ``db.json`` that a killed recorder left (regular files
+    older than ``started``, default this process's start). Call it only while holding those
+    directories' recorder locks. Returns how many were removed."""
     root = Path(db_root)
     n = remove_stale_temps(root, f".{DB_INFO_FILE}.", ".tmp", started)
     try:
         dirs = [d for d in os.scandir(root) if re.fullmatch(r"[0-9]{2,3}", d.name) and d.is_dir(follow_symlinks=False)]
     except OSError:
         return n
+    mine = None if env_indices is None else {segment_relpath(int(i), 0).split("/")[0] for i in env_indices}
     for d in dirs:
-        n += remove_stale_temps(d.path, ".", ".tmp", started, pattern=_SEGMENT_TEMP)
+        if mine is None or d.name in mine:
+            n += remove_stale_temps(d.path, ".", ".tmp", started, pattern=_SEGMENT_TEMP)
     return n
 
 
