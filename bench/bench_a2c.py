@@ -1,14 +1,23 @@
 #!/usr/bin/env python3
-"""Benchmark of stage 1: env stepping and A2C training speed, plain, with a reward model, in bf16
-and while recording segments (the segment format itself: bench_segments.py). Prints a table:
+"""Benchmark of stage 1: A2C training speed against the machine's ceiling. Prints a table:
 figure | value | unit | setting.
 
-    python bench/bench_a2c.py [--steps 30000] [--dev cpu]
+The ceiling is ale-py's vector env alone, with the grey 84x84 4-stack made in C++ and the same
+envs and threads as training: no learner, no Python per env. Every training row is also given as a
+share of it. Rows: the machine (cores this process may use, CPU), the ceiling, our env alone (RGB
+out, the 84x84 stack made here), gymnasium's SyncVectorEnv for comparison, training plain / with a
+reward model (-r) / in bf16 / recording, torchrun with 2 ranks, --dev cuda rows when a GPU is
+there, and with --book DIR the book's own chapter 19 01_a2c.py (sync and --use-async) run side by
+side on the same machine (the segment format itself: bench_segments.py).
+
+    python bench/bench_a2c.py [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -23,12 +32,42 @@ sys.path.insert(0, str(ROOT))
 
 from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
 
-from lib.envs import AtariVec  # noqa: E402
+from lib.envs import AtariVec, default_env_threads  # noqa: E402
 from lib.recorder import DEFAULT_RECORD_PROB  # noqa: E402
 
+GAME = "SeaquestNoFrameskip-v4"
+Row = tuple[str, str, str, str]
 
-def env_only(n_envs: int, steps: int) -> float:
-    env = AtariVec("SeaquestNoFrameskip-v4", n_envs, seed=0)
+
+def ceiling(n_envs: int, steps: int, threads: int) -> float:
+    """ale-py's AtariVectorEnv alone, grey 84x84 4-stack in C++, random actions: agent steps/s."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    env = AtariVectorEnv(
+        "seaquest",
+        n_envs,
+        num_threads=min(threads, n_envs),
+        autoreset_mode="SameStep",
+        noop_max=30,
+        life_loss_info=True,
+        reward_clipping=False,
+        repeat_action_probability=0.0,
+    )
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    n = env.single_action_space.n
+    env.step(rng.integers(0, n, n_envs))
+    t0 = time.perf_counter()
+    for _ in range(steps // n_envs):
+        env.step(rng.integers(0, n, n_envs))
+    dt = time.perf_counter() - t0
+    env.close()
+    return steps / dt
+
+
+def env_only(n_envs: int, steps: int, threads: int) -> float:
+    """Our AtariVec: full-resolution RGB out, the policy's 84x84 stack made in one batched call."""
+    env = AtariVec(GAME, n_envs, seed=0, num_threads=threads)
     env.reset()
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -47,7 +86,7 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
     gym.register_envs(ale_py)
 
     def make() -> gym.Env:
-        env = gym.make("SeaquestNoFrameskip-v4")
+        env = gym.make(GAME)
         env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
         return gym.wrappers.FrameStackObservation(env, 4)
 
@@ -72,6 +111,16 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def make_reward_model(path: Path, arch: str) -> None:
     """A fresh reward model of ``arch`` for full-resolution frames: its speed does not depend on
     its weights."""
@@ -81,68 +130,152 @@ def make_reward_model(path: Path, arch: str) -> None:
 
     torch.manual_seed(0)
     model = new_reward_model(arch, 18)
-    ck = reward_checkpoint([model], "SeaquestNoFrameskip-v4", "seaquest", None, norm_mean=0.0, norm_std=1.0)
+    ck = reward_checkpoint([model], GAME, "seaquest", None, norm_mean=0.0, norm_std=1.0)
     save_reward_checkpoint(ck, path)
 
 
+PEAK = (
+    "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
+    "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
+    "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+)
+
+
 def train_run(
-    tmp: Path, name: str, steps: int, dev: str, record_prob: float | None, extra: tuple[str, ...] = ()
-) -> tuple[float, float, Path | None]:
-    """Run 01_a2c.py as a user would; returns (steps/s, peak RSS MB of that process, db)."""
-    db = tmp / f"db-{name}" if record_prob is not None else None
-    cmd = [
-        sys.executable,
+    tmp: Path,
+    name: str,
+    steps: int,
+    dev: str,
+    record_prob: float | None = None,
+    extra: tuple[str, ...] = (),
+    ranks: int = 1,
+) -> tuple[float, float]:
+    """Run 01_a2c.py as a user would (with ``ranks`` > 1 under torchrun); returns (steps/s over
+    the steady part, peak RSS MB of the process, or of rank 0)."""
+    args = [
         str(ROOT / "01_a2c.py"),
-        "-n",
-        name,
-        "--save",
-        str(tmp / "saves" / name),
-        "--runs-dir",
-        str(tmp / "runs"),
-        "--max-steps",
-        str(steps),
-        "--test-every",
-        "0",
-        "--dev",
-        dev,
+        *("-n", name, "--save", str(tmp / "saves" / name), "--runs-dir", str(tmp / "runs")),
+        *("--max-steps", str(steps), "--test-every", "0", "--dev", dev),
     ]
-    if db is not None:
-        cmd += ["--db-path", str(db), "--record-prob", str(record_prob)]
-    cmd += list(extra)
-    code = (
-        "import resource, runpy, sys; sys.argv = sys.argv[1:]; "
-        "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nexcept SystemExit: pass'); "
-        "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
-    )
-    r = subprocess.run([sys.executable, "-c", code, *cmd[1:]], capture_output=True, text=True, cwd=ROOT)
+    if record_prob is not None:
+        args += ["--db-path", str(tmp / f"db-{name}"), "--record-prob", str(record_prob)]
+    args += list(extra)
+    if ranks > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
+        cmd = [*launcher, *args]
+    else:
+        cmd = [sys.executable, "-c", PEAK, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
-        raise RuntimeError(r.stderr)
+        raise RuntimeError(r.stderr[-3000:])
     # Speed over the steady part: the progress lines report steps/s per 10 s window.
     rates = [float(x.replace(",", "")) for x in re.findall(r"\|\s+([\d,]+) steps/s", r.stdout)]
     total = float(re.search(r"\(([\d,]+) steps/s incl", r.stdout).group(1).replace(",", ""))
     sps = float(np.median(rates[1:])) if len(rates) > 2 else total
-    peak = int(re.search(r"PEAK_RSS_KB (\d+)", r.stdout).group(1)) / 1024
-    return sps, peak, db
+    peak = re.search(r"PEAK_RSS_KB (\d+)", r.stdout)
+    return sps, (int(peak.group(1)) / 1024 if peak else float("nan"))
 
 
-def env_rows(rows: list[tuple[str, str, str, str]]) -> None:
-    """The env-only stepping rows: ale-py's vector env as we use it, and gymnasium's for comparison."""
-    rows.append(
-        (
-            "env-only stepping",
-            f"{env_only(16, 16_000):,.0f}",
-            "agent steps/s",
-            "ale_py.AtariVectorEnv, 16 envs, RGB 210x160 + our 84x84 stack",
-        )
+def book_run(book: Path, seconds: float, use_async: bool) -> float:
+    """The book's chapter 19 ``01_a2c.py`` (sync, or ``--use-async``: 16 processes) for ``seconds``:
+    agent steps/s, the median of the speeds it prints between finished games after the first
+    quarter of the run. Its evaluation (10 games at batch 1 every 12,800 steps) is not counted:
+    the windows that hold one are the slow outliers the median leaves out."""
+    boot = (
+        "import sys, runpy, ale_py, gymnasium; gymnasium.register_envs(ale_py); "
+        "sys.path.insert(0, sys.argv[1]); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
     )
-    rows.append(
-        (
-            "env-only stepping",
-            f"{sync_vector_env(16, 8_000):,.0f}",
-            "agent steps/s",
-            "gymnasium SyncVectorEnv + AtariPreprocessing, 16 envs (not used)",
-        )
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-u", "-c", boot, str(book), str(book / "01_a2c.py"), "-n", "bench"]
+        cmd += ["--use-async"] if use_async else []
+        out = Path(tmp) / "out.txt"
+        with out.open("w") as f:
+            proc = subprocess.Popen(cmd, cwd=tmp, stdout=f, stderr=subprocess.STDOUT)
+            time.sleep(seconds)
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        text = out.read_text()
+    speeds = [float(x) for x in re.findall(r"speed ([\d.]+) f/s", text)]
+    if len(speeds) < 4:
+        raise RuntimeError(f"the book's 01_a2c.py printed {len(speeds)} speeds in {seconds:.0f} s:\n{text[-2000:]}")
+    return float(np.median(speeds[len(speeds) // 4 :]))
+
+
+def share(sps: float, ceil: float) -> str:
+    return f"{100 * sps / ceil:.0f}% of the ceiling"
+
+
+def speed(rows: list[Row], figure: str, sps: float, setting: str) -> None:
+    rows.append((figure, f"{sps:,.0f}", "agent steps/s", setting))
+
+
+def machine_rows(rows: list[Row], threads: int, envs: int, steps: int) -> float:
+    """The machine, the ceiling and the env rows; returns the ceiling for ``envs`` envs."""
+    rows.append(("cores", str(default_env_threads()), "cores", f"this process may use; {cpu_name()}"))
+    ceil = ceiling(envs, steps, threads)
+    speed(rows, "ceiling: ALE alone", ceil, f"{envs} envs, {threads} threads, 84x84x4 in C++")
+    sps = env_only(envs, steps, threads)
+    speed(rows, "env-only stepping", sps, f"AtariVec: RGB 210x160 + our 84x84 stack; {share(sps, ceil)}")
+    sps = sync_vector_env(envs, steps // 2)
+    speed(rows, "env-only stepping", sps, f"gymnasium SyncVectorEnv + AtariPreprocessing, {envs} envs (not used)")
+    return ceil
+
+
+def training_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float) -> float:
+    """Plain, -r with each reward model kind, bf16, and recording; returns the plain speed."""
+    dev, steps = args.dev, args.steps
+    plain, peak = train_run(tmp, "plain", steps, dev)
+    speed(rows, "A2C training", plain, f"16 envs, no recording, {dev}; {share(plain, ceil)}")
+    rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
+    for arch, what in (("diff", "--arch diff (default)"), ("book", "--arch book, full res")):
+        make_reward_model(tmp / f"reward-{arch}.pt", arch)
+        sps, _ = train_run(tmp, f"reward-{arch}", steps, dev, None, ("-r", str(tmp / f"reward-{arch}.pt")))
+        setting = f"{what} reward model, 16 envs, {dev}: {sps / plain:.2f}x plain; {share(sps, ceil)}"
+        speed(rows, "A2C training, -r reward model", sps, setting)
+    if args.reward_only:
+        return plain
+    if dev != "cpu" or cpu_has_bf16():
+        sps, _ = train_run(tmp, "bf16", steps, dev, None, ("--bf16",))
+        speed(rows, "A2C training", sps, f"16 envs, no recording, {dev}, --bf16; {share(sps, ceil)}")
+    else:
+        rows.append(("A2C training, --bf16", "skipped", "", "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow"))
+    sps, _ = train_run(tmp, "rec", steps, dev, DEFAULT_RECORD_PROB)
+    speed(rows, "A2C training + recording", sps, f"p={DEFAULT_RECORD_PROB} (default); {share(sps, ceil)}")
+    p100 = DEFAULT_RECORD_PROB * 100
+    sps, peak = train_run(tmp, "rec100", steps, dev, p100)
+    speed(rows, "A2C training + recording", sps, f"p={p100:g} (100x default)")
+    rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", f"recording at p={p100:g}"))
+    return plain
+
+
+def scale_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, plain: float, threads: int) -> None:
+    """torchrun with 2 ranks of 8 envs beside one process of 16, and the GPU rows."""
+    sps, _ = train_run(tmp, "ranks2", args.steps, "cpu", None, ("--envs", "8"), ranks=2)
+    speed(rows, "A2C training, torchrun", sps, f"2 ranks x 8 envs, gloo, cpu: {sps / plain:.2f}x one process")
+    import torch
+
+    if not torch.cuda.is_available():
+        rows.append(("A2C training, --dev cuda", "skipped", "", "no CUDA device here"))
+        return
+    for envs in (16, 64):
+        ceil = ceiling(envs, args.steps, threads)
+        speed(rows, "ceiling: ALE alone", ceil, f"{envs} envs, {threads} threads")
+        sps, _ = train_run(tmp, f"cuda{envs}", args.steps, "cuda", None, ("--envs", str(envs)))
+        speed(rows, "A2C training", sps, f"{envs} envs, cuda; {share(sps, ceil)}")
+        if envs == 16:
+            cuda_plain = sps
+    sps, _ = train_run(tmp, "cuda-r", args.steps, "cuda", None, ("-r", str(tmp / "reward-diff.pt")))
+    speed(rows, "A2C training, -r reward model", sps, f"--arch diff, 16 envs, cuda: {sps / cuda_plain:.2f}x plain")
+
+
+def book_rows(rows: list[Row], book: Path, seconds: float, plain: float) -> None:
+    for use_async, what in ((False, "sync (SyncVectorEnv)"), (True, "--use-async (AsyncVectorEnv, 16 processes)")):
+        sps = book_run(book, seconds, use_async)
+        setting = f"the book's ch.19 01_a2c.py, {what}, 16 envs, cpu; ours plain is {plain / sps:.2f}x"
+        speed(rows, "book A2C training", sps, setting)
 
 
 def main() -> None:
@@ -152,63 +285,27 @@ def main() -> None:
     ap.add_argument(
         "--reward-only", action="store_true", help="measure plain A2C and A2C with -r only (each reward model kind)"
     )
+    ap.add_argument(
+        "--book",
+        type=Path,
+        metavar="DIR",
+        help="the book's Chapter19 directory (its 01_a2c.py and lib/): run it side by side (not shipped here)",
+    )
+    ap.add_argument("--book-seconds", type=float, default=240.0, help="wall time of each run of the book's script")
     args = ap.parse_args()
-    rows: list[tuple[str, str, str, str]] = []
-
-    if not args.reward_only:
-        env_rows(rows)
-
+    if args.book is not None and not (args.book / "01_a2c.py").is_file():
+        ap.error(f"--book {args.book}: no 01_a2c.py there (give the book's Chapter19 directory)")
+    threads = default_env_threads()
+    rows: list[Row] = []
+    ceil = machine_rows(rows, threads, 16, 16_000)
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        sps, peak, _ = train_run(tmp, "plain", args.steps, args.dev, None)
-        rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}"))
-        rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
-        plain_sps = sps
-        for arch, what in (("diff", "--arch diff (default)"), ("book", "--arch book, full res")):
-            make_reward_model(tmp / f"reward-{arch}.pt", arch)
-            sps, _, _ = train_run(
-                tmp, f"reward-{arch}", args.steps, args.dev, None, ("-r", str(tmp / f"reward-{arch}.pt"))
-            )
-            rows.append(
-                (
-                    "A2C training, -r reward model",
-                    f"{sps:,.0f}",
-                    "agent steps/s",
-                    f"{what} reward model, 16 envs, {args.dev}: {sps / plain_sps:.2f}x plain",
-                )
-            )
-        if args.reward_only:
-            print_table("bench_a2c (stage 1, -r only)", rows)
-            return
-        if args.dev != "cpu" or cpu_has_bf16():
-            sps, _, _ = train_run(tmp, "bf16", args.steps, args.dev, None, ("--bf16",))
-            rows.append(("A2C training", f"{sps:,.0f}", "agent steps/s", f"16 envs, no recording, {args.dev}, --bf16"))
-            sps, _, _ = train_run(tmp, "bf16t1", args.steps, args.dev, None, ("--bf16", "--threads", "1"))
-            rows.append(
-                (
-                    "A2C training",
-                    f"{sps:,.0f}",
-                    "agent steps/s",
-                    f"16 envs, no recording, {args.dev}, --bf16 --threads 1",
-                )
-            )
-        else:
-            rows.append(
-                (
-                    "A2C training, --bf16",
-                    "skipped",
-                    "",
-                    "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow",
-                )
-            )
-        sps, _, db = train_run(tmp, "rec", args.steps, args.dev, DEFAULT_RECORD_PROB)
-        rows.append(("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={DEFAULT_RECORD_PROB} (default)"))
-        p100 = DEFAULT_RECORD_PROB * 100
-        sps, peak, db = train_run(tmp, "rec100", args.steps, args.dev, p100)
-        rows.append(("A2C training + recording", f"{sps:,.0f}", "agent steps/s", f"p={p100:g} (100x default)"))
-        rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", f"recording at p={p100:g}"))
-
-    print_table("bench_a2c (stage 1)", rows)
+        plain = training_rows(rows, Path(tmp), args, ceil)
+        if not args.reward_only:
+            scale_rows(rows, Path(tmp), args, plain, threads)
+    if args.book is not None:
+        book_rows(rows, args.book, args.book_seconds, plain)
+    title = f"bench_a2c (stage 1), {os.cpu_count()} cores, env threads {threads}"
+    print_table(title + (", -r only" if args.reward_only else ""), rows)
 
 
 if __name__ == "__main__":

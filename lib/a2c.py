@@ -477,6 +477,8 @@ def make_env_stack(
             counters = None  # another --envs, or ranks (last.pt has rank 0's): the env's own files tell
         _make_dir(Path(cfg.db_path), "DB dir")
         checkpoint = str(cfg.model) if cfg.model else None
+        if not dist.is_main:
+            dist.barrier()  # rank 0 first: it takes the DB's recorder lock and writes db.json
         env = recorder = EpisodeRecorderWrapper(
             env,
             cfg.db_path,
@@ -486,7 +488,10 @@ def make_env_stack(
             step_counters=counters,
             checkpoint=checkpoint,
             index_offset=dist.rank * cfg.envs,
+            lock=dist.is_main,
         )
+        if dist.is_main:
+            dist.barrier()
     if cfg.reward:
         from lib.reward_wrapper import RewardModelWrapper
 
@@ -932,10 +937,11 @@ class _Stopper:
 def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> int:
     """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
 
-    The env steps in its C++ threads while this thread learns: actions are sent (``step_async``),
-    the learner takes its update on the transitions so far, then the step's results are collected
-    (``step_wait``). The order of computations is the same as act -> learn -> step: the actions of
-    a step are chosen before the update that the step's wait overlaps."""
+    The env steps in its C++ threads while this thread works: as soon as a step's results are in
+    (``step_wait``), the next actions are chosen and sent (``step_async``), and the n-step
+    bookkeeping and the learner's update run while the env steps. The computations are those of
+    act -> learn -> step in that order: the actions of a step are chosen before the update that
+    its stepping overlaps, and the update bootstraps from the values of that same forward pass."""
     run = build_run(cfg, make_env, dist)
     if run.dist.is_main:
         announce(run)
@@ -951,16 +957,8 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
         try:
             actions, values = act_step(run, obs)
             while True:
-                if learner.learn(values, stopper.flag[0]):  # overlaps the env step just sent
-                    run.env.step_wait()
-                    status = "interrupted"
-                    break
                 st = run.env.step_wait()
-                rewards = np.sign(st.rewards) if clip else st.rewards
-                learner.waiting = collector.add(
-                    obs, actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
-                )
-                obs = st.obs
+                prev_obs, prev_actions, obs = obs, actions, st.obs
                 run.progress.step += run.global_envs
                 games.update(st, run.progress, run.writer)
                 if run.dist.is_main:
@@ -969,9 +967,19 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                     next_test += test_every
                     if run.dist.is_main:
                         log.skip(evaluate_and_save(run, stopper.flag))
-                if cfg.max_steps and run.progress.step >= cfg.max_steps:
+                done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
+                if not done:
+                    actions, values = act_step(run, obs)  # the env steps from here while this thread works
+                rewards = np.sign(st.rewards) if clip else st.rewards
+                learner.waiting = collector.add(
+                    prev_obs, prev_actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
+                )
+                if done:
                     break
-                actions, values = act_step(run, obs)
+                if learner.learn(values, stopper.flag[0]):  # all ranks stop on the same step
+                    run.env.step_wait()
+                    status = "interrupted"
+                    break
         except KeyboardInterrupt:
             status = "interrupted"
         except NonFiniteError as e:
