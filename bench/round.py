@@ -105,7 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_SCALE = 1000.0
+MAX_SEED = 2**31 - 1  # the games' seeds (ALE takes 32-bit seeds; each env adds its index)
+
+
 def check(args: argparse.Namespace) -> None:
+    """Every bad value is one line (UserError) before anything runs."""
+    try:
+        shlex.split(args.reward_args)
+    except ValueError as e:
+        raise UserError(f"--reward-args cannot be split into flags ({e}): {args.reward_args!r}") from None
+    if not (math.isfinite(args.scale) and 0 < args.scale <= MAX_SCALE):
+        raise UserError(f"--scale must be a number in (0, {MAX_SCALE:g}], got {args.scale}")
+    if min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1:
+        raise UserError(
+            f"--scale {args.scale:g} leaves less than one agent step of --v0-steps {args.v0_steps} or "
+            f"--ft-steps {args.ft_steps}: give a larger --scale"
+        )
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
     wrong = [
         (args.labels < 1, f"--labels must be at least 1, got {args.labels}"),
         (args.v0_steps < 1 or args.ft_steps < 1, "--v0-steps and --ft-steps must be at least 1"),
@@ -511,7 +529,10 @@ def main(argv: list[str] | None = None) -> None:
     check(args)
     t0 = time.time()
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {out}: {e.strerror or e}") from None
     v0_steps, ft_steps = int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)
     db = out / "db"
     tdir = round_dir(args)

@@ -155,3 +155,33 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
     stamp = model.stat().st_mtime_ns
     assert label_and_train(db, tdir, args) == model and model.stat().st_mtime_ns == stamp
     assert len(read_label_log(db)) == 15
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (("--scale", "inf"), "--scale must be a number in (0, 1000]"),
+        (("--scale", "nan"), "--scale must be a number"),
+        (("--scale", "1e-9"), "leaves less than one agent step"),
+        (("--seed", "-1"), "--seed must be in 0.."),
+        (("--seed", str(2**70)), "--seed must be in 0.."),
+        (("--reward-args", "--lr '3e-4"), "--reward-args cannot be split"),
+        (("--teacher-noise", "nan"), "--teacher-noise"),
+        (("--out", "/proc/x"), "cannot create --out /proc/x"),
+    ],
+)
+def test_round_bad_values_are_one_line_exit_2(tmp_path: Path, capsys, extra, msg) -> None:
+    """Issue 24 (Low 4): every bad value ends in one line and exit 2 before any stage runs."""
+    from round import cli
+
+    argv = ["--out", str(tmp_path / "out"), "--teacher", "score", *extra]
+    old = sys.argv
+    sys.argv = ["bench/round.py", *argv]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli()
+    finally:
+        sys.argv = old
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
+    assert not (tmp_path / "out" / "v0").exists()
