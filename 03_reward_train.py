@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lib.errors import run_cli
+from lib.errors import UserError, run_cli
 
 ARCHS = ("diff", "book")  # lib.reward_model.ARCHS, the default first (not imported: --help stays torch-free)
 DIFF_BLOCK = "4x12"  # lib.reward_model.DIFF_BLOCK as ROWSxCOLS
@@ -166,7 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from lib.errors import UserError
     from lib.model import resolve_device
     from lib.reward_eval import evaluate_model
     from lib.reward_model import load_reward_model
@@ -190,9 +189,10 @@ def main() -> int:
         return evaluate(args)
     if not args.name or not args.out:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
+    if "/" in args.name or "\0" in args.name or args.name.startswith(".") or len(args.name) > 100:
+        raise UserError(f"-n must be a plain name (no '/', no leading '.', at most 100 characters), got {args.name!r}")
     from torch.utils.tensorboard import SummaryWriter
 
-    from lib.errors import UserError
     from lib.model import resolve_device
     from lib.reward_train import TrainConfig, check_config, load_preferences, summary_lines, train_reward_model
     from lib.tb import hparams_table, run_dir

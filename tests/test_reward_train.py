@@ -498,6 +498,7 @@ def _cli_in_process(monkeypatch, capsys, *args: str) -> str:
         (["--ensemble", "2000"], "--ensemble must be at most 64"),
         (["--runs-dir", "/proc/x"], "cannot write TensorBoard logs"),
         (["-o", "/proc/x"], "/proc/x"),
+        (["-n", "../escape"], "-n must be a plain name"),
     ],
 )
 def test_cli_bad_values_are_one_line_exit_2(square_db, tmp_path, monkeypatch, capsys, flags, message):
