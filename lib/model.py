@@ -132,10 +132,18 @@ def policy_checkpoint(
     return ck
 
 
+_CLEANED: set[str] = set()  # paths whose stale temp files this process has removed
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
     """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint,
     and two runs saving at once never share a temp file. A failed write (disk full) is a
-    UserError naming the path and saying that what was there is kept."""
+    UserError naming the path and saying that what was there is kept. The first save of a path
+    in a process also removes the temp files a killed earlier run left beside it."""
+    key = os.path.abspath(path)
+    if key not in _CLEANED:
+        _CLEANED.add(key)
+        remove_stale_checkpoint_temps(path)
     try:
         atomic_write(path, lambda f: torch.save(obj, f))
     except OSError as e:

@@ -302,3 +302,12 @@ def test_in_memory_bytes_never_reach_torch_load(tmp_path):
     torch.save({"a": torch.ones(2)}, buf)
     path.write_bytes(buf.getvalue())
     assert read_checkpoint(path)["a"].tolist() == [1.0, 1.0]
+
+
+def test_the_first_save_of_a_run_removes_what_a_killed_save_left(tmp_path):
+    """kill -9 during a save leaves .last.pt.*.tmp (18 MB); the next run's first save removes it."""
+    stale = tmp_path / ".last.pt.k1ll3d.tmp"
+    stale.write_bytes(b"x" * 1000)
+    os.utime(stale, (1, 1))
+    atomic_torch_save({"a": 1}, tmp_path / "last.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
