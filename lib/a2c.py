@@ -33,12 +33,19 @@ from lib.games import format_behaviour, play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
     atomic_torch_save,
+    check_fields,
+    float_in,
+    int_in,
+    is_dict,
+    list_of,
     load_policy,
+    optional,
     policy_checkpoint,
     read_checkpoint,
     resolve_device,
+    text,
 )
-from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, EpisodeRecorderWrapper
+from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.segments import check_db_game
 from lib.tb import hparams_table, run_dir
 
@@ -58,6 +65,7 @@ LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
 MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET  # ALE seeds env i with seed + i (a C++ int)
+MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
 MAX_RECORD_ENVS = 100  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
@@ -108,7 +116,9 @@ class A2CConfig:
         wrong = [
             (self.envs < 1, f"--envs must be at least 1, got {self.envs}"),
             (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be in [0, 1], got {self.record_prob}"),
-            (self.segment_steps < 1, f"--segment-steps must be at least 1, got {self.segment_steps}"),
+            (not 1 <= self.segment_steps <= MAX_SEGMENT_STEPS, f"--segment-steps must be in 1..{MAX_SEGMENT_STEPS}"),
+            (self.envs > 4096, f"--envs must be at most 4096, got {self.envs}"),
+            (self.max_steps > MAX_STEP_COUNT, f"--max-steps must be at most 1e13, got {self.max_steps}"),
             (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
             (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
             (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
@@ -118,7 +128,7 @@ class A2CConfig:
             (self.env_threads < 0, f"--env-threads must be >= 0, got {self.env_threads}"),
             (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
-            (not self.reward_penalty >= 0, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
+            (not 0 <= self.reward_penalty < math.inf, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
@@ -324,20 +334,59 @@ def _make_dir(path: Path, what: str) -> None:
         raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
 
 
+MAX_ENV_STEP = 10**8 - 1  # segment names hold 8 digits of an env's step counter
+
+
+def _finite_or_minus_inf(v: Any) -> None:
+    """best_mean: a number; -inf before the first evaluation."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v == math.inf:
+        raise ValueError(f"must be a number or -inf, got {str(v)[:40]!r}")
+
+
+RESUME_FIELDS: dict[str, tuple[Any, bool]] = {
+    "progress": (is_dict, True),
+    "optimizer": (is_dict, True),
+    "scheduler": (is_dict, True),
+    "lr": (float_in(0, 1, lo_open=True), False),
+    "lr_decay_steps": (int_in(1, MAX_STEP_COUNT), False),
+    "env_steps": (optional(list_of(int_in(0, MAX_ENV_STEP), max_len=4096)), False),
+    "tb_dir": (optional(text(4096)), False),
+}
+PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
+    "step": (int_in(0, MAX_STEP_COUNT), True),
+    "train_steps": (int_in(0, MAX_STEP_COUNT), True),
+    "best_mean": (_finite_or_minus_inf, True),
+    "games": (int_in(0, MAX_STEP_COUNT), True),
+}
+
+
 def _check_resumable(ck: dict[str, Any], path: Path) -> None:
-    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters."""
-    progress = ck.get("progress")
-    keys = ("step", "train_steps", "best_mean", "games")
-    if not (
-        isinstance(progress, dict)
-        and all(isinstance(progress.get(k), int | float) for k in keys)
-        and isinstance(ck.get("optimizer"), dict)
-        and isinstance(ck.get("scheduler"), dict)
-    ):
+    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters, each of the
+    right type and range (a handed-over file is not trusted: one line for anything else)."""
+    if not all(isinstance(ck.get(k), dict) for k in ("progress", "optimizer", "scheduler")):
         raise UserError(
             f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
             f"best_*.pt?): start a new run from it with -m {path}"
         )
+    check_fields(ck, RESUME_FIELDS, f"checkpoint {path}")
+    check_fields(ck["progress"], PROGRESS_FIELDS, f"checkpoint {path} progress")
+
+
+def _tb_dir_to_continue(cfg: A2CConfig, resume_ck: dict[str, Any]) -> Path | None:
+    """The TensorBoard run a resumed run continues: the one its last.pt names, but only a run of
+    this name directly under --runs-dir (a handed-over file does not choose where we write)."""
+    raw = resume_ck.get("tb_dir")
+    if not raw:
+        return None
+    tb = Path(raw)
+    try:
+        inside = tb.parent.resolve() == Path(cfg.runs_dir).resolve() and tb.name.startswith(f"{cfg.name}__")
+    except (OSError, RuntimeError):
+        inside = False
+    if not inside:
+        print(f"warning: last.pt names TensorBoard run {str(raw)[:120]!r} outside --runs-dir: starting a new one")
+        return None
+    return tb
 
 
 def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
@@ -525,8 +574,17 @@ def _optimiser(
     decay_iters = max(1, decay_steps // BATCH_SIZE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
     if resume_ck is not None:
-        optimizer.load_state_dict(resume_ck["optimizer"])
-        scheduler.load_state_dict(resume_ck["scheduler"])
+        where = cfg.save_dir / "last.pt"
+        try:
+            optimizer.load_state_dict(resume_ck["optimizer"])
+            scheduler.load_state_dict(resume_ck["scheduler"])
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError) as e:
+            raise UserError(
+                f"checkpoint {where}: its optimizer state does not fit this network ({str(e)[:80]})"
+            ) from None
+        moments = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        if not all(bool(torch.isfinite(t).all()) for t in moments):
+            raise UserError(f"checkpoint {where}: its optimizer state holds NaN or infinite values")
     return optimizer, scheduler, lr, decay_steps
 
 
@@ -572,6 +630,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     writer: Any = NullWriter()
     tb_dir = Path(cfg.runs_dir)
     if dist.is_main:
+        _make_dir(Path(cfg.runs_dir), "TensorBoard dir")  # first: /proc-like paths pass the writable check
         _make_dir(cfg.save_dir, "checkpoint dir")
         extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
         writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
@@ -608,12 +667,10 @@ def _tensorboard(
     extra: dict[str, Any],
 ) -> tuple[Any, Path]:
     """The run's SummaryWriter (a resumed run continues its own log) with the settings as a table."""
-    _make_dir(Path(cfg.runs_dir), "TensorBoard dir")
     from torch.utils.tensorboard import SummaryWriter
 
-    if resume_ck is not None and resume_ck.get("tb_dir"):
-        tb_dir = Path(resume_ck["tb_dir"])
-    else:
+    tb_dir = _tb_dir_to_continue(cfg, resume_ck) if resume_ck is not None else None
+    if tb_dir is None:
         tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
     writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
     if resume_ck is None:

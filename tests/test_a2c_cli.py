@@ -216,6 +216,16 @@ def test_help_explains_every_flag():
         ("resume and force", ["--resume", "--force"], "give one of them"),
         ("penalty without model", ["--reward-penalty", "1"], "--reward-penalty needs a reward model"),
         ("negative penalty", ["--reward-penalty", "-1"], "--reward-penalty must be >= 0"),
+        ("infinite penalty", ["--reward-penalty", "inf"], "--reward-penalty must be >= 0"),
+        ("infinite lr", ["--lr", "inf"], "--lr must be a number in (0, 1)"),
+        ("nan lr", ["--lr", "nan"], "--lr must be a number in (0, 1)"),
+        ("negative seed", ["--seed", "-1"], "--seed must be in [0, "),
+        ("huge seed", ["--seed", str(2**70)], "--seed must be in [0, "),
+        ("nan prob", ["--record-prob", "nan"], "--record-prob must be in [0, 1]"),
+        ("long segments", ["--segment-steps", "1400"], "--segment-steps must be in 1..1000"),
+        ("negative env threads", ["--env-threads", "-2"], "--env-threads must be >= 0"),
+        ("runs under /proc", ["--runs-dir", "/proc/x"], "cannot create TensorBoard dir /proc/x"),
+        ("too many envs to record", ["--envs", "101", "--db-path", "db"], "at most 100 envs over all ranks"),
     ],
 )
 def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):

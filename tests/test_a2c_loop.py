@@ -149,3 +149,66 @@ def test_game_scores_reach_tensorboard_unclipped(tmp_path):
     scores = [e.value for e in acc.Scalars("charts/episode_score")]
     assert scores == [SCORE] * (2 * (100 // GAME))
     assert {e.value for e in acc.Scalars("charts/episode_length")} == {float(GAME)}
+
+
+class NaNVec(FakeVec):
+    """The fake game whose rewards turn NaN (as a broken reward model's would) after 40 steps."""
+
+    def step(self, actions: np.ndarray) -> VecStep:
+        st = super().step(actions)
+        self.steps_done = getattr(self, "steps_done", 0) + 1
+        if self.steps_done > 40:
+            st.rewards[:] = np.nan
+        return st
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_last_pt(tmp_path):
+    assert a2c.train(config(tmp_path, max_steps=200), make_env=FakeVec) == 0
+    last = tmp_path / "saves" / "last.pt"
+    good = last.read_bytes()
+    more = config(tmp_path, max_steps=800, resume=True)
+    with pytest.raises(a2c.NonFiniteError, match="non-finite loss or gradient at step"):
+        a2c.train(more, make_env=NaNVec)
+    assert last.read_bytes() == good  # the last finite last.pt stays, byte for byte
+    assert a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec) == 0  # and resumes
+
+
+def _last(tmp_path: Path) -> tuple[Path, dict]:
+    assert a2c.train(config(tmp_path, max_steps=200), make_env=FakeVec) == 0
+    path = tmp_path / "saves" / "last.pt"
+    return path, torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ck: ck.update(optimizer={}), "optimizer state does not fit"),
+        (lambda ck: ck.update(lr="x"), "field 'lr' must be a finite number"),
+        (lambda ck: ck.update(lr=float("nan")), "field 'lr' must be a finite number"),
+        (lambda ck: ck["progress"].update(step=-5), "field 'step' must be an integer"),
+        (lambda ck: ck["progress"].update(best_mean=float("nan")), "field 'best_mean' must be a number"),
+        (lambda ck: ck.update(env_steps=[10**13, 0]), "field 'env_steps'"),
+        (lambda ck: ck.update(lr_decay_steps=0), "field 'lr_decay_steps'"),
+        (lambda ck: ck.update(scheduler=[1, 2]), "is not a resumable checkpoint"),
+        (lambda ck: ck["optimizer"]["state"][0].update(exp_avg=ck["optimizer"]["state"][0]["exp_avg"] * np.nan),
+         "optimizer state holds NaN"),
+    ],
+)  # fmt: skip
+def test_a_crafted_last_pt_is_one_line(tmp_path, change, message):
+    path, ck = _last(tmp_path)
+    change(ck)
+    torch.save(ck, path)
+    with pytest.raises(a2c.UserError, match=message) as e:
+        a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec)
+    assert "\n" not in str(e.value)
+
+
+def test_tb_dir_named_by_last_pt_must_be_under_runs_dir(tmp_path):
+    path, ck = _last(tmp_path)
+    elsewhere = tmp_path / "elsewhere" / "fake__a2c__seaquest__s1__x"
+    ck["tb_dir"] = str(elsewhere)
+    torch.save(ck, path)
+    assert a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec) == 0
+    assert not (tmp_path / "elsewhere").exists()  # a handed-over file does not choose where we write
+    events = list(tmp_path.rglob("events.out.tfevents.*"))
+    assert len(events) == 2 and all(tmp_path / "runs" in p.parents for p in events)
