@@ -402,8 +402,8 @@ POLICY_FIELDS: dict[str, tuple[Check, bool]] = {
     "env_id": (optional(text(200)), False),
     "game": (optional(text(200)), False),
     "action_meanings": (optional(list_of(text(64), 1, MAX_ACTIONS)), False),
-    "step": (optional(int_in(0, 10**15)), False),
-    "metrics": (optional(plain_values), False),
+    "step": (optional(float_in(0, 1e15)), False),
+    "metrics": (optional(is_dict), False),  # evaluation figures (NaN allowed): shown, never used
 }
 
 
