@@ -54,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cut each game after this many agent steps (a quick look; default: play to game over, "
         "at most ALE's 108,000 frames = 27,000 steps)",
     )
+    p.add_argument(
+        "--env-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="emulator threads (0: the cores this process may use; at most one per game)",
+    )
     return p.parse_args(argv)
 
 
@@ -70,6 +77,7 @@ def main() -> int:
         greedy=args.greedy,
         gif=args.gif,
         max_steps=args.max_steps,
+        env_threads=args.env_threads,
     )
     print(summary(results, with_reward=args.reward is not None))
     return 0

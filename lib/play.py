@@ -139,6 +139,7 @@ def play(
     gif: bool = False,
     max_steps: int | None = None,
     log: Callable[[str], None] = print,
+    env_threads: int | None = None,
 ) -> list[EpisodeResult]:
     """Play ``episodes`` full games with the policy in ``model``; returns them in episode order.
 
@@ -159,7 +160,10 @@ def play(
     ck = read_checkpoint(model, "model")  # read once: missing or corrupt files fail here
     env_id = policy_env_id(model, env, ck)
     n_envs = min(episodes, MAX_PARALLEL)
-    venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=min(2, n_envs))
+    if env_threads is not None and env_threads < 0:
+        raise UserError(f"--env-threads must be >= 0, got {env_threads}")
+    # emulator threads: the cores this process may use unless told (0 or None), at most one a game
+    venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=env_threads or None, device=dev)
     try:
         check_bare_actions(model, venv, ck)
         net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions, ck=ck)
