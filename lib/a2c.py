@@ -619,6 +619,11 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     if finetune:
         net.freeze_conv()
     net.to(device)
+    if device.type == "cpu":
+        # oneDNN's convolutions run faster on NHWC: the learner's forward + backward + Adam on 128
+        # states took 68 -> 53 ms on 2 cores (Intel, AVX-512). Same values, other strides; the
+        # checkpoints load either way.
+        net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
     eval_env = None
