@@ -1096,7 +1096,9 @@ def report(run: Run, status: str, log: ProgressLog) -> None:
         + (", best_*.pt by eval score)" if cfg.test_every else ")")
     )
     if run.recorder is not None:
-        print(f"  segments:    {cfg.db_path} ({run.recorder.segments_written} written this run)")
+        failed = run.recorder.segments_failed
+        lost = f", {failed} could not be written: see the warning above" if failed else ""
+        print(f"  segments:    {cfg.db_path} ({run.recorder.segments_written} written this run{lost})")
     print(f"  TensorBoard: {run.tb_dir}")
     if run.recorder is not None and run.recorder.segments_written:
         print(f"next: label them with  python 02_label_ui.py -d {cfg.db_path}")

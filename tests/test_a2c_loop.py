@@ -212,3 +212,19 @@ def test_tb_dir_named_by_last_pt_must_be_under_runs_dir(tmp_path):
     assert not (tmp_path / "elsewhere").exists()  # a handed-over file does not choose where we write
     events = list(tmp_path.rglob("events.out.tfevents.*"))
     assert len(events) == 2 and all(tmp_path / "runs" in p.parents for p in events)
+
+
+def test_segments_lost_to_a_full_disk_are_reported(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import lib.segments
+
+    def full(path, data, fsync=True):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lib.segments, "create_exclusive", full)
+    cfg = config(tmp_path, max_steps=200, db_path=str(tmp_path / "db"), record_prob=1.0, segment_steps=5)
+    assert a2c.train(cfg, make_env=FakeVec) == 0
+    out, err = capsys.readouterr()
+    assert "(0 written this run, 40 could not be written: see the warning above)" in out
+    assert "warning: 40 segment(s) could not be written" in err and "No space left on device" in err
