@@ -103,11 +103,9 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "r+b")
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fsync: bool = True) -> None:
-    """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` atomically:
-    a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
-    either the old file or the new one, never half of one. Parent directories are created."""
-    path = Path(path)
+def _temp_beside(path: Path, data: bytes | Callable[[BinaryIO], None], fsync: bool) -> str:
+    """``data`` written to a new unique temp file beside ``path`` (parents created), flushed and
+    fsynced; returns its name. Nothing is left behind when writing fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -120,6 +118,20 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fsync: bool = True) -> None:
+    """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` atomically:
+    a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
+    either the old file or the new one, never half of one. Parent directories are created."""
+    path = Path(path)
+    tmp = _temp_beside(path, data, fsync)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -134,15 +146,8 @@ def create_exclusive(path: str | os.PathLike, data: bytes, fsync: bool = True) -
     hard-linked to ``path`` (which fails if ``path`` exists: an existing file is never replaced)
     and removed. FileExistsError when ``path`` exists; a crash leaves no half file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _temp_beside(path, data, fsync)
     try:
-        os.fchmod(fd, 0o666 & ~UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
