@@ -1022,9 +1022,6 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 st = run.env.step_wait()
                 prev_obs, prev_actions, obs = obs, actions, st.obs
                 run.progress.step += run.global_envs
-                games.update(st, run.progress, run.writer)
-                if run.dist.is_main:
-                    log.tick(games, learner)
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
                     if run.dist.is_main:
@@ -1032,6 +1029,10 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
                 if not done:
                     actions, values = act_step(run, obs)  # the env steps from here while this thread works
+                st.complete()  # a diff reward model's forward on this step (RewardModelWrapper)
+                games.update(st, run.progress, run.writer)
+                if run.dist.is_main:
+                    log.tick(games, learner)
                 rewards = np.sign(st.rewards) if clip else st.rewards
                 learner.waiting = collector.add(
                     prev_obs, prev_actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,7 @@ class VecStep:
                                         else the same as obs
     lives:        (N,) int32            lives after the step
     pred_rewards: (N,) float32 | None   raw reward-model prediction, when a reward model is used
+    pending:      work a wrapper deferred until ``complete()`` (see there)
     """
 
     obs: np.ndarray
@@ -154,6 +156,15 @@ class VecStep:
     final_obs: np.ndarray
     lives: np.ndarray
     pred_rewards: np.ndarray | None = None
+    pending: Callable[[], None] | None = None
+
+    def complete(self) -> VecStep:
+        """Run the work a wrapper left for later (a reward model's forward that needs the frames
+        this step led to: ``rewards`` and ``pred_rewards`` are final only after it)."""
+        if self.pending is not None:
+            work, self.pending = self.pending, None
+            work()
+        return self
 
 
 class AtariVec:

@@ -199,10 +199,6 @@ class RewardModelWrapper:
     def reset(self, *args: Any, **kwargs: Any) -> Any:
         return self.env.reset(*args, **kwargs)
 
-    def step(self, actions: np.ndarray) -> Any:
-        self.step_async(actions)
-        return self.step_wait()
-
     def step_async(self, actions: np.ndarray) -> None:
         """Start the env step, then run the reward model on the frames the actions were taken on
         while the env's threads step (the input is copied before the env can replace ``frames``)."""
@@ -232,22 +228,40 @@ class RewardModelWrapper:
         finally:
             torch.set_num_threads(threads)
 
+    def step(self, actions: np.ndarray) -> Any:
+        self.step_async(actions)
+        return self.step_wait().complete()
+
     def step_wait(self) -> Any:
         """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards`` (normalised,
-        clipped)."""
+        clipped). A diff model's forward, which needs the frames the step led to, is left to
+        ``VecStep.complete()``: the training loop sends the next step first, so the forward runs
+        while the env's threads step (``step()`` completes at once)."""
         if self._pending is None and self._before is None:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
-        if self._before is not None:
+        if self._before is None:
+            self._predicted(st, self._pending)
+            self._pending = None
+            return st
+        frames, acts = self._before
+        self._before = None
+        # a copy: the env may overwrite its frames once the next step is sent
+        after = step_next_frames(frames.numpy(), np.array(self.env.frames, copy=True), st.game_over)
+
+        def forward() -> None:
             t0 = time.perf_counter()
-            frames, acts = self._before
-            self._before = None
-            after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
-            self._pending = self._forward(frames, acts, after)
+            members = self._forward(frames, acts, after)
             self._infer_s += time.perf_counter() - t0
-        assert self._pending is not None
-        members = self._pending.float().cpu().numpy()
-        self._pending = None
+            self._predicted(st, members)
+
+        st.pending = forward
+        return st
+
+    def _predicted(self, st: Any, members_t: torch.Tensor | None) -> None:
+        """Put the members' predictions (K, N) into ``st``: raw mean, normalised and clipped."""
+        assert members_t is not None
+        members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
         rewards = self.norm.normalise(raw)
         penalty = None
@@ -269,7 +283,6 @@ class RewardModelWrapper:
         }
         if penalty is not None:
             self._last["penalty"] = penalty
-        return st
 
     def stats(self) -> dict[str, float]:
         """Scalars for TensorBoard: the running normalisation mean/median/std, the last step's raw

@@ -278,3 +278,30 @@ def test_wrapper_penalty_needs_an_ensemble_and_lowers_disputed_steps(tmp_path):
         assert (pen > 0).all() and not np.allclose(a.rewards, b.rewards)
     assert pess.stats()["penalty"] == pytest.approx(float(pen.mean()), rel=1e-5)
     assert "penalty" not in plain.stats()
+
+
+@pytest.mark.slow
+def test_diff_forward_can_run_while_the_next_step_is_in_flight(tmp_path):
+    """The training loop sends the next step before ``VecStep.complete()``: the diff model must
+    still read the frames this step led to (copied at step_wait), not the next step's."""
+    from lib.envs import AtariVec
+
+    torch.manual_seed(0)
+    ck = reward_checkpoint([DiffRewardModel(18).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
+    save_reward_checkpoint(ck, tmp_path / "d.pt")
+    eager = RewardModelWrapper(AtariVec(n_envs=2, seed=4, num_threads=1), tmp_path / "d.pt")
+    lazy = RewardModelWrapper(AtariVec(n_envs=2, seed=4, num_threads=1), tmp_path / "d.pt")
+    eager.reset(), lazy.reset()
+    rng = np.random.default_rng(0)
+    acts = rng.integers(0, 18, (30, 2))
+    lazy.step_async(acts[0])
+    for t in range(30):
+        want = eager.step(acts[t])
+        st = lazy.step_wait()
+        assert st.pending is not None  # the forward waits for complete()
+        if t + 1 < 30:
+            lazy.step_async(acts[t + 1])  # the env moves on before the forward runs
+        st.complete()
+        np.testing.assert_allclose(st.pred_rewards, want.pred_rewards, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(st.rewards, want.rewards, rtol=1e-5, atol=1e-6)
+    eager.close(), lazy.close()
