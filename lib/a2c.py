@@ -43,10 +43,11 @@ from lib.model import (
     policy_checkpoint,
     read_checkpoint,
     resolve_device,
+    state_is_finite,
     text,
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
-from lib.segments import check_db_game
+from lib.segments import MAX_ENV_INDEX, MAX_ENV_STEP, check_db_game
 from lib.tb import hparams_table, run_dir
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
@@ -66,7 +67,7 @@ RECENT_GAMES = 100  # the console's running mean score is over this many finishe
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
 MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET  # ALE seeds env i with seed + i (a C++ int)
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
-MAX_RECORD_ENVS = 100  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
+MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
 # --- settings -----------------------------------------------------------------------------------
@@ -271,15 +272,15 @@ def a2c_loss(
     loss_policy = -(adv * log_prob[torch.arange(len(actions), device=device), actions]).mean()
     # Entropy bonus keeps the policy exploring (the book's beta 0.01).
     entropy = -(log_prob.exp() * log_prob).sum(dim=1).mean()
-    loss = (loss_policy + loss_value - entropy_beta * entropy) * weight
+    loss = loss_policy + loss_value - entropy_beta * entropy
     metrics = {
         "losses/policy": loss_policy.item(),
         "losses/value": loss_value.item(),
         "losses/entropy": entropy.item(),
-        "losses/total": loss.item() / weight if weight else 0.0,
+        "losses/total": loss.item(),
         "losses/advantage": adv.mean().item(),
     }
-    return loss, metrics
+    return loss * weight, metrics
 
 
 def autocast(device: torch.device, enabled: bool) -> torch.autocast:
@@ -332,9 +333,6 @@ def _make_dir(path: Path, what: str) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
-
-
-MAX_ENV_STEP = 10**8 - 1  # segment names hold 8 digits of an env's step counter
 
 
 def _finite_or_minus_inf(v: Any) -> None:
@@ -455,7 +453,7 @@ class Run:
     tb_dir: Path
     resumed: bool
     eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    dist: Dist = field(default_factory=Dist.single)
+    dist: Dist = field(default_factory=Dist)
 
     @property
     def global_envs(self) -> int:
@@ -471,7 +469,7 @@ class Run:
         """Rank 0 writes; the weights must be finite (a NaN never replaces a good file)."""
         if not self.dist.is_main:
             return
-        if not all(bool(torch.isfinite(p).all()) for p in self.net.parameters()):
+        if not state_is_finite(self.net.state_dict()):
             raise NonFiniteError(f"the policy's weights are not finite: {path} not written")
         ck = policy_checkpoint(
             self.net,
@@ -518,7 +516,7 @@ def make_env_stack(
 ) -> tuple[Any, EpisodeRecorderWrapper | None]:
     """The env the learner steps, wrapper by wrapper. Order matters: the recorder sees the game's
     own frames and true reward; the reward model then replaces the reward the learner gets."""
-    dist = dist or Dist.single()
+    dist = dist or Dist()
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
     if cfg.db_path:
         counters = (resume_ck or {}).get("env_steps")
@@ -582,8 +580,7 @@ def _optimiser(
             raise UserError(
                 f"checkpoint {where}: its optimizer state does not fit this network ({str(e)[:80]})"
             ) from None
-        moments = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-        if not all(bool(torch.isfinite(t).all()) for t in moments):
+        if not all(state_is_finite(moments) for moments in optimizer.state.values()):
             raise UserError(f"checkpoint {where}: its optimizer state holds NaN or infinite values")
     return optimizer, scheduler, lr, decay_steps
 
@@ -598,7 +595,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     device=)`` makes a vector env (``AtariVec``; tests pass a small fake). Under torchrun (``dist``)
     this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
     writes checkpoints and TensorBoard."""
-    dist = dist or Dist.single()
+    dist = dist or Dist()
     device = resolve_device(cfg.dev)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -767,16 +764,14 @@ class Learner:
 
     def _update(self, local: int, total: float) -> None:
         run = self.run
+        run.optimizer.zero_grad(set_to_none=False)  # a rank with nothing yet still adds zeros
+        m: dict[str, float] = {}
         if local:
             batch, boot_all = Transitions.concat(self.ready), np.concatenate(self.ready_boot)
             self.ready, self.ready_boot = [], []
             weight = local * run.dist.world / total  # the mean over every rank's transitions
             loss, m = a2c_loss(run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16, weight)
-            run.optimizer.zero_grad(set_to_none=False)
             loss.backward()
-        else:  # this rank has nothing yet; it still takes part in the sum
-            run.optimizer.zero_grad(set_to_none=False)
-            m = {}
         run.dist.sum_grads(self.params)
         if run.dist.active:
             for p in self.params:

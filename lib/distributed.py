@@ -4,7 +4,7 @@ transitions, the gradients are summed across ranks before each optimiser step, s
 the same step and the weights never drift apart. gloo on CPU, NCCL on CUDA.
 
 A run started without ``torchrun`` (no ``WORLD_SIZE`` in the environment, or 1) is a world of one:
-``Dist.single()``, every collective a no-op, nothing of ``torch.distributed`` initialised.
+``Dist()``, every collective a no-op, nothing of ``torch.distributed`` initialised.
 
 How the work is split (see ``lib.a2c``): ``--envs`` is per rank; rank r plays the global envs
 r*E .. r*E+E-1 with the seeds a single process of K*E envs would give them (ALE seeds env i with
@@ -26,16 +26,13 @@ from lib.errors import UserError
 
 @dataclass
 class Dist:
-    """Where this process stands in the run: rank, world size, and the device of its networks."""
+    """Where this process stands in the run: its rank and the world's size, over all machines and
+    on this one (``Dist()``: a process on its own)."""
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     local_world: int = 1
-
-    @staticmethod
-    def single() -> Dist:
-        return Dist()
 
     @property
     def active(self) -> bool:
@@ -95,7 +92,7 @@ def init_dist(dev: str) -> tuple[Dist, str]:
     local rank (``cuda:LOCAL_RANK``)."""
     world = _env_int("WORLD_SIZE", 1)
     if world <= 1:
-        return Dist.single(), dev
+        return Dist(), dev
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
     cuda = dev.startswith("cuda")

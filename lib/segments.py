@@ -538,6 +538,10 @@ def encode_segment(segment: Segment, level: int = ZSTD_LEVEL) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress(raw)
 
 
+MAX_ENV_INDEX = 99  # NN: two digits
+MAX_ENV_STEP = 10**8 - 1  # SSSSSSSS: eight digits of the env's step counter
+
+
 def segment_relpath(env_index: int, step: int) -> str:
     """Path of a segment relative to the DB root: ``NN/SSSSSSSS.dat``."""
     return f"{env_index:02d}/{step:08d}.dat"
