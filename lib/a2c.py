@@ -36,7 +36,6 @@ from lib.model import (
     check_fields,
     float_in,
     int_in,
-    is_dict,
     list_of,
     load_policy,
     optional,
@@ -341,10 +340,7 @@ def _finite_or_minus_inf(v: Any) -> None:
         raise ValueError(f"must be a number or -inf, got {str(v)[:40]!r}")
 
 
-RESUME_FIELDS: dict[str, tuple[Any, bool]] = {
-    "progress": (is_dict, True),
-    "optimizer": (is_dict, True),
-    "scheduler": (is_dict, True),
+RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, optimizer, scheduler
     "lr": (float_in(0, 1, lo_open=True), False),
     "lr_decay_steps": (int_in(1, MAX_STEP_COUNT), False),
     "env_steps": (optional(list_of(int_in(0, MAX_ENV_STEP), max_len=4096)), False),

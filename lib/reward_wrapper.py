@@ -246,8 +246,9 @@ class RewardModelWrapper:
             return st
         frames, acts = self._before
         self._before = None
-        # a copy: the env may overwrite its frames once the next step is sent
-        after = step_next_frames(frames.numpy(), np.array(self.env.frames, copy=True), st.game_over)
+        # the env hands out new frame arrays at each step_wait, so these stay this step's while the
+        # next step runs (tests/test_reward_wrapper.py sends it before the forward)
+        after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
 
         def forward() -> None:
             t0 = time.perf_counter()
