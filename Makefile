@@ -24,22 +24,22 @@ test-fast: $(VENV_STAMP)
 	$(PY) -m pytest -m "not slow and not browser"
 
 bench: $(VENV_STAMP)
-	@for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
+	@for f in bench/bench_*.py; do $(PY) -m bench.$$(basename $$f .py) || exit 1; done
 
 # Reward-model quality against the true score: records a DB, oracle-labels it, trains (~10-20 min).
 bench-quality: $(VENV_STAMP)
-	$(PY) bench/quality.py
+	$(PY) -m experiments.quality
 
 # A whole round with synthetic teachers (v0, labels, reward model, rlhf and control fine-tunes,
 # evaluation): ~1M + 3 x 500k agent steps on CPU, about 2 hours on 2 cores. Outputs in runs/round/.
 bench-round: $(VENV_STAMP)
-	$(PY) bench/round.py --teacher oxygen
-	$(PY) bench/round.py --teacher score
+	$(PY) -m experiments.round --teacher oxygen
+	$(PY) -m experiments.round --teacher score
 
 # Reward-model learning curves per --sampling mode (random, uncertain, disagree) with synthetic
 # teachers, on the round's DB (make bench-round first): 7 ensemble trainings per teacher and seed.
 bench-sampling: $(VENV_STAMP)
-	$(PY) bench/sampling.py
+	$(PY) -m experiments.sampling
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .

@@ -27,13 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.table import print_table
+from lib.envs import AtariVec, default_env_threads
+from lib.recorder import DEFAULT_RECORD_PROB
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
-
-from lib.envs import AtariVec, default_env_threads  # noqa: E402
-from lib.recorder import DEFAULT_RECORD_PROB  # noqa: E402
 
 GAME = "SeaquestNoFrameskip-v4"
 Row = tuple[str, str, str, str]

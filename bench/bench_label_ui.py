@@ -11,26 +11,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.dbs import make_atari_db
+from bench.label_harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown
+from bench.table import print_table
+from lib.label_ui.clips import encode_clip_file
+from lib.oracle import oracle_label_db
+from lib.segments import list_segments
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
-
-from lib.label_ui.clips import encode_clip_file  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "tests"))  # the label server harness and DB makers live with the tests
-from dbs import make_atari_db  # noqa: E402
-from label_harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown  # noqa: E402
-
-from lib.oracle import oracle_label_db  # noqa: E402
-from lib.segments import list_segments  # noqa: E402
 
 KEYS = "1201x"  # answers cycle through #1 better, #2 better, equal, #1 better, can't tell
 

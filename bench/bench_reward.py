@@ -24,23 +24,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
-
-from lib.envs import AtariVec  # noqa: E402
-from lib.oracle import oracle_label_db  # noqa: E402
-from lib.recorder import EpisodeRecorderWrapper  # noqa: E402
-from lib.reward_model import (  # noqa: E402
+from bench.table import print_table
+from lib.envs import AtariVec
+from lib.oracle import oracle_label_db
+from lib.recorder import EpisodeRecorderWrapper
+from lib.reward_model import (
     RewardModel,
     load_reward_model,
     new_reward_model,
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.reward_wrapper import RewardModelWrapper  # noqa: E402
-from lib.segments import list_segments  # noqa: E402
+from lib.reward_wrapper import RewardModelWrapper
+from lib.segments import list_segments
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BOOK_S_PER_PAIR = 0.45
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,14 +17,9 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the DB makers live with the tests
-
-from dbs import make_atari_db  # noqa: E402
-from table import print_table  # noqa: E402  (bench/ is on sys.path when run as a script)
-
-from lib.segments import (  # noqa: E402
+from bench.dbs import make_atari_db
+from bench.table import print_table
+from lib.segments import (
     FORMAT_NAME,
     decode_segment,
     encode_segment,
@@ -33,6 +27,8 @@ from lib.segments import (  # noqa: E402
     read_segment,
     save_segment,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def per_item_ms(fn, items, repeat: int) -> float:

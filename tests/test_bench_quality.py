@@ -1,4 +1,4 @@
-"""bench/quality.py: variants trained on the same labels per seed, scored on never-seen segments."""
+"""experiments/quality.py: variants trained on the same labels per seed, scored on never-seen segments."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from dbs import make_square_db
 
+from bench.dbs import make_square_db
 from lib.segments import read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "bench" / "quality.py"), *args]
+    cmd = [sys.executable, "-m", "experiments.quality", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
 

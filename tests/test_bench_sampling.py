@@ -1,4 +1,4 @@
-"""bench/sampling.py end to end on a tiny DB (slow: trains seven small reward models)."""
+"""experiments/sampling.py end to end on a tiny DB (slow: trains seven small reward models)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from dbs import make_square_db
 
+from bench.dbs import make_square_db
 from lib.labels import read_label_log
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "bench" / "sampling.py"), *args]
+    cmd = [sys.executable, "-m", "experiments.sampling", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 

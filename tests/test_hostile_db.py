@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db
 from numpy._core import multiarray, numeric
 
+from bench.dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db
 from lib.errors import UserError
 from lib.files import UMASK
 from lib.labels import Label, append_labels, load_labels, read_label_log
@@ -233,7 +233,7 @@ FUZZ = textwrap.dedent(
 
 @pytest.mark.slow
 def test_fuzzed_real_segment_is_a_segment_or_a_segment_error(tmp_path):
-    from dbs import make_atari_db
+    from bench.dbs import make_atari_db
 
     rel = make_atari_db(tmp_path / "db", 1, t=50, n_envs=1)[0]
     n = 400

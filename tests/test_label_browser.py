@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from dbs import action_model, make_atari_db
-from label_harness import LabelServer, answer_and_wait, chromium, shown_pair, wait_shown
 
+from bench.dbs import action_model, make_atari_db
+from bench.label_harness import LabelServer, answer_and_wait, chromium, shown_pair, wait_shown
 from lib.labels import CANT_TELL, pair_key
 
 pytestmark = pytest.mark.browser

@@ -8,8 +8,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dbs import make_synthetic_db
-from label_harness import LabelServer
+from bench.dbs import make_synthetic_db
+from bench.label_harness import LabelServer
 
 
 def _status(opener: urllib.request.OpenerDirector, url: str) -> tuple[int, str]:

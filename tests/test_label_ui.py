@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dbs import action_model, make_synthetic_db, write_action_db
 from nicegui import Client, core, ui
 from nicegui.testing import User
 from nicegui.testing.user_simulation import user_simulation
 
+from bench.dbs import action_model, make_synthetic_db, write_action_db
 from lib.label_ui.cli import main
 from lib.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dbs import make_synthetic_db, write_legacy_segment
 
+from bench.dbs import make_synthetic_db, write_legacy_segment
 from lib.errors import UserError
 from lib.labels import (
     EQUAL,

@@ -125,7 +125,7 @@ def test_the_lock_goes_with_a_killed_process(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     code = (
-        "import sys, time; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests'];"
+        "import sys, time; sys.path.insert(0, sys.argv[1]);"
         "from lib.recorder import lock_db; lock_db(sys.argv[2]); print('locked', flush=True); time.sleep(60)"
     )
     p = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path)], stdout=subprocess.PIPE, text=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dbs import make_square_db
 from test_reward_model import _seaquest_frames
 
+from bench.dbs import make_square_db
 from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
 from lib.oracle import oracle_label_db

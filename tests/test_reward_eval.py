@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dbs import make_square_db, write_legacy_segment
 
+from bench.dbs import make_square_db, write_legacy_segment
 from lib.model import read_checkpoint
 from lib.oracle import oracle_label_db
 from lib.reward_eval import all_pairs_agreement, predict_segments, score
@@ -101,7 +101,7 @@ def test_evaluate_matches_a_pair_by_pair_count(trained: tuple[Path, Path, Path],
     total = re.search(r"total \(2 DBs\): 36 segments, oracle agreement ([0-9.]+)% \(([0-9,]+) pairs", lines[3])
     assert total is not None
     assert float(total[1]) == pytest.approx(100 * ok / n, abs=0.05) and int(total[2].replace(",", "")) == n
-    # the library function bench/quality.py uses gives the same figures for one DB
+    # the library function experiments/quality.py uses gives the same figures for one DB
     s = score(predict_segments(rm, db, list_segments(db)))
     assert f"oracle agreement {100 * s.agreement:.1f}%" in lines[1] and f"per-step corr {s.step_corr:+.3f}" in lines[1]
 

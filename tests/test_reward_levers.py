@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dbs import make_square_db
 
+from bench.dbs import make_square_db
 from lib.errors import UserError
 from lib.oracle import oracle_label_db
 from lib.reward_model import load_reward_model

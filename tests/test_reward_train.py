@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dbs import appear_frames, make_appear_db, make_square_db, square_frames, write_legacy_segment
 
+from bench.dbs import appear_frames, make_appear_db, make_square_db, square_frames, write_legacy_segment
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
 from lib.oracle import oracle_label_db

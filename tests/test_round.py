@@ -1,4 +1,4 @@
-"""``bench/round.py`` at a tiny budget: every stage runs for real (A2C, teacher labels, reward
+"""``experiments/round.py`` at a tiny budget: every stage runs for real (A2C, teacher labels, reward
 model, both fine-tune arms, evaluation games), and a second run with the same --out reuses them."""
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels,
 from lib.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 TINY = ["--v0-steps", "2000", "--ft-steps", "1000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.05"]
 TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen"]
 
 
 def run_round(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "bench" / "round.py"), "--out", str(out), *TINY, *extra]
+    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY, *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
 
 
@@ -57,7 +56,7 @@ def test_round_runs_every_stage_and_continues(tmp_path: Path) -> None:
 def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> None:
     """A pair that differs in oxygen deaths and in score was decided by the oxygen death for the
     oxygen teacher, by the score for the score teacher."""
-    from round import teacher_evidence
+    from experiments.round import teacher_evidence
 
     def lab(i: int, label: int, deaths: list[int], refills: list[int], returns: list[float]) -> Label:
         extra = {"oxygen_deaths": deaths, "refills": refills, "returns": returns}
@@ -80,7 +79,7 @@ def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> Non
 
 
 def test_life_loss_rewards_are_in_the_learners_units():
-    from round import LIFE_LOSS_LEAD, life_loss_rewards
+    from experiments.round import LIFE_LOSS_LEAD, life_loss_rewards
 
     pred = np.zeros(100)
     pred[::10] = 1.0  # a regular reward: median 0, std 0.3
@@ -101,13 +100,13 @@ def test_life_loss_rewards_are_in_the_learners_units():
 
 
 def _round_args(out: Path, *extra: str):
-    from round import build_parser
+    from experiments.round import build_parser
 
     return build_parser().parse_args(["--out", str(out), "--teacher", "score", "--labels", "15", *extra])
 
 
 def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
-    from round import ensemble_of, label_steps, round_dir
+    from experiments.round import ensemble_of, label_steps, round_dir
 
     assert round_dir(_round_args(tmp_path)) == tmp_path / "score-15"
     assert round_dir(_round_args(tmp_path, "--sampling", "uncertain")) == tmp_path / "score-15-uncertain"
@@ -126,7 +125,7 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     ],
 )
 def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
-    from round import check
+    from experiments.round import check
 
     from lib.errors import UserError
 
@@ -138,8 +137,9 @@ def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> Non
 def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> None:
     """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
     last model is the round's. Run again, everything is reused."""
-    from dbs import make_square_db
-    from round import label_and_train, round_dir
+    from experiments.round import label_and_train, round_dir
+
+    from bench.dbs import make_square_db
 
     db = tmp_path / "db"
     make_square_db(db, n_segments=30, steps=10, seed=0)
@@ -172,11 +172,11 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
 )
 def test_round_bad_values_are_one_line_exit_2(tmp_path: Path, capsys, extra, msg) -> None:
     """Issue 24 (Low 4): every bad value ends in one line and exit 2 before any stage runs."""
-    from round import cli
+    from experiments.round import cli
 
     argv = ["--out", str(tmp_path / "out"), "--teacher", "score", *extra]
     old = sys.argv
-    sys.argv = ["bench/round.py", *argv]
+    sys.argv = ["experiments/round.py", *argv]
     try:
         with pytest.raises(SystemExit) as e:
             cli()

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dbs import SEAQUEST, action_model, write_action_db
 
+from bench.dbs import SEAQUEST, action_model, write_action_db
 from lib.errors import UserError
 from lib.label_ui.state import AppState, DbState
 from lib.labels import Label, append_labels, load_labels, pair_key, read_label_log

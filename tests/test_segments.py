@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from dbs import book_pickle
 
+from bench.dbs import book_pickle
 from lib.segments import (
     Segment,
     SegmentError,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dbs import (
+
+from bench.dbs import (
     ENEMY_DEATH_PLAN,
     OXYGEN_DEATH_PLAN,
     OXYGEN_DEATH_STEP,
@@ -20,7 +21,6 @@ from dbs import (
     make_synthetic_db,
     play_plan,
 )
-
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
 from lib.oracle import oracle_label_db

@@ -18,9 +18,9 @@ targets hold, and writes ``round.png`` (eval score and behaviour against fine-tu
 arms) and ``round.json`` under ``--out/<teacher>-<labels>``. Every stage's output is kept under
 --out and reused when the command runs again: a stopped run continues where it stopped.
 
-    python bench/round.py --teacher oxygen            # CPU defaults: ~1M + 2 x 500k steps
-    python bench/round.py --teacher score
-    python bench/round.py --scale 10 --dev cuda       # a 10M-step v0 on a GPU
+    python -m experiments.round --teacher oxygen            # CPU defaults: ~1M + 2 x 500k steps
+    python -m experiments.round --teacher score
+    python -m experiments.round --scale 10 --dev cuda       # a 10M-step v0 on a GPU
 """
 
 from __future__ import annotations
@@ -39,20 +39,19 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lib.errors import UserError, run_cli
+from lib.files import atomic_write
+from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
+from lib.model import read_checkpoint
+from lib.oracle import oracle_label_db
+from lib.play import play
+from lib.reward_eval import predict_segments, score
+from lib.reward_model import load_reward_model
+from lib.reward_train import oracle_agreement
+from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
+from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
-from lib.errors import UserError, run_cli  # noqa: E402
-from lib.files import atomic_write  # noqa: E402
-from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels  # noqa: E402
-from lib.model import read_checkpoint  # noqa: E402
-from lib.oracle import oracle_label_db  # noqa: E402
-from lib.play import play  # noqa: E402
-from lib.reward_eval import predict_segments, score  # noqa: E402
-from lib.reward_model import load_reward_model  # noqa: E402
-from lib.reward_train import oracle_agreement  # noqa: E402
-from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment  # noqa: E402
-from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ARMS = ("v0", "control", "rlhf")
 ROUND_MODES = ("random", "uncertain", "disagree")  # lib.sampling's modes that need no fine-tuning DB
@@ -64,7 +63,7 @@ Z95 = 1.96  # normal approximation of the 95% interval of a mean
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench/round.py",
+        prog="python -m experiments.round",
         description="A whole RLHF round with a synthetic teacher: v0, labels, reward model, fine-tune on the "
         "reward model (rlhf) and on the score (control), then the same evaluation games for all three.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

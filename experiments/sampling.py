@@ -18,9 +18,9 @@ Prints one table (mean over seeds), writes ``sampling.json`` and ``sampling.png`
 agreement against labels, one line per mode, one panel per teacher) under --out. Models and
 labels are kept and reused when the command runs again.
 
-    python bench/sampling.py                              # the round's DB, both teachers, 1 seed
-    python bench/sampling.py --db DB --teachers score --steps 100,200,300 --seeds 0,1,2
-    python bench/sampling.py ... -- --arch book --input half   # arguments after -- go to 03_reward_train.py
+    python -m experiments.sampling                              # the round's DB, both teachers, 1 seed
+    python -m experiments.sampling --db DB --teachers score --steps 100,200,300 --seeds 0,1,2
+    python -m experiments.sampling ... -- --arch book --input half   # arguments after -- go to 03_reward_train.py
 """
 
 from __future__ import annotations
@@ -36,26 +36,23 @@ from typing import Any
 
 import numpy as np
 
+from bench.table import print_table
+from experiments.round import held_out_figures, log, run_stage, split_db, teacher_db
+from lib.errors import UserError, run_cli
+from lib.files import atomic_write
+from lib.labels import LABELS_FILE, check_relpath, load_labels
+from lib.oracle import oracle_label_db
+from lib.segments import db_game
+from lib.teachers import OXYGEN_GAMES, TEACHERS
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from round import held_out_figures, log, run_stage, split_db, teacher_db  # noqa: E402
-from table import print_table  # noqa: E402
-
-from lib.errors import UserError, run_cli  # noqa: E402
-from lib.files import atomic_write  # noqa: E402
-from lib.labels import LABELS_FILE, check_relpath, load_labels  # noqa: E402
-from lib.oracle import oracle_label_db  # noqa: E402
-from lib.segments import db_game  # noqa: E402
-from lib.teachers import OXYGEN_GAMES, TEACHERS  # noqa: E402
 
 MODES = ("random", "uncertain", "disagree")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench/sampling.py",
+        prog="python -m experiments.sampling",
         description="Reward-model learning curves for each --sampling mode, labeled by synthetic teachers.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -202,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = _csv(args.steps, "--steps", int)
     seeds = _csv(args.seeds, "--seeds", int)
     wrong = [
-        (not args.db.is_dir(), f"--db {args.db}: not a DB directory (run bench/round.py first, or pass --db)"),
+        (not args.db.is_dir(), f"--db {args.db}: not a DB directory (run experiments/round.py first, or pass --db)"),
         (any(t not in TEACHERS for t in teachers), f"--teachers must be among {', '.join(TEACHERS)}"),
         (any(m not in MODES for m in modes), f"--modes must be among {', '.join(MODES)}"),
         (steps != sorted(set(steps)) or steps[0] < 1, "--steps must be increasing label counts"),

@@ -17,8 +17,8 @@ Prints one row per variant and seed, then the ablation table: the mean over seed
 value in the setting column). ``--keep DIR`` keeps DBs, labels, models and logs, and a run that
 finds a model there already scores it instead of training again.
 
-    python bench/quality.py                                   # record a DB, diff vs book, seed 0
-    python bench/quality.py --db runs/round/db --seeds 0,1,2 --variant diff="--arch diff" \\
+    python -m experiments.quality                                   # record a DB, diff vs book, seed 0
+    python -m experiments.quality --db runs/round/db --seeds 0,1,2 --variant diff="--arch diff" \\
         --variant book-half="--arch book --input half"
 
 Targets (issue: a reward model from few labels): at 300 score labels, mean of 3 seeds, at least
@@ -41,19 +41,16 @@ from typing import Any
 
 import numpy as np
 
+from bench.table import print_table
+from experiments.round import LIFE_LOSS_LEAD, held_out_figures
+from lib.errors import UserError, run_cli
+from lib.labels import EQUAL, load_labels
+from lib.oracle import oracle_label_db
+from lib.reward_model import load_reward_model
+from lib.segments import list_segments
+from lib.teachers import TEACHERS
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from round import LIFE_LOSS_LEAD, held_out_figures  # noqa: E402
-from table import print_table  # noqa: E402
-
-from lib.errors import UserError, run_cli  # noqa: E402
-from lib.labels import EQUAL, load_labels  # noqa: E402
-from lib.oracle import oracle_label_db  # noqa: E402
-from lib.reward_model import load_reward_model  # noqa: E402
-from lib.segments import list_segments  # noqa: E402
-from lib.teachers import TEACHERS  # noqa: E402
 
 DEFAULT_VARIANTS = ("diff=--arch diff", "book=--arch book")
 PEAK = re.compile(r"peak memory (\d+) MB")
@@ -127,7 +124,7 @@ def train_variant(
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="bench/quality.py",
+        prog="python -m experiments.quality",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
