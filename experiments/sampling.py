@@ -42,8 +42,9 @@ from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import LABELS_FILE, check_relpath, load_labels
 from lib.oracle import oracle_label_db
+from lib.seaquest import OXYGEN_GAMES
 from lib.segments import db_game
-from lib.teachers import OXYGEN_GAMES, TEACHERS
+from lib.teachers import TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
 

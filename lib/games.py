@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from lib.reward_model import step_next_frames
-from lib.teachers import OxygenCounts, OxygenTracker, oxygen_levels, shows_gauge
+from lib.seaquest import OxygenCounts, OxygenTracker, oxygen_levels, shows_gauge
 
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
 
@@ -36,7 +36,7 @@ class EpisodeResult:
     reward_corr: Pearson correlation of the reward model's per-step prediction with the true
                  reward; None without a reward model or when either is constant (no points scored)
     oxygen:      SeaQuest's behaviour (voluntary refills, lives lost, lives lost to oxygen, as
-                 ``lib.teachers`` reads the gauge); None for other games
+                 ``lib.seaquest`` reads the gauge); None for other games
     """
 
     index: int

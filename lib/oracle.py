@@ -13,8 +13,9 @@ import numpy as np
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
 from lib.sampling import MODEL_MODES, SegmentBeliefs, choose_pairs
+from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, db_game, list_segments, read_segment
-from lib.teachers import OXYGEN_GAMES, SegmentFacts, Teacher, segment_facts
+from lib.teachers import SegmentFacts, Teacher, segment_facts
 
 BATCH = 100  # labels appended at a time: a full disk keeps the batches written before
 

@@ -154,7 +154,7 @@ def test_summary_line() -> None:
     line = summary(res)
     assert "2 episode(s): score mean 200.0, std 100.0, max 300" in line
     assert "length mean 600 steps" in line and "refills" not in line  # no gauge was read
-    from lib.teachers import OxygenCounts
+    from lib.seaquest import OxygenCounts
 
     res[0].oxygen, res[1].oxygen = OxygenCounts(1, 4, 1), OxygenCounts(2, 4, 0)
     assert "refills 1.50/game, lives lost 4.00/game (12% to oxygen)" in summary(res)

@@ -126,7 +126,6 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
 )
 def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
     from experiments.round import check
-
     from lib.errors import UserError
 
     with pytest.raises(UserError, match=msg):
@@ -137,9 +136,8 @@ def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> Non
 def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> None:
     """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
     last model is the round's. Run again, everything is reused."""
-    from experiments.round import label_and_train, round_dir
-
     from bench.dbs import make_square_db
+    from experiments.round import label_and_train, round_dir
 
     db = tmp_path / "db"
     make_square_db(db, n_segments=30, steps=10, seed=0)

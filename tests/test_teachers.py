@@ -24,17 +24,9 @@ from bench.dbs import (
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
 from lib.oracle import oracle_label_db
+from lib.seaquest import GAUGE_COLS, GAUGE_ROWS, GAUGE_WHITE, OxygenCounts, oxygen_counts, oxygen_levels
 from lib.segments import Segment, save_segment
-from lib.teachers import (
-    GAUGE_COLS,
-    GAUGE_ROWS,
-    GAUGE_WHITE,
-    OxygenCounts,
-    SegmentFacts,
-    Teacher,
-    oxygen_counts,
-    oxygen_levels,
-)
+from lib.teachers import SegmentFacts, Teacher
 
 ROOT = Path(__file__).resolve().parents[1]
 SUB_YELLOW = (187, 187, 53)  # the player's submarine
