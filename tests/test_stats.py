@@ -1,0 +1,25 @@
+"""lib/stats.py: the one Pearson and the one 95% interval."""
+
+import math
+
+import numpy as np
+import pytest
+
+from lib.stats import mean_ci95, pearson
+
+
+def test_pearson_matches_numpy_and_is_nan_where_undefined():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=50), rng.normal(size=50)
+    assert pearson(x, y) == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-12)
+    assert pearson(x, 2 * x + 1) == pytest.approx(1.0)
+    assert math.isnan(pearson(x, np.zeros(50)))  # a constant series: undefined
+    assert math.isnan(pearson([1.0], [2.0]))
+    with pytest.raises(ValueError):
+        pearson([1, 2, 3], [1, 2])
+
+
+def test_mean_ci95():
+    m, h = mean_ci95([1.0, 2.0, 3.0, 4.0])
+    assert m == 2.5 and h == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
+    assert math.isnan(mean_ci95([5.0])[1]) and mean_ci95([5.0])[0] == 5.0
