@@ -25,11 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.distributed import Dist, NullWriter, env_uniforms, init_dist
 from lib.envs import DEFAULT_ENV, AtariVec, VecStep, default_env_threads, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
-from lib.games import format_behaviour, play_games, score_stats, select_actions
+from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
     atomic_torch_save,
@@ -925,10 +926,11 @@ def evaluate(
 
     net.eval()
     try:
-        results = play_games(env, policy, env.n_envs, stop=(lambda: stop[0]) if stop else None)
+        stopper = (lambda: stop[0]) if stop else None
+        results = play_games(env, policy, env.n_envs, observers=behaviour_observers(env), stop=stopper)
     finally:
         net.train()
-    return None if results is None else score_stats(results)
+    return None if results is None else {**score_stats(results), **behaviour_stats(results)}
 
 
 def evaluate_and_save(run: Run, stop: list[bool]) -> float:

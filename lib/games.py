@@ -3,23 +3,26 @@
 A full game is every life until game over (how Atari scores are reported), or ALE's cut at
 108,000 frames ("frame limit"). ``play_games`` steps all envs with one batched policy call per
 step, starts the next game in a slot whose game ended (the env has already reset it: same-step
-autoreset), and tells an optional ``GameObserver`` what each running game shows, which is how
-04_play.py records videos and the reward view without a loop of its own.
+autoreset), and tells the ``GameObserver``s it is given what each running game shows, which is how
+04_play.py records videos and the reward view, and how a game's behaviour beyond its score is
+counted (``lib.behaviour``: SeaQuest's oxygen), without a loop of their own.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from lib.reward_model import step_next_frames
-from lib.seaquest import OxygenCounts, OxygenTracker, oxygen_levels, shows_gauge
+
+if TYPE_CHECKING:
+    from lib.seaquest import OxygenCounts
 
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
 
@@ -36,7 +39,8 @@ class EpisodeResult:
     reward_corr: Pearson correlation of the reward model's per-step prediction with the true
                  reward; None without a reward model or when either is constant (no points scored)
     oxygen:      SeaQuest's behaviour (voluntary refills, lives lost, lives lost to oxygen, as
-                 ``lib.seaquest`` reads the gauge); None for other games
+                 ``lib.seaquest`` reads the gauge), filled in by ``lib.behaviour``'s observer;
+                 None for other games or without it
     """
 
     index: int
@@ -50,11 +54,14 @@ class EpisodeResult:
 
 
 class GameObserver(Protocol):
-    """What a caller may want to see of each game (all optional to act on)."""
+    """What a caller may want to see of each game (all optional to act on). ``stepped`` gets the
+    frame the action was chosen on, the step's true reward, the reward model's prediction (None
+    without one) and whether the step ended a life (or the game); ``finished`` may fill in fields
+    of the result, which later observers and the caller then see."""
 
     def started(self, slot: int, index: int) -> None: ...
 
-    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None) -> None: ...
+    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None, life_lost: bool) -> None: ...
 
     def finished(self, slot: int, result: EpisodeResult) -> None: ...
 
@@ -78,7 +85,6 @@ class _Slot:
     index: int
     score: float = 0.0
     steps: int = 0
-    oxygen: OxygenTracker | None = None
 
 
 def play_games(
@@ -86,7 +92,7 @@ def play_games(
     policy: Callable[[np.ndarray], np.ndarray],
     episodes: int,
     *,
-    observer: GameObserver | None = None,
+    observers: Sequence[GameObserver] = (),
     predict: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     max_steps: int | None = None,
     stop: Callable[[], bool] | None = None,
@@ -102,6 +108,7 @@ def play_games(
     max_steps: cut a game after this many agent steps ("max steps"); games cut in every slot
                restart all envs with new seeds
     stop:      polled every step; when it returns True the games are abandoned and None returned
+    observers: told of every game's start, steps and end, in this order (``GameObserver``)
     """
     results: list[EpisodeResult] = []
     slots: list[_Slot | None] = [None] * venv.n_envs
@@ -111,34 +118,31 @@ def play_games(
     def start(i: int) -> None:
         nonlocal started
         started += 1
-        slots[i] = _Slot(started, oxygen=OxygenTracker() if track_oxygen else None)
-        if observer is not None:
-            observer.started(i, started)
+        slots[i] = _Slot(started)
+        for ob in observers:
+            ob.started(i, started)
 
     def finish(i: int, end: str) -> None:
         game = slots[i]
         assert game is not None
         slots[i] = None
         res = EpisodeResult(game.index, game.score, game.steps, end)
-        res.oxygen = game.oxygen.counts if game.oxygen is not None else None
-        if observer is not None:
-            observer.finished(i, res)
+        for ob in observers:
+            ob.finished(i, res)
         results.append(res)
 
     obs = venv.reset()
-    track_oxygen = shows_gauge(getattr(venv, "game", None), venv.frames.shape[1:])
     try:
         for i in range(min(venv.n_envs, episodes)):
             start(i)
         while any(s is not None for s in slots):
             if stop is not None and stop():
-                if observer is not None:
-                    observer.aborted()
+                for ob in observers:
+                    ob.aborted()
                 return None
             active = np.flatnonzero([s is not None for s in slots])
             frames = venv.frames[active].copy()  # the frames the actions are chosen on
             actions = policy(obs)
-            levels = oxygen_levels(frames).tolist() if track_oxygen else None
             step = venv.step(actions)
             obs = step.obs
             preds = None
@@ -154,10 +158,9 @@ def play_games(
                 r = float(step.true_rewards[i])
                 game.score += r
                 game.steps += 1
-                if game.oxygen is not None and levels is not None:
-                    game.oxygen.step(levels[k], bool(step.terminated[i]))
-                if observer is not None:
-                    observer.stepped(i, frames[k], r, None if preds is None else float(preds[k]))
+                pred = None if preds is None else float(preds[k])
+                for ob in observers:
+                    ob.stepped(i, frames[k], r, pred, bool(step.terminated[i]))
                 if step.game_over[i]:
                     # The env has already started a new game in this slot (same-step autoreset).
                     finish(i, "frame limit" if step.truncated[i] else "game over")
@@ -174,8 +177,8 @@ def play_games(
                 for i in range(min(venv.n_envs, episodes - started)):
                     start(i)
     except BaseException:
-        if observer is not None:
-            observer.aborted()
+        for ob in observers:
+            ob.aborted()
         raise
     if log is not None:
         log(f"played {sum(r.steps for r in results)} steps in {time.monotonic() - t0:.1f} s")
@@ -183,8 +186,8 @@ def play_games(
 
 
 def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures;
-    for SeaQuest also the behaviour figures (``behaviour_stats``)."""
+    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures
+    (``lib.behaviour.behaviour_stats`` adds what else the games showed)."""
     scores = np.array([r.score for r in results], dtype=np.float64)
     lengths = np.array([r.steps for r in results], dtype=np.float64)
     stats = {
@@ -194,30 +197,4 @@ def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
         "length_mean": float(lengths.mean()),
         "length_max": float(lengths.max()),
     }
-    stats.update(behaviour_stats(results))
     return stats
-
-
-def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Voluntary refills and lives lost per game, and the share of lost lives lost to oxygen
-    (0 when no life was lost); empty unless every game was tracked (SeaQuest)."""
-    counts = [r.oxygen for r in results]
-    if not counts or any(c is None for c in counts):
-        return {}
-    deaths = sum(c.deaths for c in counts if c is not None)
-    oxygen_deaths = sum(c.oxygen_deaths for c in counts if c is not None)
-    return {
-        "refills_per_game": sum(c.refills for c in counts if c is not None) / len(counts),
-        "deaths_per_game": deaths / len(counts),
-        "oxygen_death_share": oxygen_deaths / deaths if deaths else 0.0,
-    }
-
-
-def format_behaviour(stats: dict[str, float]) -> str:
-    """``behaviour_stats`` as a log fragment ('' when there are none)."""
-    if "refills_per_game" not in stats:
-        return ""
-    return (
-        f"refills {stats['refills_per_game']:.2f}/game, lives lost {stats['deaths_per_game']:.2f}/game "
-        f"({100 * stats['oxygen_death_share']:.0f}% to oxygen)"
-    )

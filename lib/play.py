@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
-from lib.games import EpisodeResult, behaviour_stats, format_behaviour, play_games, select_actions
+from lib.games import EpisodeResult, play_games, select_actions
 from lib.model import (
     POLICY_FIELDS,
     POLICY_FORMAT,
@@ -221,7 +222,7 @@ class _GameRecorder:
         with_strip = self.with_reward and self.vdir is not None
         self.strips[slot] = RewardStrip(clip=DEFAULT_CLIP) if with_strip else None  # the learner's scale
 
-    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None) -> None:
+    def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None, life_lost: bool) -> None:
         if pred is not None:
             self.series[slot][0].append(pred)
             self.series[slot][1].append(reward)
@@ -281,7 +282,7 @@ def _play_loop(
         venv,
         policy,
         episodes,
-        observer=recorder,
+        observers=[*behaviour_observers(venv), recorder],
         predict=predict if rm is not None else None,
         max_steps=max_steps,
         log=log,

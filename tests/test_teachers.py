@@ -201,20 +201,25 @@ def test_label_ui_oracle_flags(tmp_path: Path) -> None:
 
 def test_full_games_report_the_same_oxygen_story(oxygen_death: Segment) -> None:
     """play_games (01_a2c.py's evaluation, 04_play.py) reads the gauge with the teacher's tracker."""
+    from lib.behaviour import behaviour_observers, behaviour_stats
     from lib.envs import AtariVec
-    from lib.games import play_games, score_stats
+    from lib.games import play_games
 
     seed, _ = OXYGEN_DEATH_PLAN
     actions = iter(oxygen_death.actions.tolist())
     venv = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
     try:
-        results = play_games(venv, lambda obs: np.array([next(actions)]), 1, max_steps=len(oxygen_death))
+        observers = behaviour_observers(venv)
+        assert len(observers) == 1  # SeaQuest at full resolution: the oxygen observer
+        results = play_games(
+            venv, lambda obs: np.array([next(actions)]), 1, observers=observers, max_steps=len(oxygen_death)
+        )
     finally:
         venv.close()
     assert results is not None and results[0].end == "max steps"
     assert results[0].score == float(oxygen_death.rewards.sum())
     assert results[0].oxygen == OxygenCounts(refills=0, deaths=1, oxygen_deaths=1)
-    stats = score_stats(results)
+    stats = behaviour_stats(results)
     assert stats["refills_per_game"] == 0 and stats["deaths_per_game"] == 1 and stats["oxygen_death_share"] == 1
 
 
