@@ -48,6 +48,7 @@ from lib.play import play
 from lib.reward_eval import predict_segments, score
 from lib.reward_model import load_reward_model
 from lib.reward_train import oracle_agreement
+from lib.reward_wrapper import normalised
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
@@ -356,7 +357,7 @@ LIFE_LOSS_LEAD = 15  # steps before a life loss that ``life_loss_rewards`` also 
 
 def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
     """What a reward model pays around a lost life, in the learner's units: per-step predictions
-    centred on their median and divided by their std, as ``RewardModelWrapper`` does. The true
+    normalised as ``RewardModelWrapper`` does (``lib.reward_wrapper.normalised``). The true
     reward there is 0, so a model the agent cannot exploit pays about 0 or less.
 
     ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the
@@ -366,8 +367,7 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
     life_lost = np.asarray(life_lost, dtype=bool)
     if pred_steps.shape != life_lost.shape:
         raise ValueError(f"{pred_steps.shape} predictions for {life_lost.shape} steps")
-    std = float(pred_steps.std()) if len(pred_steps) else 0.0
-    z = (pred_steps - np.median(pred_steps)) / std if std > 0 else np.zeros_like(pred_steps)
+    z = normalised(pred_steps).astype(np.float64)
     at = np.flatnonzero(life_lost)
     lead = np.zeros(len(z), dtype=bool)
     for t in at:

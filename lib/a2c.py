@@ -48,6 +48,7 @@ from lib.model import (
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.segments import MAX_ENV_INDEX, MAX_ENV_STEP, check_db_game
+from lib.stats import pearson
 from lib.tb import hparams_table, run_dir
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
@@ -825,7 +826,8 @@ class GameStats:
         if len(self.recent_pairs) < 3:
             return None
         tr, pr = np.array(self.recent_pairs).T
-        return float(np.corrcoef(tr, pr)[0, 1]) if tr.std() > 0 and pr.std() > 0 else None
+        corr = pearson(tr, pr)
+        return None if math.isnan(corr) else corr
 
 
 class StepCorrelation:

@@ -11,6 +11,7 @@ all are played to the end, so short games are not favoured in the statistics.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -34,7 +35,8 @@ from lib.model import (
     resolve_device,
     wrong_kind,
 )
-from lib.reward_wrapper import DEFAULT_CLIP
+from lib.reward_wrapper import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
+from lib.stats import pearson
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
 
 MAX_PARALLEL = 8  # games played side by side; more only adds memory and open ffmpeg processes
@@ -100,34 +102,6 @@ def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str)
     return load_reward_model(path, game=game, n_actions=n_actions, device=device)
 
 
-def norm_stats(rm: Any) -> tuple[float, float] | None:
-    """(mean, std) the reward model was trained with, or None when it has no usable ones."""
-    if not getattr(rm, "has_norm_stats", True):
-        return None
-    mean, std = getattr(rm, "norm_mean", None), getattr(rm, "norm_std", None)
-    if mean is None or std is None or not np.isfinite(mean) or not np.isfinite(std) or std <= 0:
-        return None
-    return float(mean), float(std)
-
-
-def normaliser(rm: Any) -> Callable[[np.ndarray], np.ndarray]:
-    """Raw predictions -> normalised ones with the statistics the reward model was trained with
-    (the scale the fine-tuning run sees as reward). A model without usable statistics is shown raw."""
-    stats = norm_stats(rm)
-    if stats is None:
-        return lambda raw: raw.astype(np.float32)
-    mean, std = stats
-    return lambda raw: ((raw - mean) / std).astype(np.float32)
-
-
-def correlation(a: list[float], b: list[float]) -> float | None:
-    """Pearson correlation, or None when either series is constant (undefined)."""
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if len(x) < 2 or x.std() == 0 or y.std() == 0:
-        return None
-    return float(np.corrcoef(x, y)[0, 1])
-
-
 def play(
     model: str | os.PathLike,
     env: str | None = None,
@@ -170,17 +144,16 @@ def play(
         net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions, ck=ck)
         net.to(dev).eval()
         rm = load_reward(reward, venv.game, venv.n_actions, str(dev)) if reward is not None else None
-        norm = normaliser(rm) if rm is not None else None
         vdir = prepare_video_dir(video_dir) if video_dir is not None else None
 
         how = "greedy" if greedy else "sampled"
         log(f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})")
         if rm is not None:
-            stats = norm_stats(rm)
-            how_norm = (
-                f"normalised with its training stats: mean {stats[0]:.3g}, std {stats[1]:.3g}"
-                if stats
-                else "raw predictions: the model has no normalisation stats"
+            stats = norm_prior(rm)
+            how_norm = "normalised as fine-tuning sees it: minus the median, divided by the std of "
+            how_norm += f"the last {DEFAULT_NORM_WINDOW:,} predictions (until then "
+            how_norm += (
+                f"its training stats, mean {stats[0]:.3g}, std {stats[1]:.3g})" if stats else "the window's own)"
             )
             log(f"reward view: {reward} ({how_norm})")
         rng = np.random.default_rng(seed)
@@ -190,7 +163,7 @@ def play(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _play_loop(venv, net, dev, episodes, vdir, model, rm, norm, greedy, gif, max_steps, rng, log)
+            return _play_loop(venv, net, dev, episodes, vdir, model, rm, greedy, gif, max_steps, rng, log)
         finally:
             torch.set_num_threads(threads)
     finally:
@@ -199,18 +172,23 @@ def play(
 
 class _GameRecorder:
     """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under the game
-    when a reward model is given), the predicted-vs-true reward correlation, a console line per game."""
+    when a reward model is given), the predicted-vs-true reward correlation, a console line per game.
+
+    The reward view shows each raw prediction normalised as fine-tuning sees it (``norm``: the
+    learner's ``RunningNorm``, one window over every game side by side, as the learner's over its
+    envs); the correlation is of the raw predictions (the same figure: it ignores scale and shift)."""
 
     def __init__(
         self,
         n_slots: int,
         vdir: Path | None,
         model: str | os.PathLike,
-        with_reward: bool,
+        norm: RunningNorm | None,
         gif: bool,
         log: Callable[[str], None],
     ) -> None:
-        self.vdir, self.model, self.with_reward, self.gif, self.log = vdir, model, with_reward, gif, log
+        self.vdir, self.model, self.norm, self.gif, self.log = vdir, model, norm, gif, log
+        self.with_reward = norm is not None
         self.index = [0] * n_slots
         self.writers: list[Mp4Writer | None] = [None] * n_slots
         self.strips: list[RewardStrip | None] = [None] * n_slots
@@ -232,8 +210,8 @@ class _GameRecorder:
             path = self.vdir / f"{video_stem(self.model, self.index[slot])}.mp4"
             writer = self.writers[slot] = Mp4Writer(path, frame.shape[1] * SCALE, height, fps=GAME_FPS)
         if writer is not None:
-            if strip is not None and pred is not None:
-                strip.add(pred, reward)
+            if strip is not None and pred is not None and self.norm is not None:
+                strip.add(float(self.norm.normalise(np.array([pred]))[0]), reward)
             writer.add(compose(frame, strip.render() if strip else None))
 
     def finished(self, slot: int, res: EpisodeResult) -> None:
@@ -243,7 +221,8 @@ class _GameRecorder:
             if self.gif:
                 res.gif = mp4_to_gif(res.video, res.video.with_suffix(".gif"))
         if self.with_reward:
-            res.reward_corr = correlation(*self.series[slot])
+            corr = pearson(*self.series[slot])
+            res.reward_corr = None if math.isnan(corr) else corr  # None: a constant series (nothing scored)
         self.log(format_episode(res, self.with_reward))
 
     def aborted(self) -> None:
@@ -260,24 +239,23 @@ def _play_loop(
     vdir: Path | None,
     model: str | os.PathLike,
     rm: Any,
-    norm: Callable[[np.ndarray], np.ndarray] | None,
     greedy: bool,
     gif: bool,
     max_steps: int | None,
     rng: np.random.Generator,
     log: Callable[[str], None],
 ) -> list[EpisodeResult]:
-    """``play_games`` with this policy, the reward model's normalised prediction and a recorder."""
+    """``play_games`` with this policy, the reward model's raw prediction and a recorder."""
 
     def policy(obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return select_actions(net(torch.as_tensor(obs, device=dev))[0], greedy, rng)
 
     def predict(frames: np.ndarray, actions: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
-        assert norm is not None
-        return norm(np.asarray(rm.predict(frames, actions, next_frames), dtype=np.float32).reshape(-1))
+        return np.asarray(rm.predict(frames, actions, next_frames), dtype=np.float32).reshape(-1)
 
-    recorder = _GameRecorder(venv.n_envs, vdir, model, rm is not None, gif, log)
+    norm = RunningNorm(DEFAULT_NORM_WINDOW, prior=norm_prior(rm)) if rm is not None else None
+    recorder = _GameRecorder(venv.n_envs, vdir, model, norm, gif, log)
     results = play_games(
         venv,
         policy,

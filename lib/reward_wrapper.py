@@ -108,6 +108,25 @@ class RunningNorm:
         return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
 
 
+def norm_prior(model: Any) -> tuple[float, float] | None:
+    """The (mean, std) of per-step predictions a reward model was trained with (stored in its
+    checkpoint): what ``RunningNorm`` uses until its window fills. None when the model has none, or
+    none usable (not finite, std <= 0): the window's own figures are then used from the start."""
+    if not getattr(model, "has_norm_stats", True):
+        return None
+    mean, std = getattr(model, "norm_mean", None), getattr(model, "norm_std", None)
+    if mean is None or std is None or not math.isfinite(mean) or not math.isfinite(std) or std <= 0:
+        return None
+    return float(mean), float(std)
+
+
+def normalised(x: np.ndarray) -> np.ndarray:
+    """A whole series of predictions normalised as the learner does once its window holds them:
+    centred on the median, divided by the std (a constant series: centred only)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    return RunningNorm(max(len(x), 1)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
+
+
 def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
     """(K, N) raw member predictions -> (N,) mean - penalty * std of the members' normalised
     predictions (each member on its own window; std over members, population), and (N,) the
@@ -152,7 +171,7 @@ class RewardModelWrapper:
                 f"--reward-penalty needs an ensemble reward model (03_reward_train.py --ensemble K); "
                 f"{model_path} has one member"
             )
-        prior = (self.model.norm_mean, self.model.norm_std) if self.model.has_norm_stats else None
+        prior = norm_prior(self.model)
         self.norm = RunningNorm(norm_window, prior=prior)
         self.penalty = float(penalty)
         # with a penalty: one window per member (their scales differ), mean - L * std across them

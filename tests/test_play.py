@@ -21,8 +21,9 @@ import lib.play
 from lib.envs import AtariVec
 from lib.errors import UserError
 from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
-from lib.play import correlation, normaliser, play, prepare_video_dir, summary, video_stem
+from lib.play import play, prepare_video_dir, summary, video_stem
 from lib.reward_model import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
+from lib.reward_wrapper import RunningNorm, norm_prior
 from lib.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,17 +212,14 @@ def test_video_names_say_model_and_episode() -> None:
     assert video_stem("saves/my run/last.pt", 12) == "my_run_last_ep12"
 
 
-def test_correlation() -> None:
-    assert correlation([0, 1, 0, 2], [0, 20, 0, 40]) == pytest.approx(1.0)
-    assert correlation([0.1, 0.3, 0.2], [0, 0, 0]) is None  # nothing scored: undefined, not nan
-
-
 def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     from lib.reward_model import load_reward_model
 
     rm = load_reward_model(models["reward"], game="seaquest", n_actions=18)
     raw = np.array([0.5, 2.5, -1.5], dtype=np.float32)
-    np.testing.assert_allclose(normaliser(rm)(raw), [0.0, 1.0, -1.0])
+    # the reward view's normalisation is the learner's: the training stats until the window fills
+    assert norm_prior(rm) == (0.5, 2.0)
+    np.testing.assert_allclose(RunningNorm(10_000, prior=norm_prior(rm)).normalise(raw), [0.0, 1.0, -1.0])
 
 
 def test_play_games_hands_predict_the_frame_each_step_led_to() -> None:
