@@ -20,7 +20,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Play a saved policy for full games (all lives), print each game's score and "
         "length and their mean, std and max; optionally record MP4 videos with the reward model's view.",
     )
-    p.add_argument("-m", "--model", required=True, help="policy checkpoint (.pt) saved by 01_a2c.py")
+    p.add_argument(
+        "-m",
+        "--model",
+        required=True,
+        help="policy checkpoint (.pt) saved by 01_a2c.py, or a run directory (saves/v0) for its best policy",
+    )
     p.add_argument(
         "-e",
         "--env",

@@ -42,7 +42,7 @@ import numpy as np
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
-from lib.model import read_checkpoint
+from lib.model import BEST_GLOB, best_checkpoint, read_checkpoint
 from lib.oracle import oracle_label_db
 from lib.play import play
 from lib.reward_eval import predict_segments, score
@@ -209,11 +209,11 @@ def _drop_flag_value(cmd: list[str], flag: str) -> list[str]:
 
 
 def best_policy(save_dir: Path) -> Path:
-    """v0's best checkpoint: the last best_*.pt written (each one beat every earlier evaluation)."""
-    best = sorted(save_dir.glob("best_*.pt"))
-    if not best:
-        raise UserError(f"no best_*.pt in {save_dir}: v0 never finished an evaluation")
-    return best[-1]
+    """A run's best checkpoint (``lib.model.best_checkpoint``)."""
+    best = best_checkpoint(save_dir)
+    if best is None:
+        raise UserError(f"no {BEST_GLOB} in {save_dir}: the run never finished an evaluation")
+    return best
 
 
 def split_db(db: Path, out: Path, holdout: float, seed: int) -> dict[str, list[str]]:

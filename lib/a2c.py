@@ -34,6 +34,7 @@ from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
     atomic_torch_save,
+    best_checkpoint_name,
     check_fields,
     float_in,
     int_in,
@@ -41,6 +42,7 @@ from lib.model import (
     load_policy,
     optional,
     policy_checkpoint,
+    policy_file,
     read_checkpoint,
     resolve_device,
     state_is_finite,
@@ -106,6 +108,8 @@ class A2CConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> A2CConfig:
         cfg = cls(**vars(args))
+        if cfg.model:  # a run directory stands for its best policy
+            cfg.model = str(policy_file(cfg.model))
         cfg.check()
         return cfg
 
@@ -152,7 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/")
     p.add_argument("--env", default=d.env, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4")
     p.add_argument("--dev", default=d.dev, help="torch device for the networks: cpu, cuda or cuda:N")
-    p.add_argument("-m", "--model", help="start from this saved policy (.pt) instead of from scratch")
+    p.add_argument(
+        "-m",
+        "--model",
+        help="start from this saved policy (.pt) instead of from scratch; a run directory (saves/v0) means its best",
+    )
     p.add_argument(
         "--finetune",
         action="store_true",
@@ -953,7 +961,7 @@ def evaluate_and_save(run: Run, stop: list[bool]) -> float:
         msg += f", {behaviour}"
     if res["score_mean"] > run.progress.best_mean:
         run.progress.best_mean = res["score_mean"]
-        path = run.cfg.save_dir / f"best_{step:09d}_score{res['score_mean']:.1f}_len{res['length_mean']:.0f}.pt"
+        path = run.cfg.save_dir / best_checkpoint_name(step, res["score_mean"], res["length_mean"])
         run.save(path, metrics=res)
         if run.recorder is not None:
             run.recorder.checkpoint = str(path)  # segments from now on name the policy that played them

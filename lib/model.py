@@ -132,6 +132,34 @@ def policy_checkpoint(
     return ck
 
 
+BEST_GLOB = "best_*.pt"  # 01_a2c.py's best checkpoints: best_<step, 9 digits>_score<mean>_len<mean>.pt
+LAST_NAME = "last.pt"  # 01_a2c.py's latest state (what --resume continues)
+
+
+def best_checkpoint_name(step: int, score_mean: float, length_mean: float) -> str:
+    """The file name of a best checkpoint: the step first, zero-padded, so that names sort by step."""
+    return f"best_{step:09d}_score{score_mean:.1f}_len{length_mean:.0f}.pt"
+
+
+def best_checkpoint(save_dir: str | os.PathLike) -> Path | None:
+    """A run's best policy: its last best_*.pt written (each beat every earlier evaluation), by the
+    step in its name; None when the run has none (it never finished an evaluation)."""
+    best = sorted(Path(save_dir).glob(BEST_GLOB))
+    return best[-1] if best else None
+
+
+def policy_file(path: str | os.PathLike) -> Path:
+    """``-m`` of 01_a2c.py and 04_play.py: a checkpoint file as given, or a run directory (such as
+    saves/v0), which stands for its best policy (``best_checkpoint``), else its last.pt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    found = best_checkpoint(path) or (path / LAST_NAME if (path / LAST_NAME).is_file() else None)
+    if found is None:
+        raise UserError(f"-m {path}: a directory without a policy ({BEST_GLOB} or {LAST_NAME})")
+    return found
+
+
 _CLEANED: set[str] = set()  # paths whose stale temp files this process has removed
 
 

@@ -31,6 +31,7 @@ from lib.model import (
     POLICY_FORMAT,
     check_fields,
     load_policy,
+    policy_file,
     read_checkpoint,
     resolve_device,
     wrong_kind,
@@ -132,6 +133,7 @@ def play(
     if seed is not None and not 0 <= seed < 2**31:
         raise UserError(f"--seed must be in 0..{2**31 - 1}, got {seed}")
     dev = resolve_device(device)
+    model = policy_file(model)  # a run directory stands for its best policy
     ck = read_checkpoint(model, "model")  # read once: missing or corrupt files fail here
     env_id = policy_env_id(model, env, ck)
     n_envs = min(episodes, MAX_PARALLEL)

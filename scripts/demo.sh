@@ -23,26 +23,22 @@ $PY 03_reward_train.py -n demo -o saves/demo-reward db/demo
 REWARD=saves/demo-reward/reward-demo.pt
 
 echo
-POLICY=$(ls -t saves/demo/best_*.pt 2>/dev/null | head -n 1 || true)
-POLICY=${POLICY:-saves/demo/last.pt}
-echo "== 4/5 01_a2c.py -r: fine-tune $POLICY on the learned reward (conv layers frozen)"
-$PY 01_a2c.py -n demo-ft -m "$POLICY" -r "$REWARD" --finetune --db-path db/demo-ft \
+echo "== 4/5 01_a2c.py -r: fine-tune saves/demo's best policy on the learned reward (conv layers frozen)"
+$PY 01_a2c.py -n demo-ft -m saves/demo -r "$REWARD" --finetune --db-path db/demo-ft \
     --max-steps 40000 --record-prob 0.002 --test-every 20000 --test-episodes 4
 
 echo
-FT=$(ls -t saves/demo-ft/best_*.pt 2>/dev/null | head -n 1 || true)
-FT=${FT:-saves/demo-ft/last.pt}
-echo "== 5/5 04_play.py: a full game of $FT, recorded with the reward view"
-$PY 04_play.py -m "$FT" --reward "$REWARD" -r videos/demo -n 1 --seed 1
+echo "== 5/5 04_play.py: a full game of saves/demo-ft's best policy, recorded with the reward view"
+$PY 04_play.py -m saves/demo-ft --reward "$REWARD" -r videos/demo -n 1 --seed 1
 
 echo
 echo "== demo done"
 echo "  segments:  db/demo ($(find db/demo -name '*.dat' | wc -l) segments)"
-echo "  policy:    $POLICY"
+echo "  policy:    saves/demo (its best: $(ls saves/demo/best_*.pt 2>/dev/null | tail -n 1))"
 echo "  labels:    db/demo/labels.jsonl ($(wc -l < db/demo/labels.jsonl) lines)"
 echo "  label UI:  $PY 02_label_ui.py -d db/demo     # then open the link it prints (it holds the token)"
 echo "  reward:    $REWARD"
-echo "  fine-tune: $FT (segments of its play in db/demo-ft)"
+echo "  fine-tune: saves/demo-ft (segments of its play in db/demo-ft)"
 echo "  video:     $(ls -t videos/demo/*.mp4 | head -n 1)"
 echo "  curves:    .venv/bin/tensorboard --logdir runs"
 echo "next round: label db/demo-ft too, then retrain on both DBs:"

@@ -419,3 +419,22 @@ def test_cli_help_lists_every_flag() -> None:
     assert r.returncode == 0
     for flag in ("-m", "-e", "-r", "-n", "--reward", "--dev", "--seed", "--greedy", "--gif", "--max-steps"):
         assert f" {flag}" in r.stdout, flag
+
+
+def test_a_run_directory_stands_for_its_best_policy(tmp_path: Path) -> None:
+    """-m saves/RUN (01_a2c.py, 04_play.py): the best_*.pt with the highest step, else last.pt."""
+    from lib.errors import UserError
+    from lib.model import best_checkpoint_name, policy_file
+
+    run = tmp_path / "v0"
+    run.mkdir()
+    with pytest.raises(UserError, match="without a policy"):
+        policy_file(run)
+    (run / "last.pt").write_bytes(b"x")
+    assert policy_file(run) == run / "last.pt"
+    names = [best_checkpoint_name(s, sc, 700) for s, sc in ((9_000, 120.0), (120_000, 310.5), (40_000, 200.0))]
+    for n in names:
+        (run / n).write_bytes(b"x")
+    assert names[1] == "best_000120000_score310.5_len700.pt"
+    assert policy_file(run) == run / names[1]  # the highest step: the last best written
+    assert policy_file(run / names[0]) == run / names[0]  # a file is taken as given
