@@ -261,3 +261,17 @@ def test_force_starts_a_run_over(tmp_path):
     assert r.returncode == 2 and "already holds the run" in r.stderr
     r = a2c(tmp_path, *args, "--force")
     assert r.returncode == 0, r.stderr
+
+
+def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
+    from lib.a2c import A2CConfig, build_parser
+    from lib.model import best_checkpoint_name
+
+    groups = [g.title for g in build_parser()._action_groups]
+    assert {"core", "speed"} <= set(groups) and any(t.startswith("labels") for t in groups)
+    run = tmp_path / "v0"
+    run.mkdir()
+    for step in (10_000, 20_000):
+        (run / best_checkpoint_name(step, step / 100, 500)).write_bytes(b"")
+    cfg = A2CConfig.from_args(build_parser().parse_args(["-n", "x", "-m", str(run)]))
+    assert cfg.model == str(run / best_checkpoint_name(20_000, 200.0, 500))
