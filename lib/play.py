@@ -11,11 +11,13 @@ all are played to the end, so short games are not favoured in the statistics.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +306,107 @@ def summary(results: list[EpisodeResult], with_reward: bool = False) -> str:
         else:
             line += "; reward corr n/a (no points scored)"
     return line
+
+
+# --- 04_play.py -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    """04_play.py's settings: the defaults live here, the help in ``build_parser``."""
+
+    model: str = ""
+    env: str | None = None
+    episodes: int = 1
+    record: str | None = None
+    reward: str | None = None
+    dev: str = "cpu"
+    seed: int | None = None
+    greedy: bool = False
+    gif: bool = False
+    max_steps: int | None = None
+    env_threads: int = 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """04_play.py's flags in groups (``--help``); every default comes from ``PlayConfig``."""
+    d = PlayConfig
+    p = argparse.ArgumentParser(
+        prog="04_play.py",
+        description="Play a saved policy for full games (all lives), print each game's score and "
+        "length and their mean, std and max; optionally record MP4 videos with the reward model's view.",
+    )
+    g = p.add_argument_group("core")
+    g.add_argument(
+        "-m",
+        "--model",
+        required=True,
+        help="policy checkpoint (.pt) saved by 01_a2c.py, or a run directory (saves/v0) for its best policy",
+    )
+    g.add_argument(
+        "-e",
+        "--env",
+        default=d.env,
+        help="env id; taken from the checkpoint when it has one (then -e must name the same game), "
+        "else SeaquestNoFrameskip-v4",
+    )
+    g.add_argument("-n", "--episodes", type=int, default=d.episodes, help="games to play (default 1)")
+    g.add_argument("--dev", default=d.dev, help="torch device for the policy and reward model: cpu or cuda")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for the games and sampled actions")
+    g.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=d.max_steps,
+        help="cut each game after this many agent steps (a quick look; default: play to game over, "
+        "at most ALE's 108,000 frames = 27,000 steps)",
+    )
+    _add_play_output_args(p.add_argument_group("output: videos and the reward view"))
+    g = p.add_argument_group("speed")
+    g.add_argument(
+        "--env-threads",
+        type=int,
+        default=d.env_threads,
+        metavar="N",
+        help="emulator threads (0: the cores this process may use; at most one per game)",
+    )
+    return p
+
+
+def _add_play_output_args(g: argparse._ArgumentGroup) -> None:
+    d = PlayConfig
+    g.add_argument(
+        "-r",
+        "--record",
+        metavar="VIDEO_DIR",
+        default=d.record,
+        help="record each game to VIDEO_DIR/<run>_<checkpoint>_epNN.mp4 (H.264, 15 fps = game speed)",
+    )
+    g.add_argument(
+        "--reward",
+        metavar="REWARD_MODEL",
+        default=d.reward,
+        help="reward model (.pt) from 03_reward_train.py: videos get a strip with its prediction normalised as "
+        "fine-tuning sees it next to the true reward, and each game prints their correlation",
+    )
+    g.add_argument("--gif", action="store_true", help="also write an animated GIF next to each MP4 (needs -r)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``04_play.py``: play, print one line per game and the summary."""
+    cfg = PlayConfig(**vars(build_parser().parse_args(argv)))
+    results = play(
+        cfg.model,
+        env=cfg.env,
+        episodes=cfg.episodes,
+        video_dir=cfg.record,
+        reward=cfg.reward,
+        device=cfg.dev,
+        seed=cfg.seed,
+        greedy=cfg.greedy,
+        gif=cfg.gif,
+        max_steps=cfg.max_steps,
+        env_threads=cfg.env_threads,
+    )
+    print(summary(results, with_reward=cfg.reward is not None))
+    return 0
