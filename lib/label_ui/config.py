@@ -7,7 +7,7 @@ import ipaddress
 import os
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -71,19 +71,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """02_label_ui.py's flags in groups (``--help``); every default comes from ``LabelConfig``."""
     p = _Parser(
         prog="02_label_ui.py",
         description="Label pairs of clips from segment DBs in a web page (or with --oracle, from true rewards).",
     )
-    _add_page_args(p)
-    _add_oracle_args(p)
-    _add_pair_args(p)
-    return p
-
-
-def _add_page_args(p: argparse.ArgumentParser) -> None:
-    """The DBs, the server, its access and the clips."""
-    p.add_argument(
+    core = p.add_argument_group("core")
+    core.add_argument(
         "-d",
         "--db",
         action="append",
@@ -91,13 +85,25 @@ def _add_page_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="segment DB (made by 01_a2c.py --db-path); repeat for several DBs",
     )
+    core.add_argument(
+        "--seed", type=int, default=LabelConfig.seed, help="random seed for the pair lists / oracle pairs"
+    )
+    core.add_argument("--labeler", default=LabelConfig.labeler, help="name stored with every answer (field 'labeler')")
+    _add_page_args(p.add_argument_group("page: the server, its access and the clips"))
+    _add_pair_args(p.add_argument_group("labels: which pairs to ask"))
+    _add_oracle_args(p.add_argument_group("oracle: labels from a synthetic teacher, no server"))
+    return p
+
+
+def _add_page_args(p: argparse._ArgumentGroup) -> None:
+    """The server, its access and the clips."""
+    d = LabelConfig
     p.add_argument(
         "--host",
-        default="127.0.0.1",
+        default=d.host,
         help="address to listen on (default 127.0.0.1; another address needs --token)",
     )
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--pairs", type=int, default=20, help="length of each tab's list of pairs (default 20)")
+    p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
     p.add_argument(
         "--token",
         default=None,
@@ -124,19 +130,20 @@ def _add_page_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fps",
         type=float,
-        default=15.0,
+        default=d.fps,
         help="clip speed in agent steps per second at 1x (default 15 = game speed)",
     )
     p.add_argument(
         "--cache-dir",
         type=_path,
-        default=DEFAULT_CACHE_DIR,
+        default=d.cache_dir,
         help=f"where encoded clips are cached (default {DEFAULT_CACHE_DIR})",
     )
 
 
-def _add_oracle_args(p: argparse.ArgumentParser) -> None:
+def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
     """--oracle and its synthetic teacher."""
+    d = LabelConfig
     p.add_argument(
         "--oracle",
         type=int,
@@ -148,27 +155,29 @@ def _add_oracle_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--teacher",
         choices=TEACHERS,
-        default="score",
+        default=d.teacher,
         help="with --oracle: 'score' prefers the higher true return; 'oxygen' (SeaQuest) prefers fewer lives "
         "lost to an empty oxygen gauge, then more refills at the surface, then the higher return",
     )
     p.add_argument(
         "--teacher-noise",
         type=float,
-        default=0.0,
+        default=d.teacher_noise,
         metavar="P",
         help="with --oracle: share of answers that are random (#1 or #2 at random), as the paper models people",
     )
     p.add_argument(
         "--teacher-ties",
         choices=TIE_RULES,
-        default="equal",
+        default=d.teacher_ties,
         help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
     )
 
 
-def _add_pair_args(p: argparse.ArgumentParser) -> None:
-    """Which pairs to ask, the reward model's view, control pairs, who answers."""
+def _add_pair_args(p: argparse._ArgumentGroup) -> None:
+    """Which pairs to ask, the reward model's view, control pairs."""
+    d = LabelConfig
+    p.add_argument("--pairs", type=int, default=d.pairs, help=f"length of each tab's list of pairs (default {d.pairs})")
     p.add_argument(
         "--reward",
         type=_path,
@@ -180,7 +189,7 @@ def _add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sampling",
         choices=SAMPLING_MODES,
-        default="random",
+        default=d.sampling,
         help="which pairs to ask about: 'random'; 'uncertain', those the model's predicted preference is "
         "closest to 50/50 on (from --pool random candidates); 'disagree', those an ensemble model's members "
         "disagree on most; 'exploits', first the segments the model overrates most against their true return. "
@@ -196,13 +205,11 @@ def _add_pair_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--control-rate",
         type=float,
-        default=0.05,
+        default=d.control_rate,
         metavar="P",
         help="share of list entries that show again a pair this labeler answered, order swapped, unmarked; "
         "Overview reports how often the answers agree (default 0.05; 0 turns it off)",
     )
-    p.add_argument("--seed", type=int, default=None, help="random seed for the pair lists / oracle pairs")
-    p.add_argument("--labeler", default=None, help="name stored with every answer (field 'labeler')")
 
 
 def is_loopback(host: str) -> bool:
@@ -219,10 +226,27 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     """Parse and check the command line; every mistake raises UserError with one line."""
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
-    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
-        raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
+    dbs = _checked_dbs(args.db)
+    _check_values(args)
+    token, generated = _access_token(args, environ)
+    cache_dir = _checked_cache_dir(args, dbs)
+    if args.token is not None:
+        warn(f"--token is visible to every user of this machine (ps); prefer ${TOKEN_ENV} or --token-file")
+    same = {f.name: getattr(args, f.name) for f in fields(LabelConfig) if hasattr(args, f.name)}
+    return replace(
+        LabelConfig(dbs=tuple(dbs)),
+        **{k: v for k, v in same.items() if k not in ("token", "cache_dir")},
+        public_hosts=tuple(args.public_host),
+        token=token,
+        token_generated=generated,
+        cache_dir=cache_dir,
+    )
+
+
+def _checked_dbs(given: list[str]) -> list[Path]:
+    """-d/--db: existing directories, each once, of one game, whose labels.jsonl can be appended to."""
     dbs: list[Path] = []
-    for d in args.db:
+    for d in given:
         if not d.strip():
             raise UserError("-d/--db: an empty path; pass a segment DB made by 01_a2c.py --db-path (e.g. -d db/v0)")
         path = Path(d)
@@ -239,6 +263,13 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
             what = "a symlink" if labels.is_symlink() else "not a regular file"
             raise UserError(f"{labels} is {what}: refusing to write labels through it (make it a plain file)")
         check_single_link(labels)
+    return dbs
+
+
+def _check_values(args: argparse.Namespace) -> None:
+    """Every number and name in range (UserError with one line)."""
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
     if not 1 <= args.pairs <= MAX_PAIRS:
         raise UserError(f"--pairs must be between 1 and {MAX_PAIRS}, got {args.pairs}")
     if not 0 < args.port < 65536:
@@ -264,6 +295,10 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
         raise UserError(f"--pool must be {what}, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
+
+
+def _access_token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> tuple[str | None, bool]:
+    """The token every browser must give once, and whether it was made here (none given, loopback)."""
     token = _token(args, environ)
     if args.no_token and token is not None:
         raise UserError("--no-token and a token (--token, --token-file or $RLHF_LABEL_TOKEN) contradict each other")
@@ -282,6 +317,11 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     generated = args.oracle is None and token is None and not args.no_token
     if generated:  # loopback: other accounts of this machine reach it too, so a token by default
         token = secrets.token_urlsafe()
+    return token, generated
+
+
+def _checked_cache_dir(args: argparse.Namespace, dbs: list[Path]) -> Path:
+    """--cache-dir, resolved, never inside a DB; made (and checked writable) when a page will serve clips."""
     cache_dir = args.cache_dir.resolve()
     for db in dbs:
         root = db.resolve()
@@ -289,31 +329,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
             raise UserError(
                 f"--cache-dir {args.cache_dir} is inside the DB {db}: put clips outside segment directories"
             )
-    if args.oracle is None:
-        cache_dir = _cache_dir(args.cache_dir)
-    if args.token is not None:
-        warn(f"--token is visible to every user of this machine (ps); prefer ${TOKEN_ENV} or --token-file")
-    return LabelConfig(
-        dbs=tuple(dbs),
-        host=args.host,
-        port=args.port,
-        pairs=args.pairs,
-        token=token,
-        token_generated=generated,
-        fps=args.fps,
-        cache_dir=cache_dir,
-        oracle=args.oracle,
-        teacher=args.teacher,
-        teacher_noise=args.teacher_noise,
-        teacher_ties=args.teacher_ties,
-        seed=args.seed,
-        labeler=args.labeler,
-        public_hosts=tuple(args.public_host),
-        reward=args.reward,
-        sampling=args.sampling,
-        pool=args.pool,
-        control_rate=args.control_rate,
-    )
+    return _cache_dir(args.cache_dir) if args.oracle is None else cache_dir
 
 
 def check_single_link(labels: Path) -> None:
