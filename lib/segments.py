@@ -467,6 +467,12 @@ def _decompress(data: bytes) -> bytes:
     return b"".join(out)
 
 
+def is_compressed(data: bytes) -> bool:
+    """Whether a segment file's bytes are zstd-compressed (our formats 1 and 2); the book's legacy
+    segments are raw ~5 MB pickles, which a reader keeping many segments may re-encode."""
+    return data[:4] == _ZSTD_MAGIC
+
+
 def decode_segment(data: bytes, name: str = "<bytes>") -> Segment:
     """Decode a segment file's bytes (format 2, format 1 or the book's legacy pickle).
 
