@@ -45,9 +45,8 @@ from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
 from lib.model import BEST_GLOB, best_checkpoint, read_checkpoint
 from lib.oracle import oracle_label_db
 from lib.play import play
-from lib.reward_eval import predict_segments, score
+from lib.reward_eval import oracle_agreement, predict_segments, score
 from lib.reward_model import load_reward_model
-from lib.reward_train import oracle_agreement
 from lib.reward_wrapper import normalised
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts

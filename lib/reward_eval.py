@@ -1,11 +1,16 @@
-"""How well a trained reward model orders segments it may never have seen: ``03_reward_train.py
---evaluate MODEL DB...`` and ``bench/quality.py``'s held-out figures use these functions.
+"""How well a reward model orders segments: the trainer's figures on its held-out test pairs
+(``pair_metrics``, every epoch), and ``03_reward_train.py --evaluate MODEL DB...`` /
+``experiments/quality.py``'s figures on any DB's segments (``evaluate_model``, ``score``).
 
 Three figures per set of segments with true rewards:
-- **oracle agreement**: over every pair of segments whose true returns differ, the share whose
+- **oracle agreement**: over pairs of segments whose true returns differ, the share whose
   predicted returns order them the same way (``oracle_agreement``: a predicted tie is wrong);
-- **return correlation**: Pearson r of predicted and true segment returns;
+- **return correlation**: Pearson r of predicted and true segment returns (``lib.stats.pearson``);
 - **per-step correlation**: Pearson r of the per-step prediction and the true reward of each step.
+
+Test pairs share segments with training pairs (a pair is held out, not its segments);
+``experiments/quality.py`` measures agreement, by the same ``oracle_agreement``, on segments never
+trained on.
 """
 
 from __future__ import annotations
@@ -17,11 +22,131 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from lib.errors import UserError, warn
-from lib.reward_model import RewardPredictor
-from lib.reward_train import oracle_agreement
+from lib.reward_data import PreferenceData, model_inputs, step_features
+from lib.reward_model import AnyRewardModel, DiffRewardModel, RewardPredictor, lean_net, preference_loss
 from lib.segments import SegmentError, list_segments, read_segment
+from lib.stats import pearson
+
+
+def oracle_agreement(pred1: np.ndarray, pred2: np.ndarray, true1: np.ndarray, true2: np.ndarray) -> tuple[float, int]:
+    """(share, count) of the pairs whose true returns are known and differ that the predicted
+    returns order the same way. A predicted tie counts as wrong: the model did not order the pair.
+    Pairs whose true returns are equal or unknown (NaN: legacy segments) are left out. NaN share
+    when no pair is left. The one rule for every agreement figure (trainer, experiments)."""
+    p1, p2, t1, t2 = (np.asarray(x, dtype=np.float64) for x in (pred1, pred2, true1, true2))
+    known = np.isfinite(t1) & np.isfinite(t2) & (t1 != t2)
+    n = int(known.sum())
+    if n == 0:
+        return math.nan, 0
+    return float(np.mean(np.sign(p1[known] - p2[known]) == np.sign(t1[known] - t2[known]))), n
+
+
+# --- the trainer's test pairs ----------------------------------------------------------------
+
+
+def predict_segment_returns(
+    nets: Sequence[torch.nn.Module],
+    data: PreferenceData,
+    segs: np.ndarray,
+    device: torch.device,
+    arch: str,
+    chunk_frames: int = 64,
+) -> tuple[np.ndarray, tuple[float, float, int]]:
+    """Eval-mode returns of segments ``segs`` by each member: (K, S) float64, and the (sum, sum of
+    squares, count) of the ensemble-mean per-step predictions (for normalisation stats)."""
+    out = np.zeros((len(nets), len(segs)), dtype=np.float64)
+    s1 = s2 = 0.0
+    count = 0
+    groups: list[list[int]] = [[]]
+    frames_in = 0
+    for j, s in enumerate(segs):
+        if groups[-1] and frames_in + data.lengths[s] > chunk_frames:
+            groups.append([])
+            frames_in = 0
+        groups[-1].append(j)
+        frames_in += int(data.lengths[s])
+    with torch.inference_mode():
+        for g in groups:
+            if not g:
+                continue
+            if isinstance(nets[0], DiffRewardModel):
+                feats, actions, owner = step_features(nets[0], data, segs[g], device)
+                a = torch.from_numpy(actions).to(device)
+                per_step = torch.stack([net.head(feats, a) for net in nets])  # type: ignore[operator]
+            else:
+                frames, actions, owner = model_inputs(data, segs[g], arch)
+                f = torch.from_numpy(frames).to(device)
+                a = torch.from_numpy(actions).to(device)
+                per_step = torch.stack([net(f, a) for net in nets])  # (K, F)
+            o = torch.from_numpy(owner).to(device)
+            rets = torch.zeros((len(nets), len(g)), device=device, dtype=per_step.dtype).index_add(1, o, per_step)
+            out[:, g] = rets.double().cpu().numpy()
+            m = per_step.mean(0).double()
+            s1 += float(m.sum())
+            s2 += float((m * m).sum())
+            count += len(m)
+    return out, (s1, s2, count)
+
+
+def lean_nets(models: Sequence[AnyRewardModel], device: torch.device) -> list[torch.nn.Module]:
+    """The eval-only nets of models in training (``lean_net``); the models stay in train mode."""
+    nets = []
+    for m in models:
+        m.eval()
+        nets.append(lean_net(m).to(device, memory_format=torch.channels_last))
+        m.train()
+    return nets
+
+
+def _mean_std(s1: float, s2: float, count: int) -> tuple[float, float]:
+    mean = s1 / max(count, 1)
+    return mean, math.sqrt(max(s2 / max(count, 1) - mean * mean, 0.0))
+
+
+def pair_metrics(
+    models: Sequence[AnyRewardModel], data: PreferenceData, pairs: np.ndarray, device: torch.device, noise: float
+) -> dict[str, float]:
+    """The trainer's figures on labeled ``pairs`` (its test pairs), in eval mode: loss, accuracy on
+    non-tie labels, oracle agreement, correlation of predicted with true returns, ensemble
+    disagreement, and per-step prediction stats."""
+    segs, inv = np.unique(np.concatenate([data.first[pairs], data.second[pairs]]), return_inverse=True)
+    rets, sums = predict_segment_returns(lean_nets(models, device), data, segs, device, models[0].arch)
+    mean_ret = rets.mean(0)  # (S,) the ensemble's return
+    r1 = torch.from_numpy(mean_ret[inv[: len(pairs)]]).float()
+    r2 = torch.from_numpy(mean_ret[inv[len(pairs) :]]).float()
+    _, m = preference_loss(r1, r2, torch.from_numpy(data.mu[pairs]), noise)
+    agree, n_or = oracle_agreement(
+        r1.numpy(), r2.numpy(), data.true_returns[data.first[pairs]], data.true_returns[data.second[pairs]]
+    )
+    t = data.true_returns[segs]
+    ok = np.isfinite(t)
+    # two points always correlate +-1: at least three segments with true returns
+    corr = pearson(mean_ret[ok], t[ok]) if ok.sum() >= 3 else math.nan
+    mean, std = _mean_std(*sums)
+    return {
+        "loss": m["loss"],
+        "accuracy": m["accuracy"],
+        "oracle_agreement": agree,
+        "oracle_pairs": float(n_or),
+        "return_corr": corr,
+        "disagreement": float(rets.std(0).mean()) if len(models) > 1 else 0.0,
+        "step_mean": mean,
+        "step_std": std,
+    }
+
+
+def norm_stats(
+    models: Sequence[AnyRewardModel], data: PreferenceData, segs: np.ndarray, device: torch.device
+) -> tuple[float, float]:
+    """Mean and std of the per-step predictions over segments ``segs`` (eval mode)."""
+    _, sums = predict_segment_returns(lean_nets(models, device), data, segs, device, models[0].arch)
+    return _mean_std(*sums)
+
+
+# --- any DB's segments (--evaluate, experiments) ---------------------------------------------
 
 
 @dataclass
@@ -56,14 +181,6 @@ class Scores:
 
 def _r(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:+.3f}"
-
-
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson r, NaN with fewer than 2 points or a constant series."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if len(x) < 2 or x.std() == 0 or y.std() == 0:
-        return math.nan
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def all_pairs_agreement(pred: np.ndarray, true: np.ndarray) -> tuple[float, int]:

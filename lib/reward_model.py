@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.envs import POLICY_FRAME, STACK, grey84
+from lib.envs import POLICY_FRAME, grey84
 from lib.errors import UserError
 from lib.model import (
     MAX_ACTIONS,
@@ -59,15 +59,14 @@ from lib.model import (
     is_bool,
     is_dict,
     list_of,
-    load_policy,
     optional,
     plain_values,
-    policy_conv,
     read_checkpoint,
     resolve_device,
     text,
     wrong_kind,
 )
+from lib.reward_config import ARCHS, DIFF_BLOCK
 
 REWARD_VERSION = 1
 FULL_FRAME = (210, 160, 3)
@@ -77,14 +76,8 @@ HIDDEN = 64
 DROPOUT = 0.5
 NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
 INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
-ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
-# The diff net averages (rows, cols) blocks of its 84x84 input. 12x12 (a 7x7 grid) was the first
-# default and is what diff checkpoints without a "diff_block" field were made with. 4x12 (21 rows of
-# 7) keeps SeaQuest's reserve subs (rows 8-11) apart from the score (rows 3-6): with 12-row blocks a
-# lost life looked like points (+1.6 to +3.2 std paid on the step a life goes) and the fine-tune
-# learned to die (round benchmark, same v0 and labels: 333 +- 33 against 428 +- 55 with 4x12).
-DIFF_BLOCK = (4, 12)
-OLD_DIFF_BLOCK = (12, 12)
+# ARCHS and DIFF_BLOCK (4x12) live in lib/reward_config.py, torch-free for 03_reward_train.py --help
+OLD_DIFF_BLOCK = (12, 12)  # diff checkpoints made before the "diff_block" field
 MAX_ENSEMBLE = 64  # members of one reward model (03_reward_train.py --ensemble)
 MAX_FRAME_SIDE = 1024  # as lib.segments.MAX_FRAME_SIDE
 MAX_DOWNSCALE = 8
@@ -274,9 +267,7 @@ class DiffRewardModel(nn.Module):
     score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
     on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
     many top rows of both 84x84 frames (the paper's masking of the score: the model must then
-    learn from the scene). ``encoder``: add the features of a policy's conv layers (``--encoder``:
-    frozen, copied from the policy the DB was recorded with; ``load_encoder``) on the 4-frame stack
-    (frame, frame, frame, next frame), 3136 more features scaled the same way.
+    learn from the scene).
 
     forward: x (B, 2, 84, 84) uint8 from ``prepare`` (frame, next frame), actions (B,) int64
              -> per-step rewards (B,) float32
@@ -291,7 +282,6 @@ class DiffRewardModel(nn.Module):
         frame_shape: Sequence[int] = FULL_FRAME,
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
-        encoder: bool = False,
     ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
@@ -302,11 +292,6 @@ class DiffRewardModel(nn.Module):
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
         n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
-        self.encoder: nn.Module | None = None
-        if encoder:
-            self.encoder = policy_conv(STACK).requires_grad_(False)
-            with torch.no_grad():
-                n += self.encoder(torch.zeros(1, STACK, POLICY_FRAME, POLICY_FRAME)).shape[1]
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -320,15 +305,12 @@ class DiffRewardModel(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
-        (2 x 147 with 4x12 blocks), then the encoder's features if any, before scaling."""
+        (2 x 147 with 4x12 blocks), before scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
         change = (x[:, 1:] - x[:, :1]).abs()
         parts = [F.avg_pool2d(change, self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
-        if self.encoder is not None:
-            with torch.no_grad():  # frozen: no activations kept for backward
-                parts.append(self.encoder(torch.cat([x[:, :1]] * (STACK - 1) + [x[:, 1:]], dim=1)))
         return torch.cat(parts, dim=1)
 
     @torch.no_grad()
@@ -345,14 +327,10 @@ class DiffRewardModel(nn.Module):
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block, the masked rows and the
-        encoder's weights (two sums of its first layer). ``features`` has no trained weight, so a
-        training run computes each segment's once and keeps them under this key."""
-        enc = None
-        if self.encoder is not None:
-            w = self.encoder[0].weight.detach()
-            enc = (float(w.sum()), float(w.square().sum()))
-        return (self.block, int(self.mask_rows), enc)
+        """What ``features`` depends on besides its input: the block and the masked rows.
+        ``features`` has no trained weight, so a training run computes each segment's once and
+        keeps them under this key."""
+        return (self.block, int(self.mask_rows))
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
@@ -466,14 +444,13 @@ def new_reward_model(
     downscale: int = 1,
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
-    encoder: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``encoder`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows`` and ``block`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, encoder)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -481,7 +458,7 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, encoder=model.encoder is not None)
+        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block)
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -605,11 +582,7 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
-        **(
-            {"diff_block": list(first.block), "encoder": first.encoder is not None}
-            if isinstance(first, DiffRewardModel)
-            else {}
-        ),
+        **({"diff_block": list(first.block)} if isinstance(first, DiffRewardModel) else {}),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -643,7 +616,6 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "version": (int_in(0, 1000), False),
     "needs_next_frames": (is_bool, False),
     "diff_block": (_check_block_field, False),
-    "encoder": (is_bool, False),
     "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
     "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
     "downscale": (int_in(1, MAX_DOWNSCALE), False),
@@ -709,9 +681,7 @@ def load_reward_models(
         if arch not in ARCHS:
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
-        # the weights say whether there is an encoder (a lying "encoder" field cannot break loading)
-        first_sd = states[0] if isinstance(states[0], dict) else {}
-        encoder = arch == "diff" and any(str(k).startswith("encoder.") for k in first_sd)
+        _refuse_encoder(ck, path)
     elif checkpoint_kind(ck) == "bare reward":
         check_state_dict(ck, f"reward model {path}")
         w = ck["out.0.weight"]
@@ -721,7 +691,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block, encoder = "book", DIFF_BLOCK, False
+        arch, block = "book", DIFF_BLOCK
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -735,7 +705,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, encoder=encoder)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:
@@ -748,25 +718,16 @@ def load_reward_models(
     return models, ck
 
 
-def load_encoder(path: str | os.PathLike, game: str | None = None) -> dict[str, torch.Tensor]:
-    """The conv layers of the policy checkpoint at ``path`` (``01_a2c.py``'s, or the book's bare
-    state dict), as the state dict of ``DiffRewardModel.encoder``; UserError with one line when the
-    file is no policy, was trained on another game, or does not see the 4-frame 84x84 stack."""
-    ck = read_checkpoint(path, "--encoder policy")
-    shape = (STACK, POLICY_FRAME, POLICY_FRAME)
-    try:
-        net, _ = load_policy(path, game=game, obs_shape=shape, n_actions=_policy_actions(ck), ck=ck)
-    except UserError as e:
-        raise UserError(f"--encoder: {e}") from None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise UserError(f"--encoder: {path} is not a usable policy checkpoint") from None
-    return {k.removeprefix("conv."): v for k, v in net.state_dict().items() if k.startswith("conv.")}
-
-
-def _policy_actions(ck: dict[str, Any]) -> int | None:
-    """A bare policy state dict's action count, read off its last policy layer (None: not one)."""
-    w = ck.get("policy.2.weight") if ck.get("format") is None else None
-    return int(w.shape[0]) if isinstance(w, torch.Tensor) and w.ndim == 2 else None
+def _refuse_encoder(ck: dict[str, Any], path: Path) -> None:
+    """A diff checkpoint made with the retired ``--encoder`` (a policy's frozen conv features next to
+    the grid's: it lost the ablation, README "reward model from few labels") cannot be used: one
+    line saying so. Its weights say it (``encoder.*`` keys), or its "encoder" field."""
+    keys = (str(k) for sd in ck["state_dicts"] for k in sd)
+    if ck.get("encoder") is True or any(k.startswith("encoder.") for k in keys):
+        raise UserError(
+            f"reward model {path} was trained with --encoder (a policy's conv features), which is retired: "
+            f"retrain it without --encoder"
+        )
 
 
 def load_reward_model(

@@ -16,9 +16,11 @@ import torch
 from bench.dbs import make_square_db, write_legacy_segment
 from lib.model import read_checkpoint
 from lib.oracle import oracle_label_db
+from lib.reward_config import TrainConfig
+from lib.reward_data import load_preferences
 from lib.reward_eval import all_pairs_agreement, predict_segments, score
 from lib.reward_model import load_reward_model
-from lib.reward_train import TrainConfig, load_preferences, train_reward_model
+from lib.reward_train import train_reward_model
 from lib.segments import list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]

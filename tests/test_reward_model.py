@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import runpy
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lib.errors import UserError
-from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
+from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint, policy_conv
 from lib.reward_model import (
     FULL_FRAME,
     DiffRewardModel,
@@ -25,6 +28,7 @@ from lib.reward_model import (
     step_next_frames,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = (48, 48, 3)
 
 
@@ -367,3 +371,45 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
     torch.save(ck, tmp_path / "mismatch.pt")
     with pytest.raises(UserError, match="does not fit"):
         load_reward_model(tmp_path / "mismatch.pt")
+
+
+def _retired_encoder_checkpoint(path: Path) -> None:
+    """A diff checkpoint as ``03_reward_train.py --encoder POLICY`` wrote it before the lever was
+    retired: the policy's conv layers (``policy_conv(4)``, frozen) as ``encoder.*`` weights, their
+    3,136 features after the grid's in the scale and in the first head layer (then the one-hot
+    action), and the field "encoder": True."""
+    torch.manual_seed(0)
+    ck = reward_checkpoint([DiffRewardModel(18).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    sd = ck["state_dicts"][0]
+    encoder = policy_conv(4)
+    n_enc = encoder(torch.zeros(1, 4, 84, 84)).shape[1]
+    sd.update({f"encoder.{k}": v.detach().clone() for k, v in encoder.state_dict().items()})
+    n_grid = sd["scale"].numel()
+    sd["scale"] = torch.cat([sd["scale"], torch.ones(n_enc)])
+    w = sd["out.0.weight"]
+    sd["out.0.weight"] = torch.cat([w[:, :n_grid], torch.zeros(len(w), n_enc), w[:, n_grid:]], dim=1).contiguous()
+    ck["encoder"] = True
+    torch.save(ck, path)
+
+
+def test_a_checkpoint_made_with_the_retired_encoder_is_refused_with_one_line(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "encoder.pt"
+    _retired_encoder_checkpoint(path)
+    with pytest.raises(UserError, match=r"trained with --encoder .*retired: retrain it without --encoder") as e:
+        load_reward_model(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    ck = torch.load(path, weights_only=True)
+    del ck["encoder"]  # the weights say it too
+    torch.save(ck, tmp_path / "no-field.pt")
+    with pytest.raises(UserError, match="retired"):
+        load_reward_model(tmp_path / "no-field.pt")
+    # every diff checkpoint the old code wrote says "encoder": False: those still load
+    old = reward_checkpoint([DiffRewardModel(18).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    torch.save({**old, "encoder": False}, tmp_path / "plain.pt")
+    assert load_reward_model(tmp_path / "plain.pt").arch == "diff"
+    # the stage that reads it ends with the same line and exit 2 (01_a2c.py -r and 04_play.py load alike)
+    monkeypatch.setattr(sys, "argv", ["03_reward_train.py", "--evaluate", str(path), str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(ROOT / "03_reward_train.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "--encoder" in err[0], err

@@ -15,17 +15,10 @@ from bench.dbs import appear_frames, make_appear_db, make_square_db, square_fram
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
 from lib.oracle import oracle_label_db
+from lib.reward_config import TrainConfig
+from lib.reward_data import decode_segments, load_preferences, model_inputs
 from lib.reward_model import RewardModel, load_reward_model, preference_loss
-from lib.reward_train import (
-    TrainConfig,
-    _pair_returns,
-    decode_segments,
-    load_preferences,
-    micro_batches,
-    random_shift,
-    split_pairs,
-    train_reward_model,
-)
+from lib.reward_train import _build_fit, _pair_returns, micro_batches, split_pairs, train_reward_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -242,17 +235,6 @@ def test_micro_batches_bound_frames_and_accumulate_exactly(square_db):
     torch.testing.assert_close(grad_of(mbs), grad_of([pairs]), rtol=1e-4, atol=1e-6)
 
 
-def test_random_shift_moves_frames_within_the_pad():
-    frames = np.zeros((6, 20, 30, 3), np.uint8)
-    frames[:, 10, 15] = 255  # one bright pixel in the middle
-    out = random_shift(frames, 3, np.random.default_rng(0))
-    assert out.shape == frames.shape and out.dtype == np.uint8
-    for f in out:
-        ys, xs = np.nonzero(f[..., 0])
-        assert len(ys) == 1 and abs(ys[0] - 10) <= 3 and abs(xs[0] - 15) <= 3
-    assert random_shift(frames, 0, np.random.default_rng(0)) is frames
-
-
 def test_bad_hyper_parameters(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 10, seed=0)
@@ -274,7 +256,7 @@ def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     data = load_preferences([db], log=_quiet)
     res = train_reward_model(
         data,
-        TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, augment=2, arch="book"),
+        TrainConfig(epochs=1, batch=8, ensemble=2, noise=True, arch="book"),
         tmp_path / "r.pt",
         progress=False,
         log=_quiet,
@@ -389,7 +371,7 @@ def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
 
 
 def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ties():
-    from lib.reward_train import oracle_agreement
+    from lib.reward_eval import oracle_agreement
 
     pred1 = np.array([2.0, 1.0, 3.0, 2.0, 5.0, 0.0, 1.0])
     pred2 = np.array([1.0, 2.0, 3.0, 2.0, 4.0, 9.0, 0.0])
@@ -404,20 +386,86 @@ def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ti
     assert np.isnan(share) and n == 0
 
 
-def test_the_scripts_torch_free_defaults_are_the_librarys():
-    """03_reward_train.py spells ARCHS and DIFF_BLOCK out (its --help imports no torch): they must
-    stay what lib.reward_model says."""
-    import importlib.util
+def test_the_flags_defaults_are_the_configs():
+    """03_reward_train.py's flags take their defaults from TrainConfig: parsed with no flag they
+    give TrainConfig(); every flag named like a field reaches that field."""
+    from lib.reward_cli import build_parser, config_from_args
 
-    from lib import reward_model
+    args = build_parser().parse_args(["db"])
+    assert config_from_args(args, "cpu") == TrainConfig()
+    flags = ["--epochs", "7", "--batch", "3", "--lr", "0.01", "--seed", "5", "--test-ratio", "0.5"]
+    flags += ["--patience", "2", "--noise", "--ensemble", "4", "--micro-frames", "60", "--arch", "book"]
+    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--input", "half", "--dev", "cuda"]
+    got = config_from_args(build_parser().parse_args([*flags, "db"]), "cuda:0")
+    want = TrainConfig(
+        epochs=7, batch=3, lr=0.01, seed=5, test_ratio=0.5, patience=2, noise=True, ensemble=4, micro_frames=60,
+        downscale=2, device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12),
+    )  # fmt: skip
+    assert got == want
 
-    spec = importlib.util.spec_from_file_location("stage3", Path(__file__).resolve().parents[1] / "03_reward_train.py")
-    stage3 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stage3)
-    assert stage3.ARCHS == reward_model.ARCHS
-    assert stage3.block_arg(stage3.DIFF_BLOCK) == reward_model.DIFF_BLOCK
-    args = stage3.build_parser().parse_args(["-n", "x", "-o", "y", "db"])
-    assert args.diff_block == reward_model.DIFF_BLOCK and args.arch == reward_model.ARCHS[0]
+
+def test_help_imports_no_torch():
+    """--help is read far more often than a model is trained: it must not wait for torch."""
+    code = (
+        "import runpy, sys; sys.argv = ['03_reward_train.py', '--help']\n"
+        "try:\n    runpy.run_path('03_reward_train.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO TORCH')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "baselines:" in r.stdout and "--mask-rows" in r.stdout
+    assert r.stdout.strip().endswith("NO TORCH")
+
+
+RETIRED = ["--encoder p.pt", "--pseudo-labels 0.9", "--pseudo-weight 1", "--crop 5", "--weight-decay 1", "--augment 4"]
+
+
+@pytest.mark.parametrize("flags", RETIRED)
+def test_retired_levers_are_unknown_flags(flags, capsys):
+    """The levers that lost the few-labels ablation are gone, flags and all."""
+    from lib.reward_cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["-n", "x", "-o", "y", *flags.split(), "db"])
+    assert e.value.code == 2 and f"unrecognized arguments: {flags.split()[0]}" in capsys.readouterr().err
+
+
+def test_cached_features_give_each_models_own_returns(square_db):
+    """Training reads a diff net's features from a per-segment cache; a model with another mask
+    gets its own features, and returns equal the model's own forward pass."""
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    a, b = data.first[:5], data.second[:5]
+    segs, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+    x, acts, owner = model_inputs(data, segs, "diff")
+    seen = []
+    for cfg in (TrainConfig(arch="diff", seed=0), TrainConfig(arch="diff", seed=0, mask_rows=40)):
+        model = _build_fit(data, cfg).models[0].eval()
+        with torch.no_grad():
+            r1, r2 = _pair_returns(model, data, np.arange(5), torch.device("cpu"))
+            per_step = model(torch.from_numpy(x), torch.from_numpy(acts)).numpy()
+        want = np.bincount(owner, weights=per_step, minlength=len(segs))
+        np.testing.assert_allclose(r1.numpy(), want[inv[:5]], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r2.numpy(), want[inv[5:]], rtol=1e-4, atol=1e-4)
+        seen.append(model.feature_key())
+    assert len(set(seen)) == 2
+    assert len(data.feature_cache) == 2 * len(segs)
+
+
+def test_patience_defaults_to_the_archs(square_db, tmp_path):
+    """No --patience: 20 for the diff net (its epochs are cheap), the book's 4 for the book's net;
+    a given one wins; the checkpoint's config says which was used."""
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    assert _build_fit(data, TrainConfig(arch="diff")).cfg.patience == 20
+    assert _build_fit(data, TrainConfig(arch="book")).cfg.patience == 4
+    assert _build_fit(data, TrainConfig(arch="diff", patience=3)).cfg.patience == 3
+    with pytest.raises(UserError, match="--patience must be at least 1"):
+        _build_fit(data, TrainConfig(arch="diff", patience=0))
+    res = train_reward_model(data, TrainConfig(arch="diff", epochs=2), tmp_path / "r.pt", progress=False, log=_quiet)
+    assert torch.load(res.path, weights_only=True)["config"]["patience"] == 20
 
 
 def test_a_non_finite_loss_stops_training_and_installs_nothing(square_db, tmp_path, monkeypatch):
@@ -487,10 +535,8 @@ def _cli_in_process(monkeypatch, capsys, *args: str) -> str:
         (["--lr", "1e30"], "--lr must be positive and at most 1"),
         (["--lr", "nan"], "--lr"),
         (["--lr", "inf"], "--lr"),
-        (["--weight-decay", "nan"], "--weight-decay"),
-        (["--weight-decay", "-1"], "--weight-decay"),
-        (["--pseudo-weight", "inf"], "--pseudo-weight"),
-        (["--pseudo-labels", "nan"], "--pseudo-labels"),
+        (["--input", "half"], "--input half applies to --arch book only"),
+        (["--arch", "book", "--mask-rows", "10"], "--mask-rows applies to --arch diff only"),
         (["--test-ratio", "nan"], "--test-ratio"),
         (["--test-ratio", "1.5"], "--test-ratio"),
         (["--seed", "-1"], "--seed"),

@@ -1,0 +1,207 @@
+"""``03_reward_train.py``'s command line: the flags, grouped (core / model / labels / output /
+baselines), each taking its default from ``TrainConfig``; and ``main``, which trains a reward model
+or, with ``--evaluate``, scores one. Imports no torch until it runs: ``--help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from lib.errors import UserError
+from lib.reward_config import ARCHS, INPUTS, TrainConfig
+
+D = TrainConfig  # the defaults live in one place
+
+
+def block_arg(text: str) -> tuple[int, int]:
+    """--diff-block ROWSxCOLS -> (rows, cols); whether they divide 84 is checked with the rest."""
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.strip().isdigit() or not cols.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x12, got {text!r}")
+    return int(rows), int(cols)
+
+
+def _core_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("core", "what to do, where, and the optimiser")
+    g.add_argument(
+        "--evaluate",
+        metavar="MODEL",
+        help="train nothing: score this reward model on the DBs' segments with true rewards (oracle agreement "
+        "over all pairs whose true returns differ, return and per-step correlation), one line per DB and a total",
+    )
+    g.add_argument("--dev", default=D.device, help="torch device to train on: cpu or cuda")
+    g.add_argument("--epochs", type=int, default=D.epochs, help="maximum epochs (early stopping usually ends sooner)")
+    g.add_argument("--batch", type=int, default=D.batch, help="labeled pairs per optimiser step (the book: 64)")
+    g.add_argument("--lr", type=float, default=D.lr, help="Adam learning rate (the book: 1e-4)")
+    g.add_argument("--seed", type=int, default=D.seed, help="seed of the train/test split, shuffling and weights")
+    g.add_argument("--test-ratio", type=float, default=D.test_ratio, help="share of the labels held out for testing")
+    g.add_argument(
+        "--patience",
+        type=int,
+        default=D.patience,
+        help="stop after this many epochs without a better test loss (default: 20 for --arch diff, "
+        "whose epochs are cheap; the book's 4 for --arch book)",
+    )
+    g.add_argument(
+        "--micro-frames",
+        type=int,
+        default=D.micro_frames,
+        help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
+    )
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model", "the reward network (--arch diff, the default) and its ensemble")
+    rows, cols = D.diff_block
+    g.add_argument(
+        "--diff-block",
+        type=block_arg,
+        default=D.diff_block,
+        metavar="ROWSxCOLS",
+        help=f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
+        f"(default {rows}x{cols}); finer rows keep apart what sits in different rows of the screen "
+        f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
+    )
+    g.add_argument(
+        "--ensemble",
+        type=int,
+        default=D.ensemble,
+        metavar="K",
+        help="train K models on bootstrap samples; predict their mean, log their disagreement",
+    )
+
+
+def _label_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("labels", "the segment DBs and how their answers are read")
+    g.add_argument("dbs", nargs="+", metavar="DB", help="segment DB directories with labels (labels.jsonl)")
+    g.add_argument(
+        "--noise",
+        action="store_true",
+        help="assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper",
+    )
+    g.add_argument(
+        "--env", default=None, help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)"
+    )
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output", "where the model and the logs go")
+    g.add_argument("-n", "--name", help="name of the run: the model is OUTDIR/reward-NAME.pt (needed to train)")
+    g.add_argument("-o", "--out", metavar="OUTDIR", help="directory for the model (needed to train)")
+    g.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
+    g.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (logs only); it is off anyway when stderr is not a terminal",
+    )
+
+
+def _baseline_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("baselines", "the book's network and the paper's score masking, to compare with")
+    g.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default=D.arch,
+        help="network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
+        "points are scored); book = the book's net on the colour frame the action is chosen on",
+    )
+    g.add_argument(
+        "--mask-rows",
+        type=int,
+        default=D.mask_rows,
+        metavar="N",
+        help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
+        "(10 covers SeaQuest's score): the model must then learn from the scene",
+    )
+    g.add_argument(
+        "--input",
+        choices=tuple(INPUTS),
+        default=next(k for k, v in INPUTS.items() if v == D.downscale),
+        help="--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for add in (_core_args, _model_args, _label_args, _output_args, _baseline_args):
+        add(p)
+    return p
+
+
+def config_from_args(args: argparse.Namespace, device: str) -> TrainConfig:
+    """The TrainConfig of parsed flags: every field of the flag of the same name, ``downscale`` from
+    ``--input`` and ``device`` the resolved ``--dev``."""
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
+    return TrainConfig(**given, downscale=INPUTS[args.input], device=device)
+
+
+def check_name(name: str) -> None:
+    """``-n`` names a file in OUTDIR: a plain name only."""
+    if "/" in name or "\0" in name or name.startswith(".") or len(name) > 100:
+        raise UserError(f"-n must be a plain name (no '/', no leading '.', at most 100 characters), got {name!r}")
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """``--evaluate MODEL DB...``: one line of figures per DB and a total."""
+    from lib.model import resolve_device
+    from lib.reward_eval import evaluate_model
+    from lib.reward_model import load_reward_model
+    from lib.segments import check_same_game
+
+    device = resolve_device(args.dev)
+    for db in args.dbs:
+        if not Path(db).is_dir():
+            raise UserError(f"DB not found: {db}")
+    game = check_same_game(args.dbs, "--evaluate got")
+    rm = load_reward_model(args.evaluate, game=game, device=device)
+    print(f"scoring {args.evaluate} on {len(args.dbs)} DB(s), device {device}")
+    evaluate_model(rm, args.dbs)
+    return 0
+
+
+def train(args: argparse.Namespace) -> int:
+    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lib.model import resolve_device
+    from lib.reward_data import load_preferences
+    from lib.reward_train import check_config, summary_lines, train_reward_model
+    from lib.tb import hparams_table, run_dir
+
+    device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
+    cfg = config_from_args(args, str(device))
+    check_config(cfg)  # every flag in range before the DBs are read
+    data = load_preferences(args.dbs, env=args.env)
+    log_dir = run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        writer = SummaryWriter(log_dir=str(log_dir))
+    except OSError as e:
+        raise UserError(
+            f"cannot write TensorBoard logs to {log_dir}: {e.strerror or e} (pass another --runs-dir)"
+        ) from None
+    writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))
+    try:
+        res = train_reward_model(
+            data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer, progress=not args.no_progress
+        )
+    finally:
+        writer.close()
+    print("\n".join(summary_lines(res)))
+    print(f"next: 01_a2c.py -r {res.path} (with -m <policy> --finetune to fine-tune a policy on it)")
+    return 0
+
+
+def main() -> int:
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.evaluate:
+        return evaluate(args)
+    if not args.name or not args.out:
+        parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
+    check_name(args.name)
+    return train(args)
