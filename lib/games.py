@@ -87,6 +87,60 @@ class _Slot:
     steps: int = 0
 
 
+class _Games:
+    """The bookkeeping of ``play_games``: which game runs in which slot, the results so far."""
+
+    def __init__(self, n_slots: int, episodes: int, observers: Sequence[GameObserver]) -> None:
+        self.slots: list[_Slot | None] = [None] * n_slots
+        self.episodes, self.observers = episodes, observers
+        self.started = 0
+        self.results: list[EpisodeResult] = []
+
+    def start(self, i: int) -> None:
+        self.started += 1
+        self.slots[i] = _Slot(self.started)
+        for ob in self.observers:
+            ob.started(i, self.started)
+
+    def start_all(self, n_envs: int) -> None:
+        for i in range(min(n_envs, self.episodes - self.started)):
+            self.start(i)
+
+    def finish(self, i: int, end: str) -> None:
+        game, self.slots[i] = self.slots[i], None
+        assert game is not None
+        res = EpisodeResult(game.index, game.score, game.steps, end)
+        for ob in self.observers:
+            ob.finished(i, res)
+        self.results.append(res)
+
+    def abort(self) -> None:
+        for ob in self.observers:
+            ob.aborted()
+
+    def running(self) -> np.ndarray:
+        return np.flatnonzero([s is not None for s in self.slots])
+
+    def stepped(self, active: np.ndarray, frames: np.ndarray, step: Any, preds: np.ndarray | None, max_steps) -> None:
+        """Each running game's step: score, observers, and the end of games that ended or were cut."""
+        for k, i in enumerate(active):
+            game = self.slots[i]
+            assert game is not None
+            r = float(step.true_rewards[i])
+            game.score += r
+            game.steps += 1
+            pred = None if preds is None else float(preds[k])
+            for ob in self.observers:
+                ob.stepped(i, frames[k], r, pred, bool(step.terminated[i]))
+            if step.game_over[i]:
+                # The env has already started a new game in this slot (same-step autoreset).
+                self.finish(i, "frame limit" if step.truncated[i] else "game over")
+                if self.started < self.episodes:
+                    self.start(i)
+            elif max_steps is not None and game.steps >= max_steps:
+                self.finish(i, "max steps")  # cut mid-game: this env cannot start a fresh game alone
+
+
 def play_games(
     venv: Any,
     policy: Callable[[np.ndarray], np.ndarray],
@@ -110,37 +164,16 @@ def play_games(
     stop:      polled every step; when it returns True the games are abandoned and None returned
     observers: told of every game's start, steps and end, in this order (``GameObserver``)
     """
-    results: list[EpisodeResult] = []
-    slots: list[_Slot | None] = [None] * venv.n_envs
-    started, resets, vec_steps, t0 = 0, 0, 0, time.monotonic()
+    games = _Games(venv.n_envs, episodes, observers)
+    resets, vec_steps, t0 = 0, 0, time.monotonic()
     base_seed = getattr(venv, "seed", None)
-
-    def start(i: int) -> None:
-        nonlocal started
-        started += 1
-        slots[i] = _Slot(started)
-        for ob in observers:
-            ob.started(i, started)
-
-    def finish(i: int, end: str) -> None:
-        game = slots[i]
-        assert game is not None
-        slots[i] = None
-        res = EpisodeResult(game.index, game.score, game.steps, end)
-        for ob in observers:
-            ob.finished(i, res)
-        results.append(res)
-
     obs = venv.reset()
     try:
-        for i in range(min(venv.n_envs, episodes)):
-            start(i)
-        while any(s is not None for s in slots):
+        games.start_all(venv.n_envs)
+        while len(active := games.running()):
             if stop is not None and stop():
-                for ob in observers:
-                    ob.aborted()
+                games.abort()
                 return None
-            active = np.flatnonzero([s is not None for s in slots])
             frames = venv.frames[active].copy()  # the frames the actions are chosen on
             actions = policy(obs)
             step = venv.step(actions)
@@ -151,38 +184,22 @@ def play_games(
                 preds = predict(frames, actions[active], after)
             vec_steps += 1
             if log is not None and vec_steps % PROGRESS_EVERY == 0:
-                log(f"... {vec_steps} steps, {len(results)}/{episodes} games done, {time.monotonic() - t0:.0f} s")
-            for k, i in enumerate(active):
-                game = slots[i]
-                assert game is not None
-                r = float(step.true_rewards[i])
-                game.score += r
-                game.steps += 1
-                pred = None if preds is None else float(preds[k])
-                for ob in observers:
-                    ob.stepped(i, frames[k], r, pred, bool(step.terminated[i]))
-                if step.game_over[i]:
-                    # The env has already started a new game in this slot (same-step autoreset).
-                    finish(i, "frame limit" if step.truncated[i] else "game over")
-                    if started < episodes:
-                        start(i)
-                elif max_steps is not None and game.steps >= max_steps:
-                    finish(i, "max steps")  # cut mid-game: this env cannot start a fresh game alone
-            if all(s is None for s in slots) and started < episodes:
+                done = len(games.results)
+                log(f"... {vec_steps} steps, {done}/{episodes} games done, {time.monotonic() - t0:.0f} s")
+            games.stepped(active, frames, step, preds, max_steps)
+            if not len(games.running()) and games.started < episodes:
                 # Every slot was cut by max_steps: fresh games in all, with new seeds.
                 resets += 1
                 if base_seed is not None:
                     venv.seed = base_seed + 1000 * resets
                 obs = venv.reset()
-                for i in range(min(venv.n_envs, episodes - started)):
-                    start(i)
+                games.start_all(venv.n_envs)
     except BaseException:
-        for ob in observers:
-            ob.aborted()
+        games.abort()
         raise
     if log is not None:
-        log(f"played {sum(r.steps for r in results)} steps in {time.monotonic() - t0:.1f} s")
-    return sorted(results, key=lambda r: r.index)
+        log(f"played {sum(r.steps for r in games.results)} steps in {time.monotonic() - t0:.1f} s")
+    return sorted(games.results, key=lambda r: r.index)
 
 
 def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
