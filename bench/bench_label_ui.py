@@ -3,7 +3,7 @@
 clip encoding, and start-up time and memory with a 10,000-segment DB. Also writes the README's
 screenshot (docs/label_ui.png). Prints a table: figure | value | unit | setting.
 
-    python bench/bench_label_ui.py [--answers 25] [--segments 60] [--no-screenshot]
+    python -m bench.bench_label_ui [--answers 25] [--segments 60] [--no-screenshot]
 """
 
 from __future__ import annotations

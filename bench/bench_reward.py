@@ -2,7 +2,7 @@
 """Benchmark of stage 3: reward-model training speed and memory, inference cost, and the cost of
 RewardModelWrapper per agent step. Prints a table: figure | value | unit | setting.
 
-    python bench/bench_reward.py [--labels 1000] [--segments 2000] [--dev cpu]
+    python -m bench.bench_reward [--labels 1000] [--segments 2000] [--dev cpu]
 
 The training rows run ``03_reward_train.py`` as a user would (one epoch on ``--labels`` oracle
 labels over a DB of ``--segments`` real SeaQuest segments played with random actions) and read

@@ -3,7 +3,7 @@
 SeaQuest segments (50 agent steps of random play, full-resolution RGB). Prints a table:
 figure | value | unit | setting.
 
-    python bench/bench_segments.py [--segments 64] [--repeat 3]
+    python -m bench.bench_segments [--segments 64] [--repeat 3]
 """
 
 from __future__ import annotations

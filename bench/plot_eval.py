@@ -2,7 +2,7 @@
 """Plot the evaluation curves (``eval/score_mean`` with its std band) of one or more 01_a2c.py
 runs from their TensorBoard logs, one line per run: a before/after learning check at a glance.
 
-    python bench/plot_eval.py runs/v0__a2c__seaquest__s0__... runs/v0b__... --labels before after -o eval.png
+    python -m bench.plot_eval runs/v0__a2c__seaquest__s0__... runs/v0b__... --labels before after -o eval.png
 """
 
 from __future__ import annotations
