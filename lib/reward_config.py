@@ -16,7 +16,7 @@ DIFF_BLOCK = (4, 12)
 INPUTS = {"full": 1, "half": 2}  # --input of the book's net -> TrainConfig.downscale (2x2 average)
 
 # Epochs without a better test loss before training stops, per arch. 4 is the book's. The diff net's
-# epochs cost ~nothing (cached features), and on bench/quality.py (300 labels, 3 splits) 20 agreed
+# epochs cost ~nothing (cached features), and on experiments/quality.py (300 labels, 3 splits) 20 agreed
 # better on every DB and teacher measured: 86.4 -> 88.8% and 85.7 -> 88.7% (score), 83.9 -> 86.4%
 # (oxygen); 40 and 100 gave exactly 20's models (the best epoch always came before 20 more).
 PATIENCE = {"diff": 20, "book": 4}
@@ -24,7 +24,7 @@ PATIENCE = {"diff": 20, "book": 4}
 
 @dataclass
 class TrainConfig:
-    """Hyper-parameters. Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on bench/quality.py
+    """Hyper-parameters. Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on experiments/quality.py
     (300 oracle labels, 3 splits) they agreed better with the true score on never-seen segments
     every time (+0.6 to +4.0 points) at the same cost per pair. ``patience`` None: the arch's
     (``PATIENCE``). Each field but ``downscale`` and ``device`` is the flag of the same name."""
