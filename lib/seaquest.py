@@ -1,6 +1,6 @@
 """SeaQuest's screen, read: the oxygen gauge, and what a stretch of play did with it. Used by the
 teachers (``lib.teachers``) and, as a ``GameObserver``-side tracker, by the games played
-(``lib.games``, ``lib.play``).
+(``lib.behaviour``).
 
 The oxygen gauge (210x160 RGB frame, rows 170-174, columns 49-112): a bar of 63 pixels, white
 (214, 214, 214) for the oxygen left, red (163, 57, 21) for the oxygen used. When oxygen is low
@@ -17,6 +17,33 @@ Events, followed step by step (``OxygenTracker``; one implementation for segment
 - **oxygen death**: a life lost while the gauge is empty, where the last level seen before it
   emptied was at most ``OXYGEN_EMPTY_MAX`` (it ran out). A sub hit by an enemy shows its gauge
   jump from its level straight to empty, so that death is not an oxygen death.
+
+The player's sub (``sub_rows``): drawn in yellow (187, 187, 53), the only thing in the water that
+colour besides its own torpedo, which flies in the sub's rows (the score and the reserve subs at
+the top are a paler yellow, (210, 210, 64); checked on 16,600 agent frames and 10,000 random-play
+frames: every yellow pixel lies in rows 46-151, at most 11 rows from the topmost). Its top row is
+``SURFACE_ROW`` (46) when it floats at the surface, 57 just under it, ``BOTTOM_ROW`` (141) at the
+sea bed; it moves 4 rows per agent step (frameskip 4). At the surface the gauge stays full.
+
+What the sub does with a low gauge and at the surface, followed step by step (``SurfaceTracker``):
+
+- **low gauge**: 0 < level <= ``LOW_OXYGEN`` (16 of 63) and not above the reading before. 16 is
+  where the game itself warns (the white part starts to blink): what a person watching the clip
+  notices, and still 128 agent steps of air, five times the 24 steps a sub needs to rise from the
+  sea bed. A gauge filling after a respawn or during a refill rises, so it is not low; the first
+  reading of a record (none before it to tell filling from draining) is not judged.
+- **climb**: over a stretch of low-gauge steps (it ends when the gauge rises or a life is lost),
+  the rows between the sub's row at the stretch's first step and the highest point it reaches
+  later in the stretch, ``max(0, first row - min row)``: progress toward the surface. Diving and
+  coming back to the same depth is no progress; the new sub of the next life starts a new stretch.
+  A **low-gauge climb** (an event, once per stretch) is a climb of at least ``CLIMB_EVENT_ROWS``
+  (24 rows: 6 steps up, a quarter of the water's depth, not jitter or a dodge).
+- **idle at the surface**: the sub's top row at ``SURFACE_ROW`` with a full gauge
+  (``IDLE_LEVEL`` = 63). Neither a new sub nor a refilling one can leave the surface before its
+  gauge is full (pressing DOWN throughout, it dives the step after), so the forced waits count at
+  most one step: what is counted is a sub that could dive and does not (the book's third round
+  ended with one parked there; pressing nothing, a sub stays at the surface, its gauge full, for
+  good).
 """
 
 from __future__ import annotations
@@ -33,6 +60,13 @@ OXYGEN_FULL = 63
 OXYGEN_EMPTY_MAX = 2  # last level seen before the gauge emptied, at most this: the oxygen ran out
 OXYGEN_GAMES = ("seaquest",)  # games whose frames have the gauge this module reads
 FRAME_SHAPE = (210, 160, 3)  # the full-resolution RGB frame the gauge rows and columns refer to
+SUB_YELLOW = (187, 187, 53)  # the player's sub and its torpedo
+SUB_SEARCH_ROWS = slice(40, 160)  # the water, from above the surface to the sea bed
+SURFACE_ROW = 46  # the sub's top row when it floats at the surface
+BOTTOM_ROW = 141  # its top row at the sea bed
+LOW_OXYGEN = 16  # a gauge at or below this (and above 0) is low: where the game starts to blink it
+CLIMB_EVENT_ROWS = 24  # a low-gauge stretch whose climb reaches this many rows is a low-gauge climb
+IDLE_LEVEL = OXYGEN_FULL  # at the surface with the gauge at least this full: idle
 
 
 def shows_gauge(game: str | None, frame_shape: tuple[int, ...]) -> bool:
@@ -101,4 +135,78 @@ def oxygen_counts(frames: np.ndarray, life_lost: np.ndarray | None) -> OxygenCou
     lost = np.zeros(len(frames), dtype=bool) if life_lost is None else np.asarray(life_lost, dtype=bool)
     for level, dead in zip(oxygen_levels(frames).tolist(), lost.tolist(), strict=True):
         tracker.step(level, dead)
+    return tracker.counts
+
+
+def sub_rows(frames: np.ndarray) -> np.ndarray:
+    """(T, 210, 160, 3) or (210, 160, 3) uint8 frames -> (T,) or () int16: the top row of the
+    player's sub (``SURFACE_ROW`` at the surface, ``BOTTOM_ROW`` at the sea bed), -1 where it is
+    not drawn (dead, between lives)."""
+    frames = np.asarray(frames)
+    if frames.ndim < 3 or frames.shape[-3:] != FRAME_SHAPE:
+        raise ValueError(f"sub_rows needs 210x160 RGB frames, got shape {frames.shape}")
+    yellow = (frames[..., SUB_SEARCH_ROWS, :, :] == SUB_YELLOW).all(-1).any(-1)
+    return np.where(yellow.any(-1), yellow.argmax(-1) + SUB_SEARCH_ROWS.start, -1).astype(np.int16)
+
+
+@dataclass
+class SurfaceCounts:
+    """What the sub did with a low gauge and at the surface (module docstring: the definitions)."""
+
+    steps: int = 0  # steps seen
+    surface_steps: int = 0  # the sub at the surface, whatever its gauge
+    idle_steps: int = 0  # at the surface with a full gauge
+    low_steps: int = 0  # steps with a low gauge
+    climb_rows: int = 0  # rows climbed toward the surface with a low gauge, summed over the stretches
+    low_climbs: int = 0  # stretches whose climb reached CLIMB_EVENT_ROWS
+
+
+@dataclass
+class SurfaceTracker:
+    """Follows the sub's row and the gauge one agent step at a time (module docstring: the rules)."""
+
+    counts: SurfaceCounts = field(default_factory=SurfaceCounts)
+    _last: int | None = None  # last level read
+    _start: int | None = None  # the sub's row at the current low-gauge stretch's first step
+    _top: int = 0  # the highest point (smallest row) reached in the stretch
+    _counted: bool = False  # the stretch's low-gauge climb is counted
+
+    def step(self, level: int, row: int, life_lost: bool) -> None:
+        """``level``: the gauge (``oxygen_levels``, -1: no reading) and ``row``: the sub's top row
+        (``sub_rows``, -1: not drawn), both in the frame the action was chosen on; ``life_lost``:
+        the step ended a life (or the game)."""
+        c = self.counts
+        c.steps += 1
+        if row == SURFACE_ROW:
+            c.surface_steps += 1
+            c.idle_steps += level >= IDLE_LEVEL
+        if level >= 0:
+            judged = self._last is not None and level <= self._last  # not filling
+            self._last = level
+            if not judged or not 0 < level <= LOW_OXYGEN:
+                self._start = None
+            else:
+                c.low_steps += 1
+                if row >= 0:
+                    self._climb(row)
+        if life_lost:
+            self._start = None
+
+    def _climb(self, row: int) -> None:
+        if self._start is None:
+            self._start, self._top, self._counted = row, row, False
+        elif row < self._top:
+            self.counts.climb_rows += self._top - row
+            self._top = row
+        if not self._counted and self._start - self._top >= CLIMB_EVENT_ROWS:
+            self.counts.low_climbs += 1
+            self._counted = True
+
+
+def surface_counts(frames: np.ndarray, life_lost: np.ndarray | None) -> SurfaceCounts:
+    """Low-gauge climbs and surface steps in a record of consecutive steps (a segment)."""
+    tracker = SurfaceTracker()
+    lost = np.zeros(len(frames), dtype=bool) if life_lost is None else np.asarray(life_lost, dtype=bool)
+    for level, row, dead in zip(oxygen_levels(frames).tolist(), sub_rows(frames).tolist(), lost.tolist(), strict=True):
+        tracker.step(level, row, dead)
     return tracker.counts
