@@ -1,31 +1,42 @@
 #!/usr/bin/env python3
-"""Does a round of labels change what the agent does? A whole round with no person, one command.
+"""Does a round of labels change what the agent does? Rounds with no person, one command.
+
+Per seed (``--seeds``, each under ``--out/seed<S>``):
 
 1. v0: A2C from scratch for --v0-steps, recording a segment DB (``01_a2c.py --db-path``);
-2. --holdout of the DB's segments are set aside; a synthetic teacher (``lib/teachers.py``)
-   labels --labels random pairs of the others (``02_label_ui.py --oracle``'s code);
-3. a reward model with stage 3's defaults (``03_reward_train.py``), scored on the held-out
-   segments: agreement with the teacher over every held-out pair it prefers one of, per-step
-   correlation of predicted and true reward;
-4. arm ``rlhf``: v0's best policy fine-tuned on the reward model (``-r --finetune``) for
-   --ft-steps; arm ``control``: the same policy fine-tuned on the true score, same steps and
-   settings (shared by every teacher of the same --out);
-5. v0, control and rlhf each play --eval-games full games with the same seeds.
+2. round k: --holdout of the round's DB is set aside; a synthetic teacher (``lib/teachers.py``)
+   labels --labels random pairs of the rest (``02_label_ui.py --oracle``'s code). Round 1's DB
+   is v0's; round k > 1's is the DB the rlhf fine-tune of round k-1 recorded of its own play,
+   where a new behaviour first shows (the book's rounds). All of a round's labels come from its
+   newest DB: what the person of the book labelled;
+3. a reward model with stage 3's defaults trained on EVERY label so far (all the rounds' DBs),
+   scored on the held-out segments of the round's DB: agreement with the teacher over every pair
+   it prefers one of, per-step correlation of predicted and true reward;
+4. arm ``rlhf``: fine-tuned on that reward model (``-r --finetune``) for --ft-steps, from round
+   k-1's best rlhf policy (v0's in round 1; the book's way) or, with ``--from v0``, from v0's
+   every round (the book's own suggestion); it records its DB for the next round. Arm
+   ``control``: the same on the true score, from round k-1's best control policy (or v0's), so
+   both arms have had the same fine-tune steps (shared by every teacher of the same --out);
+5. v0 and each round's control and rlhf play --eval-games full games with the same seeds.
 
-Prints one table (rows v0, control, rlhf: score with a 95% interval, length, refills per game,
-lives lost, the share lost to oxygen) with the reward model's figures, says which of the issue's
-targets hold, and writes ``round.png`` (eval score and behaviour against fine-tune steps, both
-arms) and ``round.json`` under ``--out/<teacher>-<labels>``. Every stage's output is kept under
---out and reused when the command runs again: a stopped run continues where it stopped.
+Prints one table row per round and arm (score with its 95% interval, length, refills per game,
+lives lost, the share lost to oxygen, low-gauge climbs toward the surface, the share of steps
+idling at the surface), the reward model's figures and which rule decided the labels per round,
+a reward-hacking watch per round (correlation of the rlhf arm's predicted and true game returns
+during its fine-tune; its time at the surface), whether the issue's targets hold, and writes
+``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>``; with several seeds
+also the rows averaged over the seeds (intervals across seeds) in ``--out/<teacher>-<labels>.json``.
+Every stage's output is kept and reused when the command runs again: a stopped run continues.
 
-    python -m experiments.round --teacher oxygen            # CPU defaults: ~1M + 2 x 500k steps
-    python -m experiments.round --teacher score
-    python -m experiments.round --scale 10 --dev cuda       # a 10M-step v0 on a GPU
+    python -m experiments.round --teacher surface --rounds 3 --labels 100   # the book's three rounds
+    python -m experiments.round --teacher score --seeds 0,1
+    python -m experiments.round --scale 10 --dev cuda                      # a 10M-step v0 on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -34,11 +45,13 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.round_report import ARMS, across_seeds, plot, summarise, table, targets
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
@@ -53,12 +66,10 @@ from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ARMS = ("v0", "control", "rlhf")
 ROUND_MODES = ("random", "uncertain", "disagree")  # lib.sampling's modes that need no fine-tuning DB
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
-Z95 = 1.96  # normal approximation of the 95% interval of a mean
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +88,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("runs/round"), help="where every stage's output is kept")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every step count by this (10 for a GPU)")
     p.add_argument("--dev", default="cpu", help="torch device of every stage: cpu, cuda or cuda:N")
-    p.add_argument("--seed", type=int, default=0, help="seed of v0, the split, the labels and the fine-tunes")
+    p.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=[0],
+        metavar="S,S,...",
+        help="run everything once per seed (v0, the splits, the labels, the fine-tunes), each under --out/seed<S>; "
+        "the report gives means with 95%% intervals across the seeds",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="label-retrain-finetune rounds (round k labels round k-1's DB)"
+    )
+    p.add_argument(
+        "--from",
+        dest="start",
+        choices=("best", "v0"),
+        default="best",
+        help="where each round's fine-tunes start: best = round k-1's best policy of the same arm (the book's "
+        "way), v0 = v0's best policy every round",
+    )
     p.add_argument(
         "--record-prob",
         type=float,
@@ -106,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 MAX_SCALE = 1000.0
 MAX_SEED = 2**31 - 1  # the games' seeds (ALE takes 32-bit seeds; each env adds its index)
+MAX_ROUNDS = 50
+
+
+def seed_list(text: str) -> list[int]:
+    """--seeds 0,1,2 -> [0, 1, 2]."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds such as 0,1,2, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("expected at least one seed")
+    return seeds
 
 
 def check(args: argparse.Namespace) -> None:
@@ -121,8 +162,11 @@ def check(args: argparse.Namespace) -> None:
             f"--scale {args.scale:g} leaves less than one agent step of --v0-steps {args.v0_steps} or "
             f"--ft-steps {args.ft_steps}: give a larger --scale"
         )
-    if not 0 <= args.seed <= MAX_SEED:
-        raise UserError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
+    bad_seeds = [s for s in args.seeds if not 0 <= s <= MAX_SEED]
+    if bad_seeds or len(set(args.seeds)) != len(args.seeds):
+        raise UserError(f"--seeds must be distinct numbers in 0..{MAX_SEED}, got {','.join(map(str, args.seeds))}")
+    if not 1 <= args.rounds <= MAX_ROUNDS:
+        raise UserError(f"--rounds must be in 1..{MAX_ROUNDS}, got {args.rounds}")
     wrong = [
         (args.labels < 1, f"--labels must be at least 1, got {args.labels}"),
         (args.v0_steps < 1 or args.ft_steps < 1, "--v0-steps and --ft-steps must be at least 1"),
@@ -255,14 +299,15 @@ def ensemble_of(args: argparse.Namespace) -> int:
     return 1
 
 
-def round_dir(args: argparse.Namespace) -> Path:
-    """The teacher's directory under --out: teacher, labels, and whatever else makes its labels or
-    model differ (noise, a sampling mode, --reward-args)."""
+def round_name(args: argparse.Namespace) -> str:
+    """The teacher's directory under a seed's directory: teacher, labels, and whatever else makes
+    its labels or models differ (noise, a sampling mode, --reward-args, --from v0)."""
     name = f"{args.teacher}-{args.labels}"
     name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
     name += f"-{args.sampling}" if args.sampling != "random" else ""
     flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
-    return args.out / (name + (f"-{flags}" if flags else ""))
+    name += f"-{flags}" if flags else ""
+    return name + ("-fromv0" if getattr(args, "start", "best") == "v0" else "")
 
 
 def label_steps(n: int, sampling: str) -> list[int]:
@@ -292,27 +337,28 @@ def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: 
     log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
 
 
-def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace) -> Path:
-    """Labels and the round's reward model. With a model-picked --sampling, a model trained on the
-    first third picks the second third, a model of both the last; only the final one is the round's."""
+def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace, older: list[Path] | None = None) -> Path:
+    """Labels of ``tdb`` and the round's reward model, trained on them and on the ``older`` rounds'
+    label DBs. With a model-picked --sampling, a model trained on the first third picks the second
+    third, a model of both the last; only the final one is the round's."""
     model: Path | None = None
     steps = label_steps(args.labels, args.sampling)
     for n in steps:
         label(tdb, args, n, model)
-        model = train_reward(tdb, tdir, args, "round" if n == steps[-1] else f"round-{n}")
+        model = train_reward([*(older or []), tdb], tdir, args, "round" if n == steps[-1] else f"round-{n}")
     assert model is not None
     return model
 
 
-def train_reward(tdb: Path, tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
+def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
     path = tdir / f"reward-{name}.pt"
     if path.exists():
         log(f"reward model: {path}, reused")
         return path
     cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", name, "-o", str(tdir), "--dev", args.dev]
     cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress"]
-    cmd += [*shlex.split(args.reward_args), str(tdb)]
-    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.name}-{name}.log")
+    cmd += [*shlex.split(args.reward_args), *map(str, dbs)]
+    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.parent.name}-{tdir.name}-{name}.log")
     return path
 
 
@@ -387,8 +433,12 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
     score teacher decides every label by the score), and how many of the labelable segments show a
     voluntary refill or an oxygen death at all (SeaQuest)."""
     ev = {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0}
+    rules: dict[str, int] = {}
     for lab in load_labels(tdb, warn=None).values():
         ev["labels"] += 1
+        rule = lab.extra.get("rule")
+        if isinstance(rule, str):  # the rule the teacher recorded (lib.oracle)
+            rules[rule] = rules.get(rule, 0) + 1
         if lab.label not in (FIRST_BETTER, SECOND_BETTER):
             ev["ties" if lab.label == 0 else "cant_tell"] += 1
             continue
@@ -397,6 +447,7 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
             if isinstance(values, list) and len(values) == 2 and values[0] != values[1]:
                 ev[EVIDENCE_KEY[fact]] += 1
                 break
+    ev["rules"] = rules  # type: ignore[assignment]
     game = (db_game(db) or (None, None))[0]
     ev.update(segments=0, with_refill=0, with_oxygen_death=0, lives_lost=0)
     for rel in train:
@@ -417,7 +468,7 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
     """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``."""
     if cache.exists():
         d = json.loads(cache.read_text())
-        if d.get("policy") == str(policy) and d.get("games") == args.eval_games:
+        if d.get("policy") == str(policy) and d.get("games") == args.eval_games and "climbs" in d:
             return d
     log(f"evaluating {policy}: {args.eval_games} games")
     results = play(policy, episodes=args.eval_games, device=args.dev, seed=EVAL_SEED, log=lambda m: None)
@@ -429,23 +480,12 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
         "refills": [r.oxygen.refills if r.oxygen else None for r in results],
         "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
         "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
+        "climbs": [_surface(r, "climbs") for r in results],
+        "surface_steps": [_surface(r, "surface_steps") for r in results],
     }
     cache.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(cache, json.dumps(d).encode())
     return d
-
-
-def summarise(d: dict[str, Any]) -> dict[str, float]:
-    scores = np.array(d["scores"], dtype=np.float64)
-    half = Z95 * scores.std(ddof=1) / math.sqrt(len(scores)) if len(scores) > 1 else math.nan
-    out = {"score": float(scores.mean()), "score_ci": half, "length": float(np.mean(d["lengths"]))}
-    if all(v is not None for v in d["refills"]):
-        deaths = sum(d["deaths"])
-        out["refills"] = float(np.mean(d["refills"]))
-        out["deaths"] = float(np.mean(d["deaths"]))
-        out["oxygen_deaths"] = float(np.mean(d["oxygen_deaths"]))
-        out["oxygen_share"] = sum(d["oxygen_deaths"]) / deaths if deaths else 0.0
-    return out
 
 
 def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], list[float]]:
@@ -464,154 +504,195 @@ def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], lis
     return keys, [steps[k] for k in keys]
 
 
-def plot(path: Path, curves: dict[str, dict[str, tuple[list[int], list[float]]]], v0: dict[str, float], title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("eval/score_mean", "score", "mean eval score")]
-    if "refills" in v0:
-        panels += [
-            ("eval/refills_per_game", "refills", "voluntary refills per game"),
-            ("eval/oxygen_death_share", "oxygen_share", "share of lives lost to oxygen"),
-        ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (tag, key, label) in zip(axes[0], panels, strict=True):
-        for arm, style in (("control", "tab:grey"), ("rlhf", "tab:blue")):
-            steps, values = curves[arm].get(tag, ([], []))
-            ax.plot([0, *steps], [v0[key], *values], marker="o", color=style, label=arm)
-        ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
-        ax.set_xlabel("fine-tune agent steps")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+# --- the rounds ---------------------------------------------------------------------------------
 
 
-def table(rows: dict[str, dict[str, float]]) -> str:
-    head = "| arm | score (95% CI) | length | refills/game | lives lost/game | lost to oxygen |"
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
-    for arm in ARMS:
-        r = rows[arm]
-        ox = (
-            f"{r['refills']:.2f} | {r['deaths']:.2f} | {100 * r['oxygen_share']:.0f}%"
-            if "refills" in r
-            else "n/a | n/a | n/a"
-        )
-        lines.append(f"| {arm} | {r['score']:.0f} ± {r['score_ci']:.0f} | {r['length']:.0f} | {ox} |")
-    return "\n".join(lines)
+def _surface(res: Any, key: str) -> float | None:
+    """A game's surface figure (``lib.behaviour``'s observer), None where the game had none."""
+    counts = getattr(res, "surface", None)
+    return None if counts is None else float(getattr(counts, key))
 
 
-def targets(teacher: str, rows: dict[str, dict[str, float]]) -> list[tuple[str, bool]]:
-    """The issue's targets for this teacher, each with whether it held."""
-    rl, ctl, v0 = rows["rlhf"], rows["control"], rows["v0"]
-    if teacher == "score":
-        return [("rlhf scores at least 0.9x control", rl["score"] >= 0.9 * ctl["score"])]
-    return [
-        ("rlhf refills at least once per game", rl["refills"] >= 1.0),
-        ("rlhf refills at least 3x as often as control", rl["refills"] >= 3 * ctl["refills"] and rl["refills"] > 0),
-        ("rlhf loses at most half as many lives to oxygen", rl["oxygen_deaths"] <= 0.5 * ctl["oxygen_deaths"]),
-        ("rlhf scores no less than v0", rl["score"] >= v0["score"]),
-    ]
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
 
 
-# --- the round ----------------------------------------------------------------------------------
+def cached_json(path: Path, make: Any) -> Any:
+    """``make()``'s JSON-able result, kept in ``path`` and read back when the command runs again."""
+    if path.exists():
+        return json.loads(path.read_text())
+    value = make()
+    atomic_write(path, json.dumps(value).encode())
+    return value
+
+
+@dataclass
+class SeedRun:
+    """One seed's run: its settings (``args.out`` is the seed's directory, ``args.seed`` its seed),
+    the teacher's directory, v0's DB, split and best policy."""
+
+    args: argparse.Namespace
+    tdir: Path
+    db: Path
+    split: dict[str, list[str]]
+    v0_policy: Path
+
+
+def seed_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
+    """``args`` for one seed: its own directory under --out."""
+    one = copy.copy(args)
+    one.seed, one.out = seed, args.out / f"seed{seed}"
+    return one
+
+
+def run_v0(args: argparse.Namespace) -> SeedRun:
+    """v0 and its DB (stage 1), the DB's split; the teacher's directory."""
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --out {args.out}: {e.strerror or e}") from None
+    db = args.out / "db"
+    record = ["--db-path", str(db), "--record-prob", str(args.record_prob)]
+    train_a2c("round-v0", args.out / "v0", int(args.v0_steps * args.scale), V0_EVALS, args, record)
+    tdir = args.out / round_name(args)
+    tdir.mkdir(parents=True, exist_ok=True)
+    return SeedRun(args, tdir, db, split_db(db, args.out, args.holdout, args.seed), best_policy(args.out / "v0"))
+
+
+def round_source(sr: SeedRun, k: int) -> tuple[Path, dict[str, list[str]]]:
+    """The DB round ``k`` labels, and its split: v0's in round 1, else what round k-1's rlhf
+    fine-tune recorded of its own play (split with a seed of its own)."""
+    if k == 1:
+        return sr.db, sr.split
+    db = sr.tdir / f"r{k - 1}" / "rlhf-db"
+    return db, split_db(db, sr.tdir / f"r{k}", sr.args.holdout, sr.args.seed + k)
+
+
+def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Path]]:
+    """Round ``k``'s control and rlhf fine-tunes: (TensorBoard name, save directory) per arm."""
+    args, rdir = sr.args, sr.tdir / f"r{k}"
+    steps, fresh = int(args.ft_steps * args.scale), k == 1 or args.start == "v0"
+    ctl_dir = args.out / "control" / f"r{1 if args.start == 'v0' else k}"
+    ctl_start = sr.v0_policy if fresh else best_policy(args.out / "control" / f"r{k - 1}")
+    ctl_name = f"round-control-{ctl_dir.name}"
+    train_a2c(ctl_name, ctl_dir, steps, args.evals, args, ["-m", str(ctl_start), "--finetune"])
+    rl_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
+    rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
+    extra = ["-m", str(rl_start), "--finetune", "-r", str(reward)]
+    extra += ["--db-path", str(rdir / "rlhf-db"), "--record-prob", str(args.record_prob)]  # the next round's DB
+    train_a2c(rl_name, rdir / "rlhf", steps, args.evals, args, extra)
+    return {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
+
+
+def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
+    """Round ``k``: labels of its DB, a reward model of every label so far, both fine-tunes, the
+    evaluation games; its rows, reward-model figures, label evidence, watch and curves."""
+    args, rdir = sr.args, sr.tdir / f"r{k}"
+    rdir.mkdir(parents=True, exist_ok=True)
+    src, split = round_source(sr, k)
+    ldb = rdir / "label-db"
+    teacher_db(src, ldb, split["train"])
+    reward = label_and_train(ldb, rdir, args, [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)])
+    figs = cached_json(
+        rdir / "reward_heldout.json", lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev)
+    )
+    evidence = cached_json(rdir / "evidence.json", lambda: teacher_evidence(src, ldb, split["train"], args.teacher))
+    arms = fine_tune_arms(sr, k, reward)
+    policies = {"v0": sr.v0_policy, **{arm: d / "last.pt" for arm, (_, d) in arms.items()}}
+    evals = args.out / "eval"
+    caches = {"v0": evals / "v0.json", "control": evals / f"control-{arms['control'][1].name}.json"}
+    caches["rlhf"] = rdir / "eval.json"
+    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS}
+    tb, rl_name = args.out / "tb", arms["rlhf"][0]
+    figs["step_corr_finetune"] = _mean(tb_scalars(tb, rl_name, "reward_model/step_corr")[1])
+    watch = {
+        "return_corr": _mean(tb_scalars(tb, rl_name, "reward_model/true_vs_pred_corr")[1]),
+        "surface_share": rows["rlhf"].get("surface_share", math.nan),
+    }
+    curves = {arm: {tag: tb_scalars(tb, name, tag) for tag in CURVE_TAGS} for arm, (name, _) in arms.items()}
+    return {"rows": rows, "reward_model": figs, "evidence": evidence, "watch": watch, "curves": curves}
+
+
+def print_round_notes(k: int, r: dict[str, Any]) -> None:
+    """The reward model's figures, how the labels were decided, and the reward-hacking watch."""
+    rm, ev, w = r["reward_model"], r["evidence"], r["watch"]
+    print(
+        f"round {k}: reward model on {rm['heldout_segments']} never-seen segments of the round's DB: "
+        f"{100 * rm['teacher_agreement']:.1f}% agreement with the teacher ({rm['teacher_pairs']} pairs), "
+        f"{100 * rm['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
+        f"{rm['step_corr_heldout']:+.2f} (held out), {rm['step_corr_finetune']:+.2f} (during the rlhf fine-tune)"
+    )
+    rules = ", ".join(f"{n} {rule}" for rule, n in sorted(ev.get("rules", {}).items(), key=lambda x: -x[1]))
+    print(
+        f"  the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
+        f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
+        f"{ev['cant_tell']} can't tell"
+        + (f"; by the rule recorded: {rules}" if rules else "")
+        + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
+        f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
+    )
+    print(
+        f"  reward-hacking watch: rlhf's predicted vs true game return correlation {w['return_corr']:+.2f} "
+        f"(mean over its fine-tune), share of its eval steps idling at the surface "
+        f"{100 * w['surface_share']:.1f}%"
+    )
+
+
+def report_seed(sr: SeedRun, results: list[dict[str, Any]], t0: float) -> list[dict[str, dict[str, float]]]:
+    """One seed's table, notes, targets, round.png and round.json; returns its rows per round."""
+    args = sr.args
+    rounds = [r["rows"] for r in results]
+    title = f"{args.teacher} teacher, {args.rounds} round(s) of {args.labels} {args.sampling} labels, "
+    title += f"v0 {int(args.v0_steps * args.scale):,} steps, fine-tunes {int(args.ft_steps * args.scale):,} "
+    title += f"steps from {'v0' if args.start == 'v0' else 'the best of the round before'}"
+    title += f", reward model {args.reward_args}" if args.reward_args else ""
+    plot(sr.tdir / "round.png", [r["curves"] for r in results], rounds[0]["v0"], title)
+    print(f"\n## Rounds: {title}, {args.eval_games} eval games (one seed: {args.seed})\n")
+    print(table(rounds) + "\n")
+    for k, r in enumerate(results, start=1):
+        print_round_notes(k, r)
+    checks = targets(args.teacher, rounds)
+    for what, ok in checks:
+        print(f"target: {what}: {'met' if ok else 'MISSED'}")
+    report = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "rounds": [{key: r[key] for key in ("rows", "reward_model", "evidence", "watch")} for r in results],
+        "targets": {what: ok for what, ok in checks},
+    }
+    atomic_write(sr.tdir / "round.json", json.dumps(report, indent=1).encode())
+    print(f"\n{sr.tdir / 'round.png'}, {sr.tdir / 'round.json'} ({(time.time() - t0) / 60:.1f} min so far)")
+    return rounds
+
+
+def report_seeds(args: argparse.Namespace, per_seed: list[list[dict[str, dict[str, float]]]]) -> None:
+    """The rows averaged over the seeds (each ``±``: the 95% interval across seeds) and the targets."""
+    rows = across_seeds(per_seed)
+    seeds = ",".join(map(str, args.seeds))
+    print(
+        f"\n## {args.teacher} teacher, seeds {seeds}: means over {len(per_seed)} seeds (± 95% interval across them)\n"
+    )
+    print(table(rows) + "\n")
+    checks = targets(args.teacher, rows)
+    for what, ok in checks:
+        print(f"target (mean of the seeds): {what}: {'met' if ok else 'MISSED'}")
+    path = args.out / f"{round_name(args)}.json"
+    report = {"seeds": args.seeds, "rounds": rows, "targets": {what: ok for what, ok in checks}}
+    atomic_write(path, json.dumps(report, indent=1).encode())
+    print(f"\n{path}")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check(args)
     t0 = time.time()
-    out: Path = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create --out {out}: {e.strerror or e}") from None
-    v0_steps, ft_steps = int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)
-    db = out / "db"
-    tdir = round_dir(args)
-    tdir.mkdir(parents=True, exist_ok=True)
-
-    # 1. v0 and its DB
-    train_a2c(
-        "round-v0", out / "v0", v0_steps, V0_EVALS, args, ["--db-path", str(db), "--record-prob", str(args.record_prob)]
-    )
-    v0_policy = best_policy(out / "v0")
-    # 2. labels on the segments that are not held out
-    split = split_db(db, out, args.holdout, args.seed)
-    tdb = tdir / "db"
-    teacher_db(db, tdb, split["train"])
-    # 3. the reward model (with --sampling, the models that picked pairs first), on never-seen segments
-    reward = label_and_train(tdb, tdir, args)
-    fig_path = tdir / "reward_heldout.json"
-    if fig_path.exists():
-        rm_figs = json.loads(fig_path.read_text())
-    else:
-        rm_figs = held_out_figures(db, split["holdout"], reward, args.teacher, args.dev)
-        atomic_write(fig_path, json.dumps(rm_figs).encode())
-    # 4. the two arms from the same policy
-    ft = ["-m", str(v0_policy), "--finetune"]
-    train_a2c("round-control", out / "control", ft_steps, args.evals, args, ft)
-    rlhf_name = f"round-rlhf-{tdir.name}"
-    train_a2c(rlhf_name, tdir / "rlhf", ft_steps, args.evals, args, [*ft, "-r", str(reward)])
-    # 5. the same games for all three
-    policies = {"v0": v0_policy, "control": out / "control" / "last.pt", "rlhf": tdir / "rlhf" / "last.pt"}
-    caches = {"v0": out / "eval" / "v0.json", "control": out / "eval" / "control.json", "rlhf": tdir / "eval.json"}
-    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS}
-    _, corr = tb_scalars(out / "tb", rlhf_name, "reward_model/step_corr")
-    rm_figs["step_corr_finetune"] = float(np.mean(corr)) if corr else math.nan
-
-    curves = {
-        arm: {
-            tag: tb_scalars(out / "tb", name, tag)
-            for tag in ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
-        }
-        for arm, name in (("control", "round-control"), ("rlhf", rlhf_name))
-    }
-    title = f"{args.teacher} teacher, {args.labels} {args.sampling} labels, v0 {v0_steps:,} steps, "
-    title += f"fine-tune {ft_steps:,} steps"
-    title += f", reward model {args.reward_args}" if args.reward_args else ""
-    plot(tdir / "round.png", curves, rows["v0"], title)
-
-    print(f"\n## Round: {title}, {args.eval_games} eval games (seed {args.seed})\n")
-    print(table(rows))
-    print(
-        f"\nreward model on {rm_figs['heldout_segments']} never-seen segments: "
-        f"{100 * rm_figs['teacher_agreement']:.1f}% agreement with the teacher ({rm_figs['teacher_pairs']} pairs), "
-        f"{100 * rm_figs['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
-        f"{rm_figs['step_corr_heldout']:+.2f} (held out), "
-        f"{rm_figs['step_corr_finetune']:+.2f} (during the rlhf fine-tune)"
-    )
-    ev_path = tdir / "evidence.json"
-    if ev_path.exists():
-        ev = json.loads(ev_path.read_text())
-    else:
-        ev = teacher_evidence(db, tdb, split["train"], args.teacher)
-        atomic_write(ev_path, json.dumps(ev).encode())
-    print(
-        f"the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
-        f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
-        f"{ev['cant_tell']} can't tell; of the {ev['segments']} labelable segments {ev['with_refill']} show a "
-        f"voluntary refill and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
-    )
-    checks = targets(args.teacher, rows)
-    for what, ok in checks:
-        print(f"target: {what}: {'met' if ok else 'MISSED'}")
-    report = {
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "v0_steps": v0_steps,
-        "ft_steps": ft_steps,
-        "rows": rows,
-        "reward_model": rm_figs,
-        "teacher_evidence": ev,
-        "targets": {what: ok for what, ok in checks},
-    }
-    atomic_write(tdir / "round.json", json.dumps(report, indent=1).encode())
-    print(f"\n{tdir / 'round.png'}, {tdir / 'round.json'} ({(time.time() - t0) / 60:.1f} min)")
+    per_seed = []
+    for seed in args.seeds:
+        sr = run_v0(seed_args(args, seed))
+        results = [run_round(sr, k) for k in range(1, args.rounds + 1)]
+        per_seed.append(report_seed(sr, results, t0))
+    if len(args.seeds) > 1:
+        report_seeds(args, per_seed)
 
 
 def cli() -> None:

@@ -2,7 +2,7 @@
 """Which pairs should a person be asked about? Learning curves of the reward model for each
 ``--sampling`` mode of the label page, with a synthetic teacher as the labeler.
 
-For each teacher and seed, on one recorded DB (by default the round benchmark's, ``runs/round/db``,
+For each teacher and seed, on one recorded DB (by default the round benchmark's, ``runs/round/seed0/db``,
 with its held-out split):
 
 1. the teacher labels the first --steps[0] pairs at random (no model exists yet) and a reward
@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reward-model learning curves for each --sampling mode, labeled by synthetic teachers.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--db", type=Path, default=ROOT / "runs" / "round" / "db", help="a segment DB with true rewards")
+    p.add_argument(
+        "--db", type=Path, default=ROOT / "runs" / "round" / "seed0" / "db", help="a segment DB with true rewards"
+    )
     p.add_argument(
         "--split",
         type=Path,

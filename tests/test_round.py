@@ -15,8 +15,8 @@ from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels,
 from lib.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--v0-steps", "2000", "--ft-steps", "1000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.05"]
-TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen"]
+TINY = ["--v0-steps", "2000", "--ft-steps", "2000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.1"]
+TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen", "--rounds", "2"]
 
 
 def run_round(out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -26,31 +26,44 @@ def run_round(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_round_runs_every_stage_and_continues(tmp_path: Path) -> None:
+    """Two rounds: round 2 labels what round 1's rlhf fine-tune recorded, its reward model learns
+    from both rounds' labels, its fine-tunes start from round 1's best policies."""
     out = tmp_path / "round"
     p = run_round(out)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    for arm in ("v0", "control", "rlhf"):
-        assert f"\n| {arm} | " in p.stdout
+    for line in ("| 0 | v0 | ", "| 1 | control | ", "| 1 | rlhf | ", "| 2 | control | ", "| 2 | rlhf | "):
+        assert f"\n{line}" in p.stdout, line
     assert "agreement with the teacher" in p.stdout and "target: rlhf refills at least once per game" in p.stdout
-    tdir = out / "oxygen-15"
+    assert p.stdout.count("reward-hacking watch") == 2
+    base = out / "seed0"
+    tdir = base / "oxygen-15"
     png = (tdir / "round.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     report = json.loads((tdir / "round.json").read_text())
-    assert set(report["rows"]) == {"v0", "control", "rlhf"} and "refills" in report["rows"]["rlhf"]
-    # The teacher labeled only segments that are not held out, and the rlhf arm learned from its model.
-    split = json.loads((out / "split.json").read_text())
-    labels = read_label_log(tdir / "db")
+    assert len(report["rounds"]) == 2 and set(report["rounds"][1]["rows"]) == {"v0", "control", "rlhf"}
+    assert "refills" in report["rounds"][1]["rows"]["rlhf"] and "climbs" in report["rounds"][1]["rows"]["rlhf"]
+    # Round 1: the teacher labeled only v0's segments that are not held out.
+    split = json.loads((base / "split.json").read_text())
+    labels = read_label_log(tdir / "r1" / "label-db")
     assert len(labels) == 15 and all(lab.extra["teacher"] == "oxygen" for lab in labels)
     seen = {s for lab in labels for s in (lab.sample1, lab.sample2)}
     assert seen <= set(split["train"]) and not seen & set(split["holdout"])
-    assert set(list_segments(tdir / "db")) == set(split["train"])
-    rlhf_cmd = next(line for line in p.stdout.splitlines() if "round-rlhf-oxygen-15: $" in line)
-    assert f"-r {tdir / 'reward-round.pt'}" in rlhf_cmd and "--finetune" in rlhf_cmd
+    # Round 2: labels of what round 1's rlhf arm recorded, a model of both rounds' labels.
+    split2 = json.loads((tdir / "r2" / "split.json").read_text())
+    assert set(list_segments(tdir / "r2" / "label-db")) == set(split2["train"])
+    assert set(split2["train"]) | set(split2["holdout"]) == set(list_segments(tdir / "r1" / "rlhf-db"))
+    assert len(read_label_log(tdir / "r2" / "label-db")) == 15
+    reward2 = next(line for line in p.stdout.splitlines() if "[round" in line and "reward: $" in line and "r2" in line)
+    assert str(tdir / "r1" / "label-db") in reward2 and str(tdir / "r2" / "label-db") in reward2
+    rlhf2 = next(line for line in p.stdout.splitlines() if "round-rlhf-oxygen-15-r2: $" in line)
+    assert f"-r {tdir / 'r2' / 'reward-round.pt'}" in rlhf2 and f"-m {tdir / 'r1' / 'rlhf' / 'best_'}" in rlhf2
+    control2 = next(line for line in p.stdout.splitlines() if "round-control-r2: $" in line)
+    assert f"-m {base / 'control' / 'r1' / 'best_'}" in control2
     # Started again with the same --out: every stage is reused, nothing trains twice.
     again = run_round(out)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("reused") == 5 and "$ " not in again.stdout
-    assert json.loads((tdir / "round.json").read_text())["rows"] == report["rows"]
+    assert again.stdout.count("reused") == 9 and "$ " not in again.stdout
+    assert json.loads((tdir / "round.json").read_text())["rounds"] == report["rounds"]
 
 
 def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> None:
@@ -106,12 +119,13 @@ def _round_args(out: Path, *extra: str):
 
 
 def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
-    from experiments.round import ensemble_of, label_steps, round_dir
+    from experiments.round import ensemble_of, label_steps, round_name
 
-    assert round_dir(_round_args(tmp_path)) == tmp_path / "score-15"
-    assert round_dir(_round_args(tmp_path, "--sampling", "uncertain")) == tmp_path / "score-15-uncertain"
+    assert round_name(_round_args(tmp_path)) == "score-15"
+    assert round_name(_round_args(tmp_path, "--sampling", "uncertain")) == "score-15-uncertain"
+    assert round_name(_round_args(tmp_path, "--from", "v0")) == "score-15-fromv0"
     args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
-    assert round_dir(args) == tmp_path / "score-15-disagree-ensemble3diffblock6x12"
+    assert round_name(args) == "score-15-disagree-ensemble3diffblock6x12"
     assert ensemble_of(args) == 3 and ensemble_of(_round_args(tmp_path)) == 1
     assert ensemble_of(_round_args(tmp_path, "--reward-args=--ensemble=4")) == 4
     assert label_steps(300, "random") == [300] and label_steps(300, "uncertain") == [100, 200, 300]
@@ -137,12 +151,12 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
     """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
     last model is the round's. Run again, everything is reused."""
     from bench.dbs import make_square_db
-    from experiments.round import label_and_train, round_dir
+    from experiments.round import label_and_train, round_name
 
     db = tmp_path / "db"
     make_square_db(db, n_segments=30, steps=10, seed=0)
     args = _round_args(tmp_path / "out", "--sampling", "uncertain", "--reward-args", "--epochs 2")
-    tdir = round_dir(args)
+    tdir = args.out / round_name(args)
     tdir.mkdir(parents=True)
     model = label_and_train(db, tdir, args)
     assert model == tdir / "reward-round.pt" and model.is_file()
@@ -161,8 +175,10 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
         (("--scale", "inf"), "--scale must be a number in (0, 1000]"),
         (("--scale", "nan"), "--scale must be a number"),
         (("--scale", "1e-9"), "leaves less than one agent step"),
-        (("--seed", "-1"), "--seed must be in 0.."),
-        (("--seed", str(2**70)), "--seed must be in 0.."),
+        (("--seeds", "-1"), "--seeds must be distinct numbers in 0.."),
+        (("--seeds", str(2**70)), "--seeds must be distinct numbers in 0.."),
+        (("--seeds", "1,1"), "--seeds must be distinct"),
+        (("--rounds", "0"), "--rounds must be in 1.."),
         (("--reward-args", "--lr '3e-4"), "--reward-args cannot be split"),
         (("--teacher-noise", "nan"), "--teacher-noise"),
         (("--out", "/proc/x"), "cannot create --out /proc/x"),
@@ -182,4 +198,4 @@ def test_round_bad_values_are_one_line_exit_2(tmp_path: Path, capsys, extra, msg
         sys.argv = old
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
-    assert not (tmp_path / "out" / "v0").exists()
+    assert not (tmp_path / "out" / "seed0" / "v0").exists()

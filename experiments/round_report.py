@@ -1,0 +1,141 @@
+"""What ``experiments.round`` prints and draws: rows per round and arm, the targets, the seeds
+together, and ``round.png``.
+
+A row (``summarise``) holds the mean of the arm's evaluation games: score with its 95% interval,
+length, and for SeaQuest the behaviour figures: voluntary refills, lives lost, the share of lost
+lives lost to oxygen, low-gauge climbs toward the surface (what the surface teacher rewards) and
+the share of steps spent at the surface with a full gauge (idling there: the book's third round).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.stats import mean_ci95
+
+ARMS = ("v0", "control", "rlhf")
+# (key in a row, column title, format); the behaviour columns read "n/a" for games without them
+COLUMNS = (
+    ("length", "length", "{:.0f}"),
+    ("refills", "refills/game", "{:.2f}"),
+    ("deaths", "lives lost/game", "{:.2f}"),
+    ("oxygen_share", "lost to oxygen", "{:.0%}"),
+    ("climbs", "low-gauge climbs/game", "{:.2f}"),
+    ("surface_share", "idle at surface", "{:.1%}"),
+)
+
+
+def summarise(d: dict[str, Any]) -> dict[str, float]:
+    """One arm's evaluation games (``evaluate_arm``'s record) -> its row."""
+    score, half = mean_ci95(d["scores"])
+    out = {"score": score, "score_ci": half, "length": float(np.mean(d["lengths"])), "games": len(d["scores"])}
+    if all(v is not None for v in d["refills"]):
+        deaths = sum(d["deaths"])
+        out["refills"] = float(np.mean(d["refills"]))
+        out["deaths"] = float(np.mean(d["deaths"]))
+        out["oxygen_deaths"] = float(np.mean(d["oxygen_deaths"]))
+        out["oxygen_share"] = sum(d["oxygen_deaths"]) / deaths if deaths else 0.0
+    if d.get("climbs") and all(v is not None for v in d["climbs"]):
+        out["climbs"] = float(np.mean(d["climbs"]))
+        steps = sum(d["lengths"])
+        out["surface_share"] = sum(d["surface_steps"]) / steps if steps else 0.0
+    return out
+
+
+def _cell(row: dict[str, float], key: str, fmt: str) -> str:
+    v = row.get(key)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    ci = row.get(f"{key}_ci")
+    text = fmt.format(v)
+    return f"{text} ± {fmt.format(ci)}" if ci is not None and not math.isnan(ci) and key != "length" else text
+
+
+def table(rounds: list[dict[str, dict[str, float]]]) -> str:
+    """One row per round and arm (v0 once, first); a score ``a ± b``: b is the 95% interval."""
+    head = "| round | arm | score | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    lines = [head, "|---|---|---:|" + "---:|" * len(COLUMNS)]
+    for k, rows in enumerate(rounds, start=1):
+        for arm in ARMS:
+            if arm == "v0" and k > 1:
+                continue
+            r = rows[arm]
+            score = f"{r['score']:.0f} ± {r['score_ci']:.0f}" if not math.isnan(r["score_ci"]) else f"{r['score']:.0f}"
+            cells = [_cell(r, key, fmt) for key, _, fmt in COLUMNS]
+            lines.append(f"| {0 if arm == 'v0' else k} | {arm} | {score} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def targets(teacher: str, rounds: list[dict[str, dict[str, float]]]) -> list[tuple[str, bool]]:
+    """The issue's targets for this teacher, each with whether it held (after the last round; the
+    score teacher's in every round)."""
+    if teacher == "score":
+        return [
+            (f"round {k}: rlhf scores at least 0.9x control", r["rlhf"]["score"] >= 0.9 * r["control"]["score"])
+            for k, r in enumerate(rounds, start=1)
+        ]
+    last = rounds[-1]
+    rl, ctl, v0 = last["rlhf"], last["control"], last["v0"]
+    if "refills" not in rl:
+        return []
+    return [
+        ("rlhf refills at least once per game", rl["refills"] >= 1.0),
+        ("rlhf refills at least 3x as often as control", rl["refills"] >= 3 * ctl["refills"] and rl["refills"] > 0),
+        ("rlhf loses at most half as many lives to oxygen", rl["oxygen_deaths"] <= 0.5 * ctl["oxygen_deaths"]),
+        ("rlhf scores no less than v0", rl["score"] >= v0["score"]),
+    ]
+
+
+def across_seeds(per_seed: list[list[dict[str, dict[str, float]]]]) -> list[dict[str, dict[str, float]]]:
+    """Rounds of several seeds -> one set of rows: each figure the mean over the seeds, its
+    ``_ci`` the 95% interval across them (``score_ci`` too: the seeds' spread, not the games')."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    out = []
+    for k in range(min(len(s) for s in per_seed)):
+        rows = {}
+        for arm in ARMS:
+            keys = set.intersection(*(set(s[k][arm]) for s in per_seed)) - {"score_ci"}
+            row: dict[str, float] = {}
+            for key in sorted(k2 for k2 in keys if not k2.endswith("_ci")):
+                row[key], row[f"{key}_ci"] = mean_ci95([s[k][arm][key] for s in per_seed])
+            rows[arm] = row
+        out.append(rows)
+    return out
+
+
+def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: dict[str, float], title: str):
+    """round.png: eval figures during each round's fine-tunes, one curve per round and arm (rlhf
+    solid and coloured by round, control grey dashed), v0 dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("eval/score_mean", "score", "mean eval score")]
+    if "refills" in v0:
+        panels += [
+            ("eval/refills_per_game", "refills", "voluntary refills per game"),
+            ("eval/oxygen_death_share", "oxygen_share", "share of lives lost to oxygen"),
+        ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    colours = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, max(len(curves), 1)))
+    for ax, (tag, key, label) in zip(axes[0], panels, strict=True):
+        for k, (rc, colour) in enumerate(zip(curves, colours, strict=True), start=1):
+            for arm, style in (("control", dict(color="tab:grey", linestyle="--")), ("rlhf", dict(color=colour))):
+                steps, values = rc[arm].get(tag, ([], []))
+                if steps:
+                    ax.plot(steps, values, marker="o", label=f"{arm} round {k}", **style)
+        ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
+        ax.set_xlabel("fine-tune agent steps (each round from its start policy)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
