@@ -21,7 +21,7 @@ Per seed (``--seeds``, each under ``--out/seed<S>``):
 
 Prints one table row per round and arm (score with its 95% interval, length, refills per game,
 lives lost, the share lost to oxygen, low-gauge climbs toward the surface, the share of steps
-idling at the surface), the reward model's figures and which rule decided the labels per round,
+at the surface), the reward model's figures and which rule decided the labels per round,
 a reward-hacking watch per round (correlation of the rlhf arm's predicted and true game returns
 during its fine-tune; its time at the surface), whether the issue's targets hold, and writes
 ``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>``; with several seeds
@@ -67,7 +67,7 @@ from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 ROOT = Path(__file__).resolve().parents[1]
 
 ROUND_MODES = ("random", "uncertain", "disagree")  # lib.sampling's modes that need no fine-tuning DB
-CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share")
+CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share", "eval/low_climbs_per_game")
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
 
@@ -480,7 +480,7 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
         "refills": [r.oxygen.refills if r.oxygen else None for r in results],
         "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
         "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
-        "climbs": [_surface(r, "climbs") for r in results],
+        "climbs": [_surface(r, "low_climbs") for r in results],
         "surface_steps": [_surface(r, "surface_steps") for r in results],
     }
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -634,7 +634,7 @@ def print_round_notes(k: int, r: dict[str, Any]) -> None:
     )
     print(
         f"  reward-hacking watch: rlhf's predicted vs true game return correlation {w['return_corr']:+.2f} "
-        f"(mean over its fine-tune), share of its eval steps idling at the surface "
+        f"(mean over its fine-tune), share of its eval steps at the surface "
         f"{100 * w['surface_share']:.1f}%"
     )
 

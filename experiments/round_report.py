@@ -4,7 +4,8 @@ together, and ``round.png``.
 A row (``summarise``) holds the mean of the arm's evaluation games: score with its 95% interval,
 length, and for SeaQuest the behaviour figures: voluntary refills, lives lost, the share of lost
 lives lost to oxygen, low-gauge climbs toward the surface (what the surface teacher rewards) and
-the share of steps spent at the surface with a full gauge (idling there: the book's third round).
+the share of steps spent at the surface (the reward-hacking watch: the book's third round ended
+with an agent parked there).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ COLUMNS = (
     ("deaths", "lives lost/game", "{:.2f}"),
     ("oxygen_share", "lost to oxygen", "{:.0%}"),
     ("climbs", "low-gauge climbs/game", "{:.2f}"),
-    ("surface_share", "idle at surface", "{:.1%}"),
+    ("surface_share", "at surface", "{:.1%}"),
 )
 
 
@@ -122,6 +123,8 @@ def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: 
             ("eval/refills_per_game", "refills", "voluntary refills per game"),
             ("eval/oxygen_death_share", "oxygen_share", "share of lives lost to oxygen"),
         ]
+    if "climbs" in v0:
+        panels.append(("eval/low_climbs_per_game", "climbs", "low-gauge climbs per game"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     colours = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, max(len(curves), 1)))
     for ax, (tag, key, label) in zip(axes[0], panels, strict=True):

@@ -1,8 +1,9 @@
 """What a game showed beyond its score, counted by observers that ``lib.games.play_games`` is given.
 
 SeaQuest: voluntary refills, lives lost and lives lost to oxygen per game, read from the oxygen
-gauge of the frames the actions were chosen on (``lib.seaquest``: the same tracker the teachers
-use on segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for
+gauge of the frames the actions were chosen on, and what the sub did with a low gauge and at the
+surface (low-gauge climbs, steps at the surface), read from its row (``lib.seaquest``: the same
+trackers the teachers use on segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for
 games this module does not know, or frames not at full resolution), first in the list a caller
 hands to ``play_games``, so that later observers (04_play.py's console line) see the counts.
 """
@@ -14,27 +15,30 @@ from typing import Any
 import numpy as np
 
 from lib.games import EpisodeResult, GameObserver
-from lib.seaquest import OxygenTracker, oxygen_levels, shows_gauge
+from lib.seaquest import OxygenTracker, SurfaceTracker, oxygen_levels, shows_gauge, sub_rows
 
 
 class OxygenObserver:
-    """One ``OxygenTracker`` per running game; the counts go to ``EpisodeResult.oxygen``."""
+    """One ``OxygenTracker`` and one ``SurfaceTracker`` per running game; the counts go to
+    ``EpisodeResult.oxygen`` and ``EpisodeResult.surface``."""
 
     def __init__(self, n_slots: int) -> None:
-        self.trackers: list[OxygenTracker | None] = [None] * n_slots
+        self.trackers: list[tuple[OxygenTracker, SurfaceTracker] | None] = [None] * n_slots
 
     def started(self, slot: int, index: int) -> None:
-        self.trackers[slot] = OxygenTracker()
+        self.trackers[slot] = (OxygenTracker(), SurfaceTracker())
 
     def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None, life_lost: bool) -> None:
-        tracker = self.trackers[slot]
-        if tracker is not None:
-            tracker.step(int(oxygen_levels(frame)), life_lost)
+        trackers = self.trackers[slot]
+        if trackers is not None:
+            level = int(oxygen_levels(frame))
+            trackers[0].step(level, life_lost)
+            trackers[1].step(level, int(sub_rows(frame)), life_lost)
 
     def finished(self, slot: int, res: EpisodeResult) -> None:
-        tracker, self.trackers[slot] = self.trackers[slot], None
-        if tracker is not None:
-            res.oxygen = tracker.counts
+        trackers, self.trackers[slot] = self.trackers[slot], None
+        if trackers is not None:
+            res.oxygen, res.surface = trackers[0].counts, trackers[1].counts
 
     def aborted(self) -> None:
         self.trackers = [None] * len(self.trackers)
@@ -48,25 +52,37 @@ def behaviour_observers(venv: Any) -> list[GameObserver]:
 
 
 def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Voluntary refills and lives lost per game, and the share of lost lives lost to oxygen
-    (0 when no life was lost); empty unless every game was tracked (SeaQuest)."""
+    """Voluntary refills and lives lost per game, the share of lost lives lost to oxygen (0 when
+    no life was lost), low-gauge climbs per game and the share of steps at the surface; empty
+    unless every game was tracked (SeaQuest)."""
     counts = [r.oxygen for r in results]
     if not counts or any(c is None for c in counts):
         return {}
     deaths = sum(c.deaths for c in counts if c is not None)
     oxygen_deaths = sum(c.oxygen_deaths for c in counts if c is not None)
-    return {
+    stats = {
         "refills_per_game": sum(c.refills for c in counts if c is not None) / len(counts),
         "deaths_per_game": deaths / len(counts),
         "oxygen_death_share": oxygen_deaths / deaths if deaths else 0.0,
     }
+    surface = [r.surface for r in results]
+    if all(c is not None for c in surface):
+        steps = sum(c.steps for c in surface if c is not None)
+        stats["low_climbs_per_game"] = sum(c.low_climbs for c in surface if c is not None) / len(surface)
+        stats["surface_share"] = sum(c.surface_steps for c in surface if c is not None) / steps if steps else 0.0
+    return stats
 
 
 def format_behaviour(stats: dict[str, float]) -> str:
     """``behaviour_stats`` as a log fragment ('' when there are none)."""
     if "refills_per_game" not in stats:
         return ""
-    return (
+    text = (
         f"refills {stats['refills_per_game']:.2f}/game, lives lost {stats['deaths_per_game']:.2f}/game "
         f"({100 * stats['oxygen_death_share']:.0f}% to oxygen)"
     )
+    if "low_climbs_per_game" in stats:
+        text += (
+            f", low-gauge climbs {stats['low_climbs_per_game']:.2f}/game, {stats['surface_share']:.0%} at the surface"
+        )
+    return text

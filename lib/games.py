@@ -22,7 +22,7 @@ import torch
 from lib.reward_model import step_next_frames
 
 if TYPE_CHECKING:
-    from lib.seaquest import OxygenCounts
+    from lib.seaquest import OxygenCounts, SurfaceCounts
 
 PROGRESS_EVERY = 5000  # vector steps between progress lines: a good policy's game runs for minutes
 
@@ -41,6 +41,9 @@ class EpisodeResult:
     oxygen:      SeaQuest's behaviour (voluntary refills, lives lost, lives lost to oxygen, as
                  ``lib.seaquest`` reads the gauge), filled in by ``lib.behaviour``'s observer;
                  None for other games or without it
+    surface:     SeaQuest's sub with a low gauge and at the surface (low-gauge climbs, steps at the
+                 surface, idle there with a full gauge: ``lib.seaquest.SurfaceCounts``), filled in
+                 by the same observer
     """
 
     index: int
@@ -51,6 +54,7 @@ class EpisodeResult:
     gif: Path | None = None
     reward_corr: float | None = None
     oxygen: OxygenCounts | None = None
+    surface: SurfaceCounts | None = None
 
 
 class GameObserver(Protocol):

@@ -1,0 +1,63 @@
+"""lib/behaviour.py: what real SeaQuest games show beyond the score, counted by the observer that
+play_games is given, the same as the segment functions count on the same frames."""
+
+import numpy as np
+
+from lib.behaviour import OxygenObserver, behaviour_observers, behaviour_stats
+from lib.envs import AtariVec
+from lib.games import EpisodeResult, play_games
+from lib.seaquest import oxygen_counts, surface_counts
+
+DOWN, UP = 5, 2  # SeaQuest's action indices (full action set)
+
+
+class Frames:
+    """Keeps every frame and life loss a game showed (another observer, after the counting one)."""
+
+    def __init__(self) -> None:
+        self.frames: list[np.ndarray] = []
+        self.lost: list[bool] = []
+
+    def started(self, slot: int, index: int) -> None: ...
+
+    def stepped(self, slot, frame, reward, pred, life_lost) -> None:
+        self.frames.append(frame.copy())
+        self.lost.append(life_lost)
+
+    def finished(self, slot: int, res: EpisodeResult) -> None:
+        self.seen = (res.oxygen, res.surface)  # filled in by the observer before this one
+
+    def aborted(self) -> None: ...
+
+
+def test_the_observer_counts_a_real_game_as_the_segment_functions_do() -> None:
+    venv = AtariVec(n_envs=1, seed=3, noop_max=0, num_threads=1)
+    plan = iter([DOWN] * 90 + [UP] * 90)
+    try:
+        observers = behaviour_observers(venv)
+        assert [type(o) for o in observers] == [OxygenObserver]
+        keep = Frames()
+        results = play_games(venv, lambda obs: np.array([next(plan)]), 1, observers=[*observers, keep], max_steps=180)
+    finally:
+        venv.close()
+    assert results is not None and len(keep.frames) == 180
+    res = results[0]
+    frames, lost = np.stack(keep.frames), np.array(keep.lost)
+    assert res.oxygen == oxygen_counts(frames, lost) and res.surface == surface_counts(frames, lost)
+    assert keep.seen == (res.oxygen, res.surface)  # later observers see the counts
+    assert res.surface.steps == 180 and 0 < res.surface.surface_steps < 180  # starts at the surface, dives
+    stats = behaviour_stats(results)
+    assert stats["surface_share"] == res.surface.surface_steps / 180
+    assert stats["low_climbs_per_game"] == res.surface.low_climbs
+
+
+def test_games_without_a_gauge_get_no_observer() -> None:
+    class Venv:
+        game, n_envs = "breakout", 2
+        frames = np.zeros((2, 210, 160, 3), dtype=np.uint8)
+
+    assert behaviour_observers(Venv()) == []
+    Venv.game = "seaquest"
+    assert len(behaviour_observers(Venv())) == 1
+    Venv.frames = np.zeros((2, 105, 80, 3), dtype=np.uint8)  # downscaled: no gauge to read
+    assert behaviour_observers(Venv()) == []
