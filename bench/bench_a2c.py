@@ -10,7 +10,7 @@ reward model (-r) / in bf16 / recording, torchrun with 2 ranks, --dev cuda rows 
 there, and with --book DIR the book's own chapter 19 01_a2c.py (sync and --use-async) run side by
 side on the same machine (the segment format itself: bench_segments.py).
 
-    python bench/bench_a2c.py [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
+    python -m bench.bench_a2c [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
 """
 
 from __future__ import annotations
