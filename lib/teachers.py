@@ -1,21 +1,44 @@
 """Synthetic teachers: labels without a person.
 
 A teacher looks at two segments and answers as a person would: 1 (#1 better), 2 (#2 better),
-0 (equally good) or -1 (can't tell). Two teachers:
+0 (equally good) or -1 (can't tell), and says which of its rules decided (``judge_rule``; the
+oracle records it in each label as ``rule``). Three teachers:
 
 - ``score``: the higher true return wins; equal returns are a tie (the oracle of earlier versions).
 - ``oxygen`` (SeaQuest): what the book's person taught and the score does not pay for: surface to
-  refill the oxygen before it runs out. Rule, in order:
-  1. fewer lives lost with an empty gauge (an oxygen death) wins;
-  2. else more voluntary refills wins;
-  3. else the score decides (higher true return; equal is a tie).
+  refill the oxygen before it runs out. Rules, in order, the first that decides wins:
+  1. ``oxygen_death``: fewer lives lost with an empty gauge (an oxygen death) wins;
+  2. ``refill``: more voluntary refills wins;
+  3. ``score``: the higher true return wins; equal is a ``tie``.
+- ``surface`` (SeaQuest): the oxygen teacher, and what a person watching also sees long before a
+  clip shows a refill (a v0 agent almost never shows one): a sub heading up when its gauge is low,
+  and a sub parked at the surface. Rules, in order, the first that decides wins:
+  1. ``oxygen_death``: fewer oxygen deaths wins;
+  2. ``refill``: more voluntary refills wins;
+  3. ``climb``: the clip whose sub climbs more toward the surface while its gauge is low wins, when
+     the climbs differ by at least ``CLIMB_MIN_ROWS`` (8 rows: two steps up; the sub's top row
+     jitters by a row with its animation, and a dodge is a step or two). Low: 0 < level <= 16 of
+     63 and not filling, where the game starts to blink the gauge (``lib.seaquest.LOW_OXYGEN``).
+     The climb is ``max(0, row when the gauge was first seen low - highest row reached later)``
+     over each low-gauge stretch of the clip (``lib.seaquest``), summed. A clip whose gauge is
+     never low climbs 0: a person shown one sub heading up with a blinking gauge and one with
+     plenty of air prefers the one doing what the low gauge asks; one that does not climb has
+     not done wrong yet (its oxygen death, if it comes, is rule 1), so it loses nothing here;
+  4. ``idle``: the clip that spends fewer steps at the surface with a full gauge wins, when the
+     counts differ by at least ``IDLE_MIN_STEPS`` (20 of a 50-step clip). A refill or a new life
+     leaves at most one such step (the sub cannot dive before its gauge is full), so 20 is a sub
+     that could dive and stays (a person sees it sit still for over a second);
+  5. ``score``: the higher true return wins; equal is a ``tie``.
 
-Options shared by both: ``noise`` P, the paper's share of uniformly random answers (with
+Other rule names: ``cant_tell`` (the teacher lacks what it needs: no true rewards, or no gauge for
+the oxygen teachers) and ``noise`` (a random answer, below).
+
+Options shared by all: ``noise`` P, the paper's share of uniformly random answers (with
 probability P the answer is #1 or #2 at random, whatever the segments show), and ``ties``: what
 the teacher answers when it sees no difference, ``equal`` (0) or ``skip`` (-1, can't tell: kept
-in labels.jsonl, never trained on).
+in labels.jsonl, never trained on; the rule is still ``tie``).
 
-The gauge and the events it shows are read by ``lib.seaquest``.
+The gauge, the sub and the events they show are read by ``lib.seaquest``.
 """
 
 from __future__ import annotations
@@ -26,10 +49,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER
-from lib.seaquest import OxygenCounts, oxygen_counts, shows_gauge
+from lib.seaquest import OxygenCounts, SurfaceCounts, oxygen_counts, shows_gauge, surface_counts
 
-TEACHERS = ("score", "oxygen")
+TEACHERS = ("score", "oxygen", "surface")
+GAUGE_TEACHERS = ("oxygen", "surface")  # teachers that read SeaQuest's gauge (lib.seaquest)
 TIE_RULES = ("equal", "skip")
+CLIMB_MIN_ROWS = 8  # surface teacher: low-gauge climbs closer than this do not decide
+IDLE_MIN_STEPS = 20  # surface teacher: idle-at-the-surface counts closer than this do not decide
 
 
 # --- teachers -------------------------------------------------------------------------------------
@@ -38,10 +64,12 @@ TIE_RULES = ("equal", "skip")
 @dataclass(frozen=True)
 class SegmentFacts:
     """What a teacher knows of a segment: its true return (None: the DB has no true rewards) and,
-    for SeaQuest, what its oxygen gauge showed (None for other games)."""
+    for SeaQuest at full resolution, what its oxygen gauge showed and what the sub did with a low
+    gauge and at the surface (None for other games)."""
 
     ret: float | None
     oxygen: OxygenCounts | None = None
+    surface: SurfaceCounts | None = None
 
 
 def segment_facts(
@@ -49,36 +77,68 @@ def segment_facts(
 ) -> SegmentFacts:
     """Facts of one segment (``life_lost``: the segment's ``dones``, a life or the game ended)."""
     ret = None if rewards is None else float(np.sum(rewards, dtype=np.float64))
-    oxygen = oxygen_counts(frames, life_lost) if shows_gauge(game, frames.shape[1:]) else None
-    return SegmentFacts(ret, oxygen)
+    if not shows_gauge(game, frames.shape[1:]):
+        return SegmentFacts(ret)
+    return SegmentFacts(ret, oxygen_counts(frames, life_lost), surface_counts(frames, life_lost))
 
 
-def _by_score(a: SegmentFacts, b: SegmentFacts) -> int | None:
+Verdict = tuple[int, str]  # (answer, the rule that decided it)
+
+
+def _more(x: float, y: float, rule: str) -> Verdict:
+    """The clip with more of ``x`` / ``y`` wins (x != y)."""
+    return (FIRST_BETTER if x > y else SECOND_BETTER), rule
+
+
+def _by_score(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
     if a.ret is None or b.ret is None:
         return None
-    return FIRST_BETTER if a.ret > b.ret else SECOND_BETTER if b.ret > a.ret else EQUAL
+    return (EQUAL, "tie") if a.ret == b.ret else _more(a.ret, b.ret, "score")
 
 
-def _by_oxygen(a: SegmentFacts, b: SegmentFacts) -> int | None:
-    ca, cb = a.oxygen, b.oxygen
-    if ca is None or cb is None:
+def _by_oxygen_events(a: OxygenCounts, b: OxygenCounts) -> Verdict | None:
+    if a.oxygen_deaths != b.oxygen_deaths:
+        return _more(b.oxygen_deaths, a.oxygen_deaths, "oxygen_death")  # fewer wins
+    if a.refills != b.refills:
+        return _more(a.refills, b.refills, "refill")
+    return None
+
+
+def _by_oxygen(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
+    if a.oxygen is None or b.oxygen is None:
         return None
-    if ca.oxygen_deaths != cb.oxygen_deaths:
-        return FIRST_BETTER if ca.oxygen_deaths < cb.oxygen_deaths else SECOND_BETTER
-    if ca.refills != cb.refills:
-        return FIRST_BETTER if ca.refills > cb.refills else SECOND_BETTER
-    return _by_score(a, b)
+    return _by_oxygen_events(a.oxygen, b.oxygen) or _by_score(a, b)
 
 
-_RULES: dict[str, Callable[[SegmentFacts, SegmentFacts], int | None]] = {"score": _by_score, "oxygen": _by_oxygen}
+def _by_surface(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
+    if a.oxygen is None or b.oxygen is None or a.surface is None or b.surface is None:
+        return None
+    sa, sb = a.surface, b.surface
+    decided = _by_oxygen_events(a.oxygen, b.oxygen)
+    if decided is None and abs(sa.climb_rows - sb.climb_rows) >= CLIMB_MIN_ROWS:
+        decided = _more(sa.climb_rows, sb.climb_rows, "climb")
+    if decided is None and abs(sa.idle_steps - sb.idle_steps) >= IDLE_MIN_STEPS:
+        decided = _more(sb.idle_steps, sa.idle_steps, "idle")  # fewer wins
+    return decided or _by_score(a, b)
+
+
+_RULES: dict[str, Callable[[SegmentFacts, SegmentFacts], Verdict | None]] = {
+    "score": _by_score,
+    "oxygen": _by_oxygen,
+    "surface": _by_surface,
+}
 # The facts each rule compares, first to last (the first that differs decides), by the names an
-# oracle label records them under (lib/oracle.py): how a recorded label was decided.
+# oracle label records them under (lib/oracle.py): how a label recorded before labels named their
+# rule was decided. Labels now record the rule itself (``extra["rule"]``, the names in the module
+# docstring); the surface teacher's climb and idle rules have thresholds, so only that says how
+# one of its labels was decided.
 RULE_FACTS: dict[str, tuple[str, ...]] = {"score": ("returns",), "oxygen": ("oxygen_deaths", "refills", "returns")}
 
 
 @dataclass
 class Teacher:
-    """A synthetic labeler: ``answer(a, b)`` -> 1 / 2 / 0 / -1 (labels.py's values)."""
+    """A synthetic labeler: ``answer(a, b)`` -> 1 / 2 / 0 / -1 (labels.py's values);
+    ``answer_rule`` also says which rule decided."""
 
     name: str = "score"
     noise: float = 0.0
@@ -93,17 +153,27 @@ class Teacher:
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"teacher noise must be in [0, 1], got {self.noise}")
 
-    def judge(self, a: SegmentFacts, b: SegmentFacts) -> int:
-        """The teacher's own answer, without noise (-1 where it cannot judge the pair)."""
+    def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
+        """The teacher's own answer, without noise, and the rule that decided it (module
+        docstring); (-1, "cant_tell") where it cannot judge the pair."""
         verdict = _RULES[self.name](a, b)
         if verdict is None:
-            return CANT_TELL
-        if verdict == EQUAL and self.ties == "skip":
-            return CANT_TELL
-        return verdict
+            return CANT_TELL, "cant_tell"
+        answer, rule = verdict
+        if answer == EQUAL and self.ties == "skip":
+            return CANT_TELL, rule
+        return answer, rule
+
+    def judge(self, a: SegmentFacts, b: SegmentFacts) -> int:
+        """``judge_rule``'s answer."""
+        return self.judge_rule(a, b)[0]
+
+    def answer_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
+        """``judge_rule`` with the paper's random answers mixed in at rate ``noise`` (rule "noise")."""
+        if self.noise > 0 and self.rng.random() < self.noise:
+            return (FIRST_BETTER if self.rng.random() < 0.5 else SECOND_BETTER), "noise"
+        return self.judge_rule(a, b)
 
     def answer(self, a: SegmentFacts, b: SegmentFacts) -> int:
-        """``judge`` with the paper's random answers mixed in at rate ``noise``."""
-        if self.noise > 0 and self.rng.random() < self.noise:
-            return FIRST_BETTER if self.rng.random() < 0.5 else SECOND_BETTER
-        return self.judge(a, b)
+        """``answer_rule``'s answer."""
+        return self.answer_rule(a, b)[0]

@@ -1,5 +1,6 @@
 """Synthetic teachers and the SeaQuest oxygen reading (lib/teachers.py), on real ALE frames whose
-story is known: a voluntary refill, an oxygen death with the blinking gauge, an enemy kill."""
+story is known: a voluntary refill, an oxygen death with the blinking gauge, an enemy kill, a climb
+with a low gauge, a sub parked at the surface (the last two: tests/test_seaquest.py's plans)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_seaquest import CLIMB_PLAN, CLIMB_REFILL, CLIMB_START, PARKED_PLAN, STAY_PLAN
 
 from bench.dbs import (
     ENEMY_DEATH_PLAN,
@@ -24,13 +26,21 @@ from bench.dbs import (
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
 from lib.oracle import oracle_label_db
-from lib.seaquest import GAUGE_COLS, GAUGE_ROWS, GAUGE_WHITE, OxygenCounts, oxygen_counts, oxygen_levels
+from lib.seaquest import (
+    GAUGE_COLS,
+    GAUGE_ROWS,
+    GAUGE_WHITE,
+    SURFACE_ROW,
+    OxygenCounts,
+    SurfaceCounts,
+    oxygen_counts,
+    oxygen_levels,
+    sub_rows,
+)
 from lib.segments import Segment, save_segment
-from lib.teachers import SegmentFacts, Teacher
+from lib.teachers import CLIMB_MIN_ROWS, IDLE_MIN_STEPS, SegmentFacts, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
-SUB_YELLOW = (187, 187, 53)  # the player's submarine
-SURFACE_Y = 46  # its top row when it floats at the surface
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +56,6 @@ def oxygen_death() -> Segment:
 @pytest.fixture(scope="module")
 def enemy_death() -> Segment:
     return play_plan(ENEMY_DEATH_PLAN)
-
-
-def sub_top(frame: np.ndarray) -> int | None:
-    """Top row of the player's sub in the water area, None while it is not drawn."""
-    rows = np.flatnonzero((frame[40:160] == SUB_YELLOW).all(-1).any(1))
-    return int(rows[0]) + 40 if len(rows) else None
 
 
 def white_pixels(frame: np.ndarray) -> int:
@@ -72,8 +76,8 @@ def test_a_voluntary_refill_is_counted_once(refill: Segment) -> None:
     counts = oxygen_counts(refill.frames, refill.dones)
     assert counts == OxygenCounts(refills=1, deaths=0, oxygen_deaths=0)
     # The rise the tracker counted starts where the sub reached the surface.
-    assert sub_top(refill.frames[REFILL_STEP]) == SURFACE_Y
-    assert sub_top(refill.frames[REFILL_STEP - 20]) > SURFACE_Y + 20
+    assert sub_rows(refill.frames[REFILL_STEP]) == SURFACE_ROW
+    assert sub_rows(refill.frames[REFILL_STEP - 20]) > SURFACE_ROW + 20
     levels = oxygen_levels(refill.frames)
     assert levels[REFILL_STEP + 1] > levels[REFILL_STEP] > levels[REFILL_STEP - 1]
     # The game's own start (the gauge filling from 1) is not a refill: the record up to the dive.
@@ -112,8 +116,9 @@ def test_an_enemy_kill_is_not_an_oxygen_death(enemy_death: Segment) -> None:
     assert oxygen_counts(seg.frames, seg.dones) == OxygenCounts(refills=0, deaths=1, oxygen_deaths=0)
 
 
-def facts(ret: float | None, refills: int = 0, oxygen_deaths: int = 0) -> SegmentFacts:
-    return SegmentFacts(ret, OxygenCounts(refills, oxygen_deaths, oxygen_deaths))
+def facts(ret: float | None, refills: int = 0, oxygen_deaths: int = 0, climb: int = 0, idle: int = 0) -> SegmentFacts:
+    surface = SurfaceCounts(steps=50, climb_rows=climb, idle_steps=idle, surface_steps=idle)
+    return SegmentFacts(ret, OxygenCounts(refills, oxygen_deaths, oxygen_deaths), surface)
 
 
 def test_teacher_rules() -> None:
@@ -136,6 +141,36 @@ def test_teacher_rules() -> None:
         Teacher("score", noise=1.5)
 
 
+def test_surface_teacher_rules_in_order() -> None:
+    surface = Teacher("surface")
+    # 1, 2: the oxygen teacher's events come first, whatever the climb or the idling.
+    assert surface.judge_rule(facts(0, oxygen_deaths=1, climb=90), facts(0, idle=50)) == (SECOND_BETTER, "oxygen_death")
+    assert surface.judge_rule(facts(0, climb=90), facts(0, refills=1, idle=30)) == (SECOND_BETTER, "refill")
+    # 3: climbing with a low gauge, by at least CLIMB_MIN_ROWS more; a clip never low climbs 0.
+    assert surface.judge_rule(facts(0, climb=CLIMB_MIN_ROWS), facts(100)) == (FIRST_BETTER, "climb")
+    assert surface.judge_rule(facts(0, climb=CLIMB_MIN_ROWS - 1), facts(100)) == (SECOND_BETTER, "score")
+    assert surface.judge_rule(facts(0, climb=40), facts(0, climb=40 + CLIMB_MIN_ROWS)) == (SECOND_BETTER, "climb")
+    assert surface.judge_rule(facts(0, climb=30, idle=50), facts(0)) == (FIRST_BETTER, "climb")  # before idle
+    # 4: fewer steps idle at the surface with a full gauge, by at least IDLE_MIN_STEPS.
+    assert surface.judge_rule(facts(100, idle=IDLE_MIN_STEPS), facts(0)) == (SECOND_BETTER, "idle")
+    assert surface.judge_rule(facts(100, idle=IDLE_MIN_STEPS + 5), facts(0, idle=6)) == (FIRST_BETTER, "score")
+    # 5: the score; equal is a tie, or can't tell with ties=skip (still decided by "tie").
+    assert surface.judge_rule(facts(10), facts(30)) == (SECOND_BETTER, "score")
+    assert surface.judge_rule(facts(10, climb=3), facts(10, idle=5)) == (EQUAL, "tie")
+    assert Teacher("surface", ties="skip").judge_rule(facts(10), facts(10)) == (CANT_TELL, "tie")
+    # No gauge (another game) or no true rewards: can't tell.
+    assert surface.judge_rule(SegmentFacts(10, None), facts(0)) == (CANT_TELL, "cant_tell")
+    assert surface.judge_rule(facts(None), facts(0)) == (CANT_TELL, "cant_tell")
+    # The old teachers name their rules too, and ignore the new facts.
+    oxygen, score = Teacher("oxygen"), Teacher("score")
+    assert oxygen.judge_rule(facts(0, climb=90), facts(20)) == (SECOND_BETTER, "score")
+    assert oxygen.judge_rule(facts(0, oxygen_deaths=1), facts(0)) == (SECOND_BETTER, "oxygen_death")
+    assert oxygen.judge_rule(facts(0), facts(0, refills=1)) == (SECOND_BETTER, "refill")
+    assert score.judge_rule(facts(0, refills=1), facts(20)) == (SECOND_BETTER, "score")
+    assert score.judge_rule(facts(5), facts(5)) == (EQUAL, "tie")
+    assert Teacher("surface", noise=1.0, rng=np.random.default_rng(0)).answer_rule(facts(0), facts(9))[1] == "noise"
+
+
 def test_teacher_noise_is_the_papers_share_of_random_answers() -> None:
     n, p = 20_000, 0.3
     t = Teacher("score", noise=p, rng=np.random.default_rng(0))
@@ -156,7 +191,7 @@ def test_oracle_with_the_oxygen_teacher_on_real_segments(
 ) -> None:
     db = tmp_path / "db"
     with_refill = cut(refill, REFILL_STEP - 20, REFILL_STEP + 30)  # 1 refill, no points
-    plain = cut(refill, 60, 110, step=110)  # under water, nothing happens, no points
+    plain = cut(refill, 60, 110, step=110)  # under water, nothing happens but 20 points
     t = OXYGEN_DEATH_STEP
     died = cut(oxygen_death, t - 40, t + 10)  # runs out of oxygen
     names = {}
@@ -177,10 +212,108 @@ def test_oracle_with_the_oxygen_teacher_on_real_segments(
     }
 
 
-def test_oxygen_teacher_refuses_another_game(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def surface_clips(refill: Segment, oxygen_death: Segment) -> dict[str, Segment]:
+    """Real clips of 46-50 steps whose story is known, one or more per rule of the surface teacher."""
+    t = OXYGEN_DEATH_STEP
+    climb, stay, parked = play_plan(CLIMB_PLAN), play_plan(STAY_PLAN), play_plan(PARKED_PLAN)
+    return {
+        "died": cut(oxygen_death, t - 40, t + 10),  # runs out of oxygen
+        "refill": cut(refill, REFILL_STEP - 20, REFILL_STEP + 30),  # 1 refill, no points
+        # Low gauge: rises from row 134 to row 47, no points; stops before the refill.
+        "climbing": cut(climb, CLIMB_START - 26, CLIMB_REFILL),
+        "staying": cut(stay, CLIMB_START - 26, CLIMB_START + 24),  # low gauge, stays at row 134, 20 points
+        "parked": cut(parked, 90, 140),  # at the surface, gauge full, all 50 steps, no points
+        "plain": cut(refill, 70, 116),  # under water with plenty of air, no points (46 steps)
+        "points": cut(climb, 100, 150),  # under water with plenty of air, 20 points
+    }
+
+
+# The surface teacher's verdict on each pair of surface_clips: (winner or None for a tie, rule).
+SURFACE_VERDICTS = {
+    **{
+        frozenset(("died", o)): (o, "oxygen_death")
+        for o in ("refill", "climbing", "staying", "parked", "plain", "points")
+    },
+    **{frozenset(("refill", o)): ("refill", "refill") for o in ("climbing", "staying", "parked", "plain", "points")},
+    **{frozenset(("climbing", o)): ("climbing", "climb") for o in ("staying", "parked", "plain", "points")},
+    frozenset(("staying", "parked")): ("staying", "idle"),
+    frozenset(("plain", "parked")): ("plain", "idle"),
+    frozenset(("points", "parked")): ("points", "idle"),
+    frozenset(("staying", "plain")): ("staying", "score"),
+    frozenset(("points", "plain")): ("points", "score"),
+    frozenset(("staying", "points")): (None, "tie"),
+}
+
+
+def test_surface_clips_show_their_story(surface_clips: dict[str, Segment]) -> None:
+    f = {k: segment_facts(c.frames, c.rewards, c.dones, "seaquest") for k, c in surface_clips.items()}
+    assert {k: (x.ret, x.oxygen.oxygen_deaths, x.oxygen.refills) for k, x in f.items() if x.oxygen} == {
+        "died": (0, 1, 0),
+        "refill": (0, 0, 1),
+        "climbing": (0, 0, 0),
+        "staying": (20, 0, 0),
+        "parked": (0, 0, 0),
+        "plain": (0, 0, 0),
+        "points": (20, 0, 0),
+    }
+    s = {k: x.surface for k, x in f.items()}
+    assert s["climbing"].climb_rows == 134 - 47 and s["climbing"].low_steps == len(surface_clips["climbing"]) - 1
+    assert s["staying"].climb_rows == 0 and s["staying"].low_steps == 49
+    assert s["parked"].idle_steps == 50 and s["parked"].low_steps == 0
+    # The died clip's next sub waits at the surface (row 46) while its gauge fills: not a climb.
+    assert s["died"].climb_rows == 0 and sub_rows(surface_clips["died"].frames[-1]) == SURFACE_ROW
+    assert all(s[k].idle_steps == 0 and s[k].climb_rows == 0 for k in ("plain", "points"))
+    # The refill clip's sub stays at the surface, pressing UP, for 24 steps once its gauge is full
+    # (idle): the refill outranks that (rule 2 before rule 4).
+    assert s["refill"].idle_steps == 24 >= IDLE_MIN_STEPS and s["refill"].climb_rows == 0
+
+
+def save_clips(db: Path, clips: dict[str, Segment]) -> dict[str, str]:
+    """The clips as segments of a DB; their names by relative path."""
+    names = {}
+    for name, seg in clips.items():
+        seg = dataclasses.replace(seg, env_index=len(names))
+        names[save_segment(db, seg, fsync=False).relative_to(db).as_posix()] = name
+    return names
+
+
+def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips: dict[str, Segment]) -> None:
+    db = tmp_path / "db"
+    names = save_clips(db, surface_clips)
+    summary = oracle_label_db(db, 100, seed=0, teacher="surface")
+    assert summary.labeled == len(SURFACE_VERDICTS) == 21
+    seen = {}
+    for lab in read_label_log(db):
+        a, b = names[lab.sample1], names[lab.sample2]
+        winner = a if lab.label == FIRST_BETTER else b if lab.label == SECOND_BETTER else None
+        assert lab.label != EQUAL or winner is None
+        seen[frozenset((a, b))] = (winner, lab.extra["rule"])
+        assert lab.source == "oracle" and lab.extra["teacher"] == "surface"
+        assert lab.extra["climb"] == [134 - 47 if n == "climbing" else 0 for n in (a, b)]
+        if "parked" in (a, b):
+            assert lab.extra["idle"][[a, b].index("parked")] == 50
+    assert seen == SURFACE_VERDICTS
+    # The oxygen teacher on the same DB sees no climb and no idling: the score, or a tie.
+    oxygen_db = tmp_path / "oxygen"
+    names = save_clips(oxygen_db, surface_clips)
+    oracle_label_db(oxygen_db, 100, seed=0, teacher="oxygen")
+    rules = {
+        frozenset((names[lab.sample1], names[lab.sample2])): lab.extra["rule"] for lab in read_label_log(oxygen_db)
+    }
+    assert rules[frozenset(("climbing", "staying"))] == "score" and rules[frozenset(("plain", "parked"))] == "tie"
+    # Random answers record "noise".
+    noisy = tmp_path / "noisy"
+    save_clips(noisy, surface_clips)
+    oracle_label_db(noisy, 10, seed=0, teacher="surface", noise=1.0)
+    assert [lab.extra["rule"] for lab in read_label_log(noisy)] == ["noise"] * 10
+
+
+@pytest.mark.parametrize("teacher", ["oxygen", "surface"])
+def test_gauge_teachers_refuse_another_game(tmp_path: Path, teacher: str) -> None:
     make_synthetic_db(tmp_path / "db", 6, seed=1)  # 'Pong' frames, not SeaQuest
-    with pytest.raises(UserError, match="oxygen gauge"):
-        oracle_label_db(tmp_path / "db", 3, teacher="oxygen")
+    with pytest.raises(UserError, match=f"the {teacher} teacher reads SeaQuest's oxygen gauge"):
+        oracle_label_db(tmp_path / "db", 3, teacher=teacher)
 
 
 def test_label_ui_oracle_flags(tmp_path: Path) -> None:
@@ -193,7 +326,7 @@ def test_label_ui_oracle_flags(tmp_path: Path) -> None:
     assert len(log) == 20 and all(lab.extra["teacher"] == "score" and lab.extra["teacher_noise"] == 0.5 for lab in log)
     wrong = sum(lab.label != (1 if lab.extra["returns"][0] > lab.extra["returns"][1] else 2) for lab in log)
     assert wrong > 0  # half the answers are coin flips
-    for bad in (["--teacher-noise", "2"], ["--teacher", "taste"], ["--teacher", "oxygen"]):
+    for bad in (["--teacher-noise", "2"], ["--teacher", "taste"], ["--teacher", "oxygen"], ["--teacher", "surface"]):
         p = subprocess.run([*main, *bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and p.stderr.startswith("error") or "usage" in p.stderr, (bad, p.stderr)
         assert "Traceback" not in p.stderr

@@ -157,7 +157,9 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
         choices=TEACHERS,
         default=d.teacher,
         help="with --oracle: 'score' prefers the higher true return; 'oxygen' (SeaQuest) prefers fewer lives "
-        "lost to an empty oxygen gauge, then more refills at the surface, then the higher return",
+        "lost to an empty oxygen gauge, then more refills at the surface, then the higher return; 'surface' "
+        "(SeaQuest) as 'oxygen', then, before the return, the sub that climbs more with a low gauge, then the "
+        "one idling less at the surface with a full gauge (lib/teachers.py)",
     )
     p.add_argument(
         "--teacher-noise",
