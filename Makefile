@@ -30,11 +30,13 @@ bench: $(VENV_STAMP)
 bench-quality: $(VENV_STAMP)
 	$(PY) -m experiments.quality
 
-# A whole round with synthetic teachers (v0, labels, reward model, rlhf and control fine-tunes,
-# evaluation): ~1M + 3 x 500k agent steps on CPU, about 2 hours on 2 cores. Outputs in runs/round/.
+# Three rounds of 100 labels with synthetic teachers (v0, then per round: labels of the newest DB,
+# reward model on every label so far, rlhf and control fine-tunes, evaluation): v0 1M agent steps,
+# then 500k per fine-tune (the control arm's shared by both teachers), about 3 hours on 2 cores.
+# Outputs in runs/round/seed0/.
 bench-round: $(VENV_STAMP)
-	$(PY) -m experiments.round --teacher oxygen
-	$(PY) -m experiments.round --teacher score
+	$(PY) -m experiments.round --teacher surface --rounds 3 --labels 100
+	$(PY) -m experiments.round --teacher score --rounds 3 --labels 100
 
 # Reward-model learning curves per --sampling mode (random, uncertain, disagree) with synthetic
 # teachers, on the round's DB (make bench-round first): 7 ensemble trainings per teacher and seed.
