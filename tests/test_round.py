@@ -199,3 +199,32 @@ def test_round_bad_values_are_one_line_exit_2(tmp_path: Path, capsys, extra, msg
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
     assert not (tmp_path / "out" / "seed0" / "v0").exists()
+
+
+def _rows(score: float, refills: float, climbs: float) -> dict[str, dict[str, float]]:
+    row = {"score": score, "score_ci": 10.0, "length": 900.0, "refills": refills, "deaths": 4.0}
+    row |= {"oxygen_deaths": 2.0, "oxygen_share": 0.5, "climbs": climbs, "surface_share": 0.1}
+    return {"v0": dict(row), "control": dict(row), "rlhf": dict(row, score=score + 50, refills=refills * 4)}
+
+
+def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_mean() -> None:
+    from experiments.round_report import across_seeds, table, targets
+    from lib.stats import mean_ci95
+
+    seeds = [[_rows(400, 0.5, 1.0), _rows(420, 1.0, 2.0)], [_rows(500, 0.25, 3.0), _rows(460, 0.5, 0.0)]]
+    rows = across_seeds(seeds)
+    assert len(rows) == 2
+    assert rows[1]["rlhf"]["score"] == pytest.approx(490.0)
+    assert rows[1]["rlhf"]["score_ci"] == pytest.approx(mean_ci95([470, 510])[1])  # across seeds, not games
+    assert rows[0]["rlhf"]["refills"] == pytest.approx(1.5) and rows[1]["control"]["climbs"] == pytest.approx(1.0)
+    text = table(rows)
+    assert text.count("\n| 0 | v0 |") == 1 and "\n| 2 | rlhf | 490 ± " in text and "low-gauge climbs/game" in text
+    score = dict(targets("score", rows))
+    assert score == {
+        "round 1: rlhf scores at least 0.9x control": True,
+        "round 2: rlhf scores at least 0.9x control": True,
+    }
+    surface = dict(targets("surface", rows))  # after the last round: rlhf refills 3.0 vs control 0.75
+    assert surface["rlhf refills at least once per game"] and surface["rlhf refills at least 3x as often as control"]
+    assert not surface["rlhf loses at most half as many lives to oxygen"]
+    assert across_seeds(seeds[:1]) == seeds[0]  # one seed: its own rows and intervals
