@@ -50,7 +50,7 @@ from lib.model import (
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.segments import MAX_ENV_INDEX, MAX_ENV_STEP, check_db_game
-from lib.stats import pearson
+from lib.stats import StepCorrelation, pearson
 from lib.tb import hparams_table, run_dir
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
@@ -861,30 +861,6 @@ class GameStats:
         tr, pr = np.array(self.recent_pairs).T
         corr = pearson(tr, pr)
         return None if math.isnan(corr) else corr
-
-
-class StepCorrelation:
-    """Pearson correlation of two streams of numbers from running sums (no history kept): the
-    reward model's per-step prediction against the true reward, all envs, every step."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sums = np.zeros(5)  # x, y, xx, yy, xy
-
-    def add(self, x: np.ndarray, y: np.ndarray) -> None:
-        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        self.n += len(x)
-        self.sums += (x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
-
-    def value(self) -> float | None:
-        """The correlation, None with fewer than 2 steps or a constant stream (no points scored)."""
-        if self.n < 2:
-            return None
-        sx, sy, sxx, syy, sxy = self.sums / self.n
-        vx, vy = sxx - sx * sx, syy - sy * sy
-        if vx <= 1e-12 or vy <= 1e-12:
-            return None
-        return float((sxy - sx * sy) / np.sqrt(vx * vy))
 
 
 def _fmt_time(sec: float) -> str:

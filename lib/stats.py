@@ -1,4 +1,5 @@
-"""Small statistics every stage reports with: one Pearson correlation, one 95% interval of a mean."""
+"""Small statistics every stage reports with: one Pearson correlation (of two series, or of two
+streams from running sums), one 95% interval of a mean."""
 
 from __future__ import annotations
 
@@ -27,3 +28,27 @@ def mean_ci95(values) -> tuple[float, float]:
         return math.nan, math.nan
     half = Z95 * v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
     return float(v.mean()), float(half)
+
+
+class StepCorrelation:
+    """Pearson correlation of two streams of numbers from running sums (no history kept): the
+    reward model's per-step prediction against the true reward, all envs, every step."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sums = np.zeros(5)  # x, y, xx, yy, xy
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        self.n += len(x)
+        self.sums += (x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum())
+
+    def value(self) -> float | None:
+        """The correlation, None with fewer than 2 steps or a constant stream (no points scored)."""
+        if self.n < 2:
+            return None
+        sx, sy, sxx, syy, sxy = self.sums / self.n
+        vx, vy = sxx - sx * sx, syy - sy * sy
+        if vx <= 1e-12 or vy <= 1e-12:
+            return None
+        return float((sxy - sx * sy) / np.sqrt(vx * vy))

@@ -357,7 +357,7 @@ def test_full_games_report_the_same_oxygen_story(oxygen_death: Segment) -> None:
 
 
 def test_step_correlation_matches_numpy() -> None:
-    from lib.a2c import StepCorrelation
+    from lib.stats import StepCorrelation
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=1000)
