@@ -426,6 +426,7 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
 
 
 EVIDENCE_KEY = {"oxygen_deaths": "by_oxygen_death", "refills": "by_refill", "returns": "by_score"}
+RULE_KEY = {"oxygen_death": "by_oxygen_death", "refill": "by_refill", "score": "by_score"}
 
 
 def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dict[str, int]:
@@ -442,7 +443,10 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
         if lab.label not in (FIRST_BETTER, SECOND_BETTER):
             ev["ties" if lab.label == 0 else "cant_tell"] += 1
             continue
-        for fact in RULE_FACTS[teacher]:
+        if rule in RULE_KEY:  # recorded: oxygen_death, refill or score (climb and idle: in "rules" only)
+            ev[RULE_KEY[rule]] += 1
+            continue
+        for fact in RULE_FACTS.get(teacher, ()):  # labels written before rules were recorded
             values = lab.extra.get(fact)
             if isinstance(values, list) and len(values) == 2 and values[0] != values[1]:
                 ev[EVIDENCE_KEY[fact]] += 1

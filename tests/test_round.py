@@ -228,3 +228,17 @@ def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_me
     assert surface["rlhf refills at least once per game"] and surface["rlhf refills at least 3x as often as control"]
     assert not surface["rlhf loses at most half as many lives to oxygen"]
     assert across_seeds(seeds[:1]) == seeds[0]  # one seed: its own rows and intervals
+
+
+def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path: Path) -> None:
+    from experiments.round import teacher_evidence
+
+    def lab(i: int, label: int, rule: str) -> Label:
+        extra = {"rule": rule, "oxygen_deaths": [0, 0], "refills": [0, 0], "returns": [20.0, 0.0]}
+        return Label(f"00/{i:08d}.dat", f"00/{i + 100:08d}.dat", label, source="oracle", extra=extra)
+
+    rules = ["climb", "climb", "idle", "refill", "score"]
+    append_labels(tmp_path, [lab(i, FIRST_BETTER, r) for i, r in enumerate(rules)] + [lab(9, EQUAL, "tie")])
+    ev = teacher_evidence(tmp_path, tmp_path, [], "surface")
+    assert ev["rules"] == {"climb": 2, "idle": 1, "refill": 1, "score": 1, "tie": 1}
+    assert (ev["by_refill"], ev["by_score"], ev["by_oxygen_death"], ev["ties"], ev["labels"]) == (1, 1, 0, 1, 6)
