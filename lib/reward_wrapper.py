@@ -124,7 +124,7 @@ def normalised(x: np.ndarray) -> np.ndarray:
     """A whole series of predictions normalised as the learner does once its window holds them:
     centred on the median, divided by the std (a constant series: centred only)."""
     x = np.asarray(x, dtype=np.float64).ravel()
-    return RunningNorm(max(len(x), 1)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
+    return RunningNorm(len(x)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
 
 
 def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
