@@ -17,7 +17,9 @@ $(VENV_STAMP): requirements.txt
 demo: $(VENV_STAMP)
 	bash scripts/demo.sh
 
+# The browser tests need Debian's chromium + chromium-driver: installed as root, else one line and exit 2.
 test: $(VENV_STAMP)
+	bash scripts/browser_deps.sh
 	$(PY) -m pytest
 
 test-fast: $(VENV_STAMP)
