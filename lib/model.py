@@ -137,14 +137,25 @@ LAST_NAME = "last.pt"  # 01_a2c.py's latest state (what --resume continues)
 
 
 def best_checkpoint_name(step: int, score_mean: float, length_mean: float) -> str:
-    """The file name of a best checkpoint: the step first, zero-padded, so that names sort by step."""
+    """The file name of a best checkpoint: the step first, zero-padded, so that a listing reads in
+    step order (up to 9 digits; ``best_checkpoints`` sorts by the parsed step)."""
     return f"best_{step:09d}_score{score_mean:.1f}_len{length_mean:.0f}.pt"
+
+
+BEST_NAME = re.compile(r"best_(\d+)_score.*\.pt")  # what best_checkpoint_name writes
+
+
+def best_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
+    """A run's best checkpoints, by the step parsed from the name (past 9 digits a name is longer,
+    and text order would put step 1,000,000,128 before 999,999,872); other best_*.pt are not ours."""
+    steps = {p: m[1] for p in Path(save_dir).glob(BEST_GLOB) if (m := BEST_NAME.fullmatch(p.name))}
+    return sorted(steps, key=lambda p: (int(steps[p]), p.name))
 
 
 def best_checkpoint(save_dir: str | os.PathLike) -> Path | None:
     """A run's best policy: its last best_*.pt written (each beat every earlier evaluation), by the
     step in its name; None when the run has none (it never finished an evaluation)."""
-    best = sorted(Path(save_dir).glob(BEST_GLOB))
+    best = best_checkpoints(save_dir)
     return best[-1] if best else None
 
 
