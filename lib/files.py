@@ -7,8 +7,10 @@
 - ``open_append``: open a file for appending without following a symlink and only if it is a
   regular file (``labels.jsonl``: a symlink there would let a DB write wherever it points).
 - ``atomic_write``: write a temp file with a unique name beside the target, fsync, rename, fsync
-  the directory. The file gets the permissions the user's umask gives (``mkstemp`` alone makes
-  0600 files, which another account sharing a DB cannot read).
+  the directory (``new_temp_beside`` and ``install`` are its two halves, for a writer that is
+  not a Python function, e.g. ffmpeg writing a video to the temp file's descriptor). The file
+  gets the permissions the user's umask gives (``mkstemp`` alone makes 0600 files, which another
+  account sharing a DB cannot read).
 """
 
 from __future__ import annotations
@@ -103,13 +105,26 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "r+b")
 
 
-def _temp_beside(path: Path, data: bytes | Callable[[BinaryIO], None], fsync: bool) -> str:
-    """``data`` written to a new unique temp file beside ``path`` (parents created), flushed and
-    fsynced; returns its name. Nothing is left behind when writing fails."""
+def new_temp_beside(path: Path) -> tuple[int, str]:
+    """A new empty file with a unique name beside ``path`` (parents created): ``(fd, name)``,
+    opened read-write by ``mkstemp`` (``O_CREAT|O_EXCL|O_NOFOLLOW``: never a file or a link that
+    was there before), with the permissions the umask gives. The caller closes ``fd``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~UMASK)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
+def _temp_beside(path: Path, data: bytes | Callable[[BinaryIO], None], fsync: bool) -> str:
+    """``data`` written to a new unique temp file beside ``path`` (parents created), flushed and
+    fsynced; returns its name. Nothing is left behind when writing fails."""
+    fd, tmp = new_temp_beside(path)
+    try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(data, bytes | bytearray | memoryview):
                 f.write(data)
@@ -130,7 +145,12 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
     a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
     either the old file or the new one, never half of one. Parent directories are created."""
     path = Path(path)
-    tmp = _temp_beside(path, data, fsync)
+    install(_temp_beside(path, data, fsync), path, fsync)
+
+
+def install(tmp: str | os.PathLike, path: str | os.PathLike, fsync: bool = True) -> None:
+    """Rename the finished temp file ``tmp`` (from ``new_temp_beside``) over ``path``, then fsync
+    the directory; ``tmp`` is removed when the rename fails."""
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -138,7 +158,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
             os.unlink(tmp)
         raise
     if fsync:
-        _fsync_dir(path.parent)
+        _fsync_dir(Path(path).parent)
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes, fsync: bool = True) -> None:

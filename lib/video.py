@@ -25,12 +25,13 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import cv2
 import numpy as np
 
 from lib.errors import UserError
+from lib.files import atomic_write, install, new_temp_beside
 
 GAME_FPS = 15  # 60 Hz Atari / frame skip 4
 SCALE = 2  # game pixels -> video pixels (nearest neighbour), for videos and the label page's clips
@@ -165,10 +166,29 @@ class RewardStrip:
         return img
 
 
+def _encoder(w: int, h: int, fps: float, out: str, options: list[str], crf: int = CRF) -> list[str]:
+    """The ffmpeg command that reads raw RGB frames (h, w, 3) from stdin and writes an H.264 yuv420p
+    MP4 to ``out``; ``options`` (filters, tuning) go before the codec's."""
+    return [
+        _ffmpeg().get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
+        *options, "-c:v", "libx264", *h264_options(crf), "-pix_fmt", "yuv420p", "-an", "-f", "mp4", "-y", out,
+    ]  # fmt: skip
+
+
+def _fd_path(fd: int) -> str:
+    """How a child that inherited ``fd`` names it: ffmpeg's open() of ``/dev/fd/N`` reopens that very
+    file (Linux), whatever the name it was created under points to by then, and it can be reopened
+    for reading (``+faststart`` reads the MP4 back to move its index to the front)."""
+    return f"/dev/fd/{fd}"
+
+
 class Mp4Writer:
     """Streams RGB frames (H, W, 3) uint8 into an H.264 yuv420p MP4 at game speed.
 
-    The video is written under a hidden temporary name in the same directory and renamed on
+    The video goes to a new temp file with a unique name beside ``path`` (created with
+    ``O_EXCL|O_NOFOLLOW`` by ``lib.files.new_temp_beside``; ffmpeg writes to its descriptor, never
+    to a name, so a link planted in the directory is never followed) and is renamed to ``path`` on
     ``close()``: an interrupted run never leaves a truncated file under the final name. Height and
     width must be even (yuv420p); ``compose`` gives 420x320 or 512x320.
     """
@@ -179,45 +199,67 @@ class Mp4Writer:
         self.path = Path(path)
         self.size = (width, height)
         self.frames = 0
-        self._tmp = self.path.with_name(f".{self.path.name}.part")
-        self._gen = _ffmpeg().write_frames(
-            str(self._tmp),
-            self.size,
-            fps=fps,
-            codec="libx264",
-            pix_fmt_out="yuv420p",
-            quality=None,
-            macro_block_size=2,
-            output_params=[*h264_options(crf), "-f", "mp4"],
-        )
-        self._gen.send(None)
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed with the video; a file, unlike a pipe, never fills
+        self._fd, self._tmp = -1, ""
+        try:
+            self._fd, self._tmp = new_temp_beside(self.path)
+            cmd = _encoder(width, height, fps, _fd_path(self._fd), [], crf)
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=self._err, pass_fds=(self._fd,))
+        except BaseException:
+            self._discard()
+            raise
 
     def add(self, frame: np.ndarray) -> None:
         """Append one frame (height, width, 3) uint8 RGB."""
         if frame.shape != (self.size[1], self.size[0], 3) or frame.dtype != np.uint8:
             raise ValueError(f"frame must be {(self.size[1], self.size[0], 3)} uint8, got {frame.shape} {frame.dtype}")
         try:
-            self._gen.send(np.ascontiguousarray(frame))
-        except OSError as e:
-            self.abort()
-            raise UserError(f"could not write video {self.path}: {str(e).splitlines()[0][:160]}") from None
+            self._proc.stdin.write(np.ascontiguousarray(frame).tobytes())
+        except OSError:
+            why = self._finish()
+            self._discard()
+            raise UserError(f"could not write video {self.path}: {why}") from None
         self.frames += 1
 
     def close(self) -> Path:
         """Finish the file (ffmpeg flushes and writes the index) and move it to its final name."""
-        self._gen.close()
-        if self.frames == 0 or not self._tmp.exists() or self._tmp.stat().st_size == 0:
-            self._tmp.unlink(missing_ok=True)
-            raise UserError(f"ffmpeg wrote no video to {self.path} (disk full?)")
-        os.replace(self._tmp, self.path)
+        why = self._finish()
+        if why or self.frames == 0 or os.fstat(self._fd).st_size == 0:
+            self._discard()
+            raise UserError(f"ffmpeg wrote no video to {self.path}: {why or 'disk full?'}")
+        os.close(self._fd)
+        self._fd = -1
+        self._err.close()
+        install(self._tmp, self.path)
         return self.path
 
     def abort(self) -> None:
-        """Stop ffmpeg and remove the partial file."""
+        """Stop ffmpeg and remove the partial file (nothing to do once closed or aborted)."""
+        if self._fd < 0:
+            return
         try:
-            self._gen.close()
+            self._proc.kill()
+            self._finish()
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._discard()
+
+    def _finish(self) -> str:
+        """Close ffmpeg's input and wait for it; '' when it ended well, else its last error line."""
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        if self._proc.wait() == 0:
+            return ""
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace").strip()
+        return (err.splitlines() or [f"ffmpeg exited with {self._proc.returncode}"])[-1][:160]
+
+    def _discard(self) -> None:
+        self._err.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
 
     def __enter__(self) -> Mp4Writer:
         return self
@@ -233,27 +275,29 @@ def mp4_to_gif(mp4: str | os.PathLike, gif: str | os.PathLike) -> Path:
     """Make an animated GIF of an MP4 with ffmpeg's two-pass palette (palettegen + paletteuse).
 
     Two passes over the file instead of buffering frames: memory stays constant for any game
-    length. GIF delays are in 10 ms units, so 15 fps plays at 1/0.07 = 14.3 fps (5% slow).
+    length. GIF delays are in 10 ms units, so 15 fps plays at 1/0.07 = 14.3 fps (5% slow). Written
+    like the MP4: ffmpeg writes to the descriptor of a new unique temp file, renamed to ``gif``.
     """
     mp4, gif = Path(mp4), Path(gif)
     exe = _ffmpeg().get_ffmpeg_exe()
-    tmp = gif.with_name(f".{gif.name}.part")
-    with tempfile.TemporaryDirectory(dir=gif.parent, prefix=".palette-") as d:
-        palette = Path(d) / "palette.png"
-        base = [exe, "-y", "-v", "error", "-i", str(mp4)]
-        steps = [
-            base + ["-vf", "palettegen=stats_mode=full", str(palette)],
-            [exe, "-y", "-v", "error", "-i", str(mp4), "-i", str(palette)]
-            + ["-lavfi", "paletteuse=dither=none", "-f", "gif", str(tmp)],
-        ]
-        for cmd in steps:
-            res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if res.returncode != 0:
-                tmp.unlink(missing_ok=True)
-                msg = (res.stderr.strip().splitlines() or ["unknown error"])[-1]
-                raise UserError(f"could not make GIF {gif}: ffmpeg: {msg[:160]}")
-    os.replace(tmp, gif)
+    base = [exe, "-y", "-v", "error", "-i", str(mp4)]
+    with tempfile.TemporaryDirectory(dir=gif.parent, prefix=".palette-") as d:  # a new directory of ours
+        palette = str(Path(d) / "palette.png")
+        _run_ffmpeg([*base, "-vf", "palettegen=stats_mode=full", palette], gif)
+
+        def paletteuse(f: BinaryIO) -> None:
+            out = ["-i", palette, "-lavfi", "paletteuse=dither=none", "-f", "gif", _fd_path(f.fileno())]
+            _run_ffmpeg([*base, *out], gif, pass_fds=(f.fileno(),))
+
+        atomic_write(gif, paletteuse)
     return gif
+
+
+def _run_ffmpeg(cmd: list[str], gif: Path, pass_fds: tuple[int, ...] = ()) -> None:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, pass_fds=pass_fds)
+    if res.returncode != 0:
+        msg = (res.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise UserError(f"could not make GIF {gif}: ffmpeg: {msg[:160]}")
 
 
 def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) -> None:
@@ -265,13 +309,8 @@ def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) ->
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
         raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
     _, h, w, _ = frames.shape
-    cmd = [
-        _ffmpeg().get_ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-nostdin",
-        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "pipe:0",
-        "-vf", f"scale={w * scale}:{h * scale}:flags=neighbor",
-        "-c:v", "libx264", "-tune", "animation", *h264_options(CRF), "-pix_fmt", "yuv420p", "-threads", "1", "-an",
-        "-f", "mp4", "-y", str(out),
-    ]  # fmt: skip
+    scaled = ["-vf", f"scale={w * scale}:{h * scale}:flags=neighbor", "-tune", "animation", "-threads", "1"]
+    cmd = _encoder(w, h, fps, str(out), scaled)
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with contextlib.suppress(OSError):  # encoding is background work: the browser and the UI go first
         os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)

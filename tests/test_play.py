@@ -122,6 +122,24 @@ def test_full_game_recorded_to_mp4_decodes_back(models: dict[str, Path], tmp_pat
     assert any("episode 1: score" in line for line in lines)
 
 
+def test_links_planted_at_temp_names_are_not_followed(models: dict[str, Path], tmp_path: Path) -> None:
+    """Audit 4 item 5: symlinks at the old fixed temp names (``.NAME.mp4.part``, ``.NAME.gif.part``)
+    sent the MP4 and the GIF to the files they point to and left the final names links to them."""
+    out, victims = tmp_path / "videos", tmp_path / "victims"
+    out.mkdir()
+    victims.mkdir()
+    stem = "run1_best_0001_ep01"
+    for ext in ("mp4", "gif"):
+        (victims / ext).write_bytes(b"the user's file")
+        (out / f".{stem}.{ext}.part").symlink_to(victims / ext)
+    (res,) = play(models["policy"], video_dir=out, seed=0, max_steps=20, gif=True, log=lambda _: None)
+    assert [(victims / ext).read_bytes()[:20] for ext in ("mp4", "gif")] == [b"the user's file"] * 2
+    assert not res.video.is_symlink() and len(decode(res.video)[1]) == 20
+    assert not res.gif.is_symlink() and res.gif.read_bytes()[:6] == b"GIF89a"
+    planted = {f".{stem}.mp4.part", f".{stem}.gif.part"}
+    assert {p.name for p in out.iterdir()} == {res.video.name, res.gif.name} | planted  # no temp left
+
+
 def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) -> None:
     a = play(models["policy"], episodes=2, seed=3, log=lambda _: None)
     b = play(models["policy"], episodes=2, seed=3, log=lambda _: None)
