@@ -86,6 +86,15 @@ def check_relpath(rel: str) -> str:
     return p.as_posix()
 
 
+def check_pair(a: str, b: str) -> tuple[str, str]:
+    """Both paths of a pair, normalised (``check_relpath``); ValueError for a segment paired with
+    itself: its R1 - R2 is 0 whatever the model says, so its answer only adds noise."""
+    a, b = check_relpath(a), check_relpath(b)
+    if a == b:
+        raise ValueError(f"segment {a!r} is paired with itself")
+    return a, b
+
+
 def _no_constants(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
@@ -114,9 +123,10 @@ def parse_label_line(raw: bytes | str) -> Label:
     source = d.get("source", "human")
     if not isinstance(source, str):
         raise ValueError("source must be a string")
+    a, b = check_pair(a, b)
     return Label(
-        sample1=check_relpath(a),
-        sample2=check_relpath(b),
+        sample1=a,
+        sample2=b,
         label=value,
         time=None if when is None else _finite(when, "time"),
         source=source,
@@ -138,8 +148,8 @@ def parse_label_lines(data: bytes, where: str, warn: Warn = warn) -> list[Label]
         try:
             out.append(parse_label_line(line))
         except (ValueError, RecursionError) as e:
-            last = all(not rest.strip() for rest in lines[i + 1 :])
-            what = "a torn last line" if last else "a bad line"
+            torn = i == len(lines) - 1  # no newline after it: a write cut short
+            what = "a torn last line" if torn else "a bad line"
             warn(f"{where}:{i + 1}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
     return out
 
@@ -238,8 +248,7 @@ def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
     root = Path(db_root)
     payload = ""
     for lab in labels:
-        check_relpath(lab.sample1)
-        check_relpath(lab.sample2)
+        check_pair(lab.sample1, lab.sample2)
         if lab.label not in VALID_LABELS and lab.label != RETRACTED:
             raise ValueError(f"label must be one of {VALID_LABELS} (or RETRACTED), got {lab.label}")
         payload += json.dumps(lab.to_json(), sort_keys=True) + "\n"

@@ -67,6 +67,21 @@ def test_bad_label_value_is_refused(tmp_path: Path) -> None:
         append_label(tmp_path, Label("00/a.dat", "01/b.dat", 7))
 
 
+@pytest.mark.parametrize("second", ["00/a.dat", "./00/a.dat", "00//a.dat"])
+def test_a_segment_paired_with_itself_is_a_bad_line(tmp_path: Path, second: str) -> None:
+    """A self-pair teaches nothing (R1 - R2 is 0 whatever the model says) and its answer is noise:
+    30 such lines trained a model to 0% test accuracy. Skipped like any bad line, never written."""
+    good = {"sample1": "00/a.dat", "sample2": "01/b.dat", "label": 1}
+    self_pair = {"sample1": "00/a.dat", "sample2": second, "label": 1}
+    (tmp_path / "labels.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(self_pair) + "\n")
+    warnings: list[str] = []
+    assert list(load_labels(tmp_path, warn=warnings.append)) == [pair_key("00/a.dat", "01/b.dat")]
+    assert len(warnings) == 1 and ":2: skipping a bad line" in warnings[0] and "itself" in warnings[0], warnings
+    with pytest.raises(ValueError, match="itself"):
+        append_label(tmp_path, Label("00/a.dat", second, 2))
+    assert len(lines(tmp_path)) == 2
+
+
 def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_stays_whole(tmp_path: Path) -> None:
     append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 2)])
     with open(tmp_path / "labels.jsonl", "a") as f:
