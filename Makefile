@@ -10,8 +10,6 @@ $(VENV_STAMP): requirements.txt
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
-	# ptan 0.8.1 pins torch 2.5 / numpy<2; its code runs on current versions, so no deps.
-	$(PY) -m pip install -q --no-deps ptan==0.8.1
 	touch $(VENV_STAMP)
 
 demo: $(VENV_STAMP)
