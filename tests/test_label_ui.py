@@ -454,7 +454,7 @@ async def test_token_is_asked_once_per_browser(label_app, db: Path) -> None:
         assert r.status_code == 401 and "Wrong token" in r.text
         r = await c.post("/login", data={"token": token, "next": "https://evil.example/"})
         assert r.status_code == 303 and r.headers["location"] == "/"  # never off-site
-        assert "rlhf_label_auth" in c.cookies and token not in c.cookies["rlhf_label_auth"]
+        assert "rlhf_label_auth_8080" in c.cookies and token not in c.cookies["rlhf_label_auth_8080"]  # --port's
         await user.open("/label")  # the cookie lets this browser in from now on
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
         other = second_user()  # another browser has to give the token itself
@@ -750,7 +750,7 @@ async def test_the_default_token_guards_the_pages(label_app, db: Path, monkeypat
         r = await c.get("/label", headers={"accept": "text/html"})
         assert r.status_code == 401 and 'name="token"' in r.text
         r = await c.get("/label?token=made-at-start-0123456789")  # the printed link
-        assert r.status_code == 303 and r.headers["location"] == "/label" and "rlhf_label_auth" in c.cookies
+        assert r.status_code == 303 and r.headers["location"] == "/label" and "rlhf_label_auth_8080" in c.cookies
         await user.open("/label")
         await until(lambda: user.find(marker="clip-1").elements.pop().props.get("data-clip"))
 

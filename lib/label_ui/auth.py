@@ -7,19 +7,23 @@ page's link (``?token=...``). ``--no-token`` turns it off, on loopback only (``c
 refuses anything else), for a machine of one user or an SSH tunnel.
 
 With a token every HTTP request and every websocket (NiceGUI's socket.io lives inside the same
-ASGI app) must carry the cookie ``rlhf_label_auth``: an HMAC of the token, so the token itself is
-never stored in the browser. A request without it gets the login form (pages) or 401 (anything
-else). The form posts to ``/login``, which sets the cookie (HttpOnly, SameSite=Strict) and
-redirects back. ``/?token=T`` works too, for a link printed in a terminal. Wrong tokens are
-rate-limited per client address (``LoginLimiter``: a few, then 429).
+ASGI app) must carry the cookie ``rlhf_label_auth_<port>``: a random secret of this server run
+(not derived from the token, so the token is never stored in the browser). Browsers do not
+separate cookies by port: every server on the same host name receives it. So the value is good
+for this run only (a restart, or another server given the same token, does not take it) and the
+port in the name keeps two label servers from overwriting each other's. A request without it
+gets the login form (pages) or 401 (anything else). The form posts to ``/login``, which sets the
+cookie (HttpOnly, SameSite=Strict, until the browser closes) and redirects back. ``/?token=T``
+works too, for a link printed in a terminal. Wrong tokens are rate-limited per client address
+(``LoginLimiter``: a few, then 429).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import html
 import math
+import secrets
 import time
 from collections.abc import Callable
 from http.cookies import SimpleCookie
@@ -34,9 +38,9 @@ LOGIN_PATH = "/login"
 _MAX_FORM = 4096
 
 
-def cookie_value(token: str) -> str:
-    """What the cookie holds: HMAC-SHA256 of a fixed message under the token (hex)."""
-    return hmac.new(token.encode(), b"rlhf-label-ui", hashlib.sha256).hexdigest()
+def cookie_name(port: int) -> str:
+    """The login cookie's name on the server of ``port``: ``rlhf_label_auth_8080``."""
+    return f"{COOKIE}_{port}"
 
 
 def _safe_next(target: str | None) -> str:
@@ -105,10 +109,11 @@ class LoginLimiter:
 class TokenMiddleware:
     """ASGI middleware: lets a request through only with the right cookie (or to the login form)."""
 
-    def __init__(self, app: Any, token: str, limiter: LoginLimiter | None = None) -> None:
+    def __init__(self, app: Any, token: str, port: int, limiter: LoginLimiter | None = None) -> None:
         self.app = app
         self.token = token
-        self.expected = cookie_value(token)
+        self.cookie = cookie_name(port)
+        self.expected = secrets.token_hex(32)  # this run's: a restart logs every browser out
         self.limiter = limiter or LoginLimiter()
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
@@ -118,7 +123,7 @@ class TokenMiddleware:
             cookie.load(raw)
         except Exception:  # a malformed cookie header is simply not authorised
             return False
-        got = cookie[COOKIE].value if COOKIE in cookie else ""
+        got = cookie[self.cookie].value if self.cookie in cookie else ""
         return hmac.compare_digest(got, self.expected)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -166,7 +171,7 @@ class TokenMiddleware:
 
     def _grant(self, nxt: str) -> Response:
         response = RedirectResponse(quote(nxt, safe="/?=&"), status_code=303)
-        response.set_cookie(COOKIE, self.expected, httponly=True, samesite="strict", max_age=30 * 24 * 3600)
+        response.set_cookie(self.cookie, self.expected, httponly=True, samesite="strict")  # until the browser closes
         return response
 
 

@@ -70,7 +70,7 @@ def build_app(cfg: LabelConfig) -> AppState:
 
     app.add_api_route("/clip/{db}/{env}/{name}", clip_route, methods=["GET"])
     if cfg.token:
-        app.add_middleware(TokenMiddleware, token=cfg.token)
+        app.add_middleware(TokenMiddleware, token=cfg.token, port=cfg.port)
     app.add_middleware(BodyLimitMiddleware)  # before the token check: a login form is small too
     app.add_middleware(HostCheckMiddleware, allowed=cfg.allowed_hosts())  # added last: runs first
     for d in dbs:
