@@ -44,7 +44,9 @@ from lib.model import (
     policy_checkpoint,
     policy_file,
     read_checkpoint,
+    remove_run_checkpoints,
     resolve_device,
+    run_checkpoints,
     state_is_finite,
     text,
 )
@@ -208,7 +210,8 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--force",
         action="store_true",
-        help="start the run <name> over even though saves/<name> holds checkpoints (they are replaced)",
+        help="start the run <name> over even though saves/<name> holds checkpoints (its best_*.pt and last.pt "
+        "are removed first)",
     )
 
 
@@ -432,6 +435,11 @@ def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
         raise UserError(
             f"{cfg.save_dir} already holds the run {cfg.name!r}: continue it with --resume, start it over "
             f"with --force (replaces its checkpoints), or pick another -n"
+        )
+    if cfg.force and cfg.model and Path(cfg.model).resolve() in {p.resolve() for p in run_checkpoints(cfg.save_dir)}:
+        raise UserError(
+            f"--force would remove {cfg.model}, the policy -m starts from: copy it out of {cfg.save_dir} first, "
+            f"or pick another -n"
         )
     _check_writable_dir(cfg.save_dir, "checkpoint dir")
     _check_writable_dir(Path(cfg.runs_dir), "TensorBoard dir")
@@ -665,6 +673,8 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     if dist.is_main:
         _make_dir(Path(cfg.runs_dir), "TensorBoard dir")  # first: /proc-like paths pass the writable check
         _make_dir(cfg.save_dir, "checkpoint dir")
+        if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
+            print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
         extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
         writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
     return Run(

@@ -159,6 +159,24 @@ def best_checkpoint(save_dir: str | os.PathLike) -> Path | None:
     return best[-1] if best else None
 
 
+def run_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints 01_a2c.py wrote in a run directory: its best ones (by step) and last.pt."""
+    last = Path(save_dir) / LAST_NAME
+    return best_checkpoints(save_dir) + ([last] if os.path.lexists(last) else [])
+
+
+def remove_run_checkpoints(save_dir: str | os.PathLike) -> int:
+    """Remove a run's checkpoints (``run_checkpoints``: ``--force`` starts the run over, and an old
+    best must not stand for the new run); returns how many. Other files stay."""
+    found = run_checkpoints(save_dir)
+    for p in found:
+        try:
+            p.unlink()
+        except OSError as e:
+            raise UserError(f"--force cannot remove the old run's {p}: {e.strerror or e}") from None
+    return len(found)
+
+
 def policy_file(path: str | os.PathLike) -> Path:
     """``-m`` of 01_a2c.py and 04_play.py: a checkpoint file as given, or a run directory (such as
     saves/v0), which stands for its best policy (``best_checkpoint``), else its last.pt."""

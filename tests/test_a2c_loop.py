@@ -139,6 +139,33 @@ def test_checkpoints_games_and_resume(tmp_path):
     assert again["tb_dir"] == last["tb_dir"]  # the same TensorBoard run goes on
 
 
+def test_force_replaces_the_old_runs_best_checkpoints(tmp_path):
+    """-m saves/<name> plays a run's best: after --force that must be the new run's, not a better
+    one the old run left (here a later best, planted as the audit did)."""
+    from lib.model import best_checkpoints, policy_file
+
+    saves = tmp_path / "saves"
+    assert a2c.train(config(tmp_path, max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
+    (old,) = best_checkpoints(saves)
+    planted = saves / "best_000002000_score999.0_len14.pt"
+    planted.write_bytes(old.read_bytes())
+    forced = config(tmp_path, max_steps=560, test_every=560, test_episodes=2, force=True, seed=2)
+    assert a2c.train(forced, make_env=FakeVec) == 0
+    assert [p.name for p in best_checkpoints(saves)] == [f"best_000000560_score{SCORE:.1f}_len{GAME}.pt"]
+    assert policy_file(saves) == saves / f"best_000000560_score{SCORE:.1f}_len{GAME}.pt"
+    assert torch.load(saves / "last.pt", weights_only=True)["step"] == 560
+
+
+def test_force_refuses_to_start_from_a_policy_it_would_remove(tmp_path):
+    assert a2c.train(config(tmp_path, max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
+    before = sorted(p.name for p in (tmp_path / "saves").iterdir())
+    (best,) = (tmp_path / "saves").glob("best_*.pt")
+    with pytest.raises(a2c.UserError, match="--force would remove") as e:
+        a2c.train(config(tmp_path, force=True, model=str(best)), make_env=FakeVec)
+    assert "\n" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "saves").iterdir()) == before
+
+
 def test_game_scores_reach_tensorboard_unclipped(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
