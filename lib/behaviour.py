@@ -2,7 +2,8 @@
 
 SeaQuest: voluntary refills, lives lost and lives lost to oxygen per game, read from the oxygen
 gauge of the frames the actions were chosen on, and what the sub did with a low gauge and at the
-surface (low-gauge climbs, steps at the surface), read from its row (``lib.seaquest``: the same
+surface (low-gauge climbs, steps at the surface), read from its row, and the divers it rescued
+(picked up) and the share of steps with a diver aboard, read from the row under the gauge (``lib.seaquest``: the same
 trackers the teachers use on segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for
 games this module does not know, or frames not at full resolution), first in the list a caller
 hands to ``play_games``, so that later observers (04_play.py's console line) see the counts.
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lib.games import EpisodeResult, GameObserver
-from lib.seaquest import OxygenTracker, SurfaceTracker, oxygen_levels, shows_gauge, sub_rows
+from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 
 
 class OxygenObserver:
@@ -33,7 +34,7 @@ class OxygenObserver:
         if trackers is not None:
             level = int(oxygen_levels(frame))
             trackers[0].step(level, life_lost)
-            trackers[1].step(level, int(sub_rows(frame)), life_lost)
+            trackers[1].step(level, int(sub_rows(frame)), life_lost, int(divers_aboard(frame)))
 
     def finished(self, slot: int, res: EpisodeResult) -> None:
         trackers, self.trackers[slot] = self.trackers[slot], None
@@ -53,7 +54,8 @@ def behaviour_observers(venv: Any) -> list[GameObserver]:
 
 def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
     """Voluntary refills and lives lost per game, the share of lost lives lost to oxygen (0 when
-    no life was lost), low-gauge climbs per game and the share of steps at the surface; empty
+    no life was lost), low-gauge climbs and divers rescued per game, the share of steps at the
+    surface and the share with a diver aboard; empty
     unless every game was tracked (SeaQuest)."""
     counts = [r.oxygen for r in results]
     if not counts or any(c is None for c in counts):
@@ -70,6 +72,8 @@ def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
         steps = sum(c.steps for c in surface if c is not None)
         stats["low_climbs_per_game"] = sum(c.low_climbs for c in surface if c is not None) / len(surface)
         stats["surface_share"] = sum(c.surface_steps for c in surface if c is not None) / steps if steps else 0.0
+        stats["rescues_per_game"] = sum(c.rescues for c in surface if c is not None) / len(surface)
+        stats["diver_share"] = sum(c.diver_steps for c in surface if c is not None) / steps if steps else 0.0
     return stats
 
 
@@ -84,5 +88,6 @@ def format_behaviour(stats: dict[str, float]) -> str:
     if "low_climbs_per_game" in stats:
         text += (
             f", low-gauge climbs {stats['low_climbs_per_game']:.2f}/game, {stats['surface_share']:.0%} at the surface"
+            f", divers rescued {stats['rescues_per_game']:.2f}/game, {stats['diver_share']:.0%} with a diver aboard"
         )
     return text

@@ -80,8 +80,12 @@ def label_extra(
     if fa.oxygen is not None and fb.oxygen is not None:
         extra["refills"] = [fa.oxygen.refills, fb.oxygen.refills]
         extra["oxygen_deaths"] = [fa.oxygen.oxygen_deaths, fb.oxygen.oxygen_deaths]
+        extra["deaths"] = [fa.oxygen.deaths, fb.oxygen.deaths]
     if fa.surface is not None and fb.surface is not None:
         extra["climb"] = [fa.surface.climb_rows, fb.surface.climb_rows]
+        extra["diver_climb"] = [fa.surface.diver_climb_rows, fb.surface.diver_climb_rows]
+        extra["rescues"] = [fa.surface.rescues, fb.surface.rescues]
+        extra["low_diver_steps"] = [fa.surface.low_diver_steps, fb.surface.low_diver_steps]
         extra["idle"] = [fa.surface.idle_steps, fb.surface.idle_steps]
     return extra
 

@@ -10,25 +10,31 @@ oracle records it in each label as ``rule``). Three teachers:
   1. ``oxygen_death``: fewer lives lost with an empty gauge (an oxygen death) wins;
   2. ``refill``: more voluntary refills wins;
   3. ``score``: the higher true return wins; equal is a ``tie``.
-- ``surface`` (SeaQuest): the oxygen teacher, and what a person watching also sees long before a
-  clip shows a refill (a v0 agent almost never shows one): a sub heading up when its gauge is low,
-  and a sub parked at the surface. Rules, in order, the first that decides wins:
-  1. ``oxygen_death``: fewer oxygen deaths wins;
+- ``surface`` (SeaQuest): what the book's person taught, with the game's surfacing rule in mind
+  (``lib.seaquest``: a sub that surfaces with its gauge below full loses a life with no diver
+  aboard, and refills, giving up one diver, with 1-5 aboard). Rules, in order, the first that
+  decides wins:
+  1. ``death``: fewer lives lost wins, whatever the cause (surfacing with no diver aboard is a
+     death like a shark's or an empty gauge's);
   2. ``refill``: more voluntary refills wins;
-  3. ``climb``: the clip whose sub climbs more toward the surface while its gauge is low wins, when
-     the climbs differ by at least ``CLIMB_MIN_ROWS`` (8 rows: two steps up; the sub's top row
-     jitters by a row with its animation, and a dodge is a step or two). Low: 0 < level <= 16 of
-     63 and not filling, where the game starts to blink the gauge (``lib.seaquest.LOW_OXYGEN``).
-     The climb is ``max(0, row when the gauge was first seen low - highest row reached later)``
-     over each low-gauge stretch of the clip (``lib.seaquest``), summed. A clip whose gauge is
-     never low climbs 0: a person shown one sub heading up with a blinking gauge and one with
-     plenty of air prefers the one doing what the low gauge asks; one that does not climb has
-     not done wrong yet (its oxygen death, if it comes, is rule 1), so it loses nothing here;
-  4. ``idle``: the clip that spends fewer steps at the surface with a full gauge wins, when the
+  3. ``diver_climb``: with a low gauge and a diver aboard, the clip whose sub climbs more toward
+     the surface wins, when the climbs differ by at least ``CLIMB_MIN_ROWS`` (8 rows: two steps
+     up; the sub's top row jitters by a row with its animation, and a dodge is a step or two).
+     Low: 0 < level <= 16 of 63 and not filling, where the game starts to blink the gauge
+     (``lib.seaquest.LOW_OXYGEN``), with 128 agent steps of air left, five times the 24 a sub
+     needs to rise from the sea bed. The climb is the rows gained toward the surface over each
+     low-gauge stretch, counted on the steps with a diver aboard (``SurfaceCounts.diver_climb_rows``).
+     Climbing with no diver aboard is no progress (it ends in a death at the surface), so it
+     counts nothing here; a clip that is never low with a diver aboard climbs 0;
+  4. ``rescue``: more divers picked up wins (the divers aboard going up; by at least one). Divers
+     are what a refill costs, and six of them pay the oxygen out as points;
+  5. ``idle``: the clip that spends fewer steps at the surface with a full gauge wins, when the
      counts differ by at least ``IDLE_MIN_STEPS`` (20 of a 50-step clip). A refill or a new life
      leaves at most one such step (the sub cannot dive before its gauge is full), so 20 is a sub
-     that could dive and stays (a person sees it sit still for over a second);
-  5. ``score``: the higher true return wins; equal is a ``tie``.
+     that could dive and stays (a person sees it sit still for over a second; the book's third
+     round parked there);
+  6. ``score``: the higher true return wins; equal is a ``tie``.
+  Every rule but the last prefers what the score does not pay for within the clip.
 
 Other rule names: ``cant_tell`` (the teacher lacks what it needs: no true rewards, or no gauge for
 the oxygen teachers) and ``noise`` (a random answer, below).
@@ -54,7 +60,7 @@ from lib.seaquest import OxygenCounts, SurfaceCounts, oxygen_counts, shows_gauge
 TEACHERS = ("score", "oxygen", "surface")
 GAUGE_TEACHERS = ("oxygen", "surface")  # teachers that read SeaQuest's gauge (lib.seaquest)
 TIE_RULES = ("equal", "skip")
-CLIMB_MIN_ROWS = 8  # surface teacher: low-gauge climbs closer than this do not decide
+CLIMB_MIN_ROWS = 8  # surface teacher: low-gauge climbs with a diver closer than this do not decide
 IDLE_MIN_STEPS = 20  # surface teacher: idle-at-the-surface counts closer than this do not decide
 
 
@@ -65,7 +71,7 @@ IDLE_MIN_STEPS = 20  # surface teacher: idle-at-the-surface counts closer than t
 class SegmentFacts:
     """What a teacher knows of a segment: its true return (None: the DB has no true rewards) and,
     for SeaQuest at full resolution, what its oxygen gauge showed and what the sub did with a low
-    gauge and at the surface (None for other games)."""
+    gauge, with divers and at the surface (None for other games)."""
 
     ret: float | None
     oxygen: OxygenCounts | None = None
@@ -113,13 +119,18 @@ def _by_oxygen(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
 def _by_surface(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
     if a.oxygen is None or b.oxygen is None or a.surface is None or b.surface is None:
         return None
-    sa, sb = a.surface, b.surface
-    decided = _by_oxygen_events(a.oxygen, b.oxygen)
-    if decided is None and abs(sa.climb_rows - sb.climb_rows) >= CLIMB_MIN_ROWS:
-        decided = _more(sa.climb_rows, sb.climb_rows, "climb")
-    if decided is None and abs(sa.idle_steps - sb.idle_steps) >= IDLE_MIN_STEPS:
-        decided = _more(sb.idle_steps, sa.idle_steps, "idle")  # fewer wins
-    return decided or _by_score(a, b)
+    oa, ob, sa, sb = a.oxygen, b.oxygen, a.surface, b.surface
+    if oa.deaths != ob.deaths:
+        return _more(ob.deaths, oa.deaths, "death")  # fewer wins
+    if oa.refills != ob.refills:
+        return _more(oa.refills, ob.refills, "refill")
+    if abs(sa.diver_climb_rows - sb.diver_climb_rows) >= CLIMB_MIN_ROWS:
+        return _more(sa.diver_climb_rows, sb.diver_climb_rows, "diver_climb")
+    if sa.rescues != sb.rescues:
+        return _more(sa.rescues, sb.rescues, "rescue")
+    if abs(sa.idle_steps - sb.idle_steps) >= IDLE_MIN_STEPS:
+        return _more(sb.idle_steps, sa.idle_steps, "idle")  # fewer wins
+    return _by_score(a, b)
 
 
 _RULES: dict[str, Callable[[SegmentFacts, SegmentFacts], Verdict | None]] = {

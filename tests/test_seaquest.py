@@ -1,6 +1,7 @@
-"""SeaQuest's screen read by lib/seaquest.py: the player's sub height (``sub_rows``) and what the
-sub does with a low gauge and at the surface (``SurfaceTracker``), on real ALE frames whose story
-is known. The gauge and ``OxygenTracker`` are tested in tests/test_teachers.py."""
+"""SeaQuest's screen read by lib/seaquest.py: the player's sub height (``sub_rows``), the divers
+aboard (``divers_aboard``) and what the sub does with a low gauge, with divers and at the surface
+(``SurfaceTracker``), on real ALE frames whose story is known, and every pixel reader against the
+emulator's RAM. The gauge and ``OxygenTracker`` are tested in tests/test_teachers.py too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from lib.seaquest import (
     SURFACE_ROW,
     SurfaceCounts,
     SurfaceTracker,
+    divers_aboard,
     oxygen_levels,
     sub_rows,
     surface_counts,
@@ -36,6 +38,13 @@ CLIMB_START, CLIMB_TOP, CLIMB_REFILL = 486, 508, 509
 STAY_PLAN = (545, [("NOOP", 32), ("DOWN", 22), *_DODGE, *[("LEFTFIRE", 8), ("RIGHTFIRE", 8)] * 3])
 # PARKED: pressing nothing, the sub floats at the surface for good, its gauge full from step 31.
 PARKED_PLAN = (1, [("NOOP", 150)])
+# DOOMED: CLIMB's seed, but the sub stays just under the surface firing left (no diver caught)
+# until the gauge is low (16 at step 418, row 57), dives to row 110 and climbs back from step 448
+# with no diver aboard: it reaches the surface and loses a life there (step 486), the gauge at 11.
+DOOMED_PLAN = (545, [("NOOP", 32), ("DOWN", 2), ("LEFTFIRE", 400), ("DOWN", 14), ("UP", 60)])
+DOOMED_DEATH = 486
+# RAM indices (the AtariARI annotations): divers collected, the player's y, oxygen.
+RAM_DIVERS, RAM_PLAYER_Y, RAM_OXYGEN = 62, 97, 102
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +112,10 @@ def test_a_low_gauge_climb_is_counted(climb: Segment) -> None:
     assert [(p.climb_rows, p.low_climbs) for p in part] == [(23, 0), (27, 1)] and CLIMB_EVENT_ROWS == 24
     tracker = SurfaceTracker()
     for level, row in ((12, 100), (12, 100), (11, 76)):
-        tracker.step(level, row, False)
+        tracker.step(level, row, False, 0)
     assert (tracker.counts.climb_rows, tracker.counts.low_climbs) == (24, 1)  # 24 rows: an event
     for level, row in ((11, 70), (10, 100), (10, 60)):
-        tracker.step(level, row, False)
+        tracker.step(level, row, False, 0)
     assert (tracker.counts.climb_rows, tracker.counts.low_climbs) == (40, 1)  # the same stretch: no other
 
 
@@ -116,14 +125,14 @@ def test_diving_and_coming_back_is_no_climb(climb: Segment) -> None:
     tracker = SurfaceTracker()
     # The first reading is not judged (filling or draining?); then down 20 rows and back up 20.
     for level, row in ((11, 100), (10, 100), (10, 120), (9, 110), (9, 100)):
-        tracker.step(level, row, False)
+        tracker.step(level, row, False, 0)
     assert tracker.counts.climb_rows == 0 and tracker.counts.low_steps == 4
-    tracker.step(9, 90, False)
+    tracker.step(9, 90, False, 0)
     assert tracker.counts.climb_rows == 10
-    tracker.step(-1, -1, False)  # no reading (a frame between lives) changes nothing
+    tracker.step(-1, -1, False, 0)  # no reading (a frame between lives) changes nothing
     assert tracker.counts.low_steps == 5
-    tracker.step(9, 95, True)  # a life lost ends the stretch: the next row starts a new one
-    tracker.step(9, 60, False)
+    tracker.step(9, 95, True, 0)  # a life lost ends the stretch: the next row starts a new one
+    tracker.step(9, 60, False, 0)
     assert tracker.counts.climb_rows == 10 and tracker.counts.low_steps == 7
     late = surface_counts(climb.frames[CLIMB_START + 10 : CLIMB_REFILL], None)
     assert late.climb_rows == sub_rows(climb.frames[CLIMB_START + 11]) - 47  # the first reading is not judged
@@ -152,5 +161,78 @@ def test_a_sub_parked_at_the_surface_is_idle(parked: Segment) -> None:
     # The tracker one step at a time is what the games played use: the same counts.
     tracker = SurfaceTracker()
     for level, row in zip(levels.tolist(), sub_rows(parked.frames).tolist(), strict=True):
-        tracker.step(level, row, False)
+        tracker.step(level, row, False, 0)
     assert tracker.counts == counts
+
+
+def test_pixel_readers_match_the_emulators_ram() -> None:
+    """3,000 steps of seeded random play (an action held 8 steps) in a real SeaQuest env: the
+    divers aboard, the gauge and the sub's row read from the screen against the RAM."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make("SeaquestNoFrameskip-v4", frameskip=4, repeat_action_probability=0.0)
+    rng = np.random.default_rng(0)
+    seen: dict[str, list[tuple[int, int]]] = {"divers": [], "oxygen": [], "row": []}
+    try:
+        frame, _ = env.reset(seed=3)
+        ale, action = env.unwrapped.ale, 0
+        for t in range(3000):
+            ram = ale.getRAM()
+            seen["divers"].append((int(ram[RAM_DIVERS]), int(divers_aboard(frame))))
+            seen["oxygen"].append((min(int(ram[RAM_OXYGEN]), OXYGEN_FULL), int(oxygen_levels(frame))))
+            seen["row"].append((int(ram[RAM_PLAYER_Y]) + 33, int(sub_rows(frame))))
+            if t % 8 == 0:
+                action = int(rng.integers(18))
+            frame, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                frame, _ = env.reset()
+    finally:
+        env.close()
+    divers = np.array(seen["divers"])
+    assert (divers[:, 0] == divers[:, 1]).all()
+    assert set(divers[:, 0].tolist()) == {0, 1, 2}  # random play picks up two divers at most here
+    oxygen = np.array(seen["oxygen"])
+    assert (oxygen[:, 0] == oxygen[:, 1]).all()  # RAM holds 64 for a full tank: the bar's 63 pixels
+    rows = np.array(seen["row"])
+    drawn = rows[:, 1] >= 0
+    assert drawn.sum() > 2000
+    ram_row, row = rows[drawn].T
+    # Just under the surface (RAM y 20-23) the water line hides the sub's top: it reads row 57.
+    hidden = (row == 57) & (ram_row > SURFACE_ROW) & (ram_row < 57)
+    assert ((row == ram_row) | hidden).all() and 0 < hidden.sum() < 100
+
+
+def test_divers_aboard_a_climb_and_a_rescue(climb: Segment) -> None:
+    """CLIMB picks up a diver at step 182 and keeps it: the low-gauge climb from row 134 to row 47
+    is made with a diver aboard, and the diver is one rescue."""
+    divers = divers_aboard(climb.frames)
+    assert divers[:182].max() == 0 and (divers[182:] == 1).all()
+    assert divers_aboard(climb.frames[200]) == 1  # one frame -> a number
+    counts = surface_counts(climb.frames, climb.dones)
+    assert counts.rescues == 1 and counts.diver_steps == len(climb) - 182
+    assert counts.diver_climb_rows == counts.climb_rows == 134 - 47
+    assert counts.low_diver_steps == counts.low_steps
+    # The same climb read without the diver (a frame cut before step 182 has none): no diver climb.
+    tracker = SurfaceTracker()
+    for level, row, d in ((12, 100, 0), (12, 100, 0), (11, 76, 0), (11, 70, 1), (10, 60, 1)):
+        tracker.step(level, row, False, d)
+    c = tracker.counts
+    assert (c.climb_rows, c.diver_climb_rows, c.rescues, c.diver_steps, c.low_diver_steps) == (40, 16, 1, 2, 2)
+    tracker.step(10, 58, False, 0)  # a refill takes a diver off: not a rescue, and no diver climb
+    tracker.step(10, 56, False, 1)  # picked up again: a second rescue
+    assert (c.climb_rows, c.diver_climb_rows, c.rescues) == (44, 18, 2)
+
+
+def test_climbing_with_no_diver_ends_in_a_death() -> None:
+    """The game's surfacing rule on real frames: a low-gauge sub with no diver aboard that climbs
+    to the surface loses a life there, with oxygen left (not an oxygen death)."""
+    doomed = play_plan(DOOMED_PLAN)
+    levels, rows = oxygen_levels(doomed.frames), sub_rows(doomed.frames)
+    assert divers_aboard(doomed.frames).max() == 0
+    assert np.flatnonzero(doomed.dones).tolist() == [DOOMED_DEATH]
+    assert rows[448] == 110 and rows[463] <= 51 and 0 < levels[463] <= LOW_OXYGEN
+    counts = surface_counts(doomed.frames, doomed.dones)
+    # The low stretch began at row 57: the climb counts from there to the surface's 47, with no diver.
+    assert rows[418] == 57 and counts.climb_rows == 57 - 47 and counts.diver_climb_rows == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_seaquest import CLIMB_PLAN, CLIMB_REFILL, CLIMB_START, PARKED_PLAN, STAY_PLAN
+from test_seaquest import CLIMB_PLAN, CLIMB_REFILL, CLIMB_START, DOOMED_DEATH, DOOMED_PLAN, PARKED_PLAN, STAY_PLAN
 
 from bench.dbs import (
     ENEMY_DEATH_PLAN,
@@ -116,9 +116,21 @@ def test_an_enemy_kill_is_not_an_oxygen_death(enemy_death: Segment) -> None:
     assert oxygen_counts(seg.frames, seg.dones) == OxygenCounts(refills=0, deaths=1, oxygen_deaths=0)
 
 
-def facts(ret: float | None, refills: int = 0, oxygen_deaths: int = 0, climb: int = 0, idle: int = 0) -> SegmentFacts:
-    surface = SurfaceCounts(steps=50, climb_rows=climb, idle_steps=idle, surface_steps=idle)
-    return SegmentFacts(ret, OxygenCounts(refills, oxygen_deaths, oxygen_deaths), surface)
+def facts(
+    ret: float | None,
+    refills: int = 0,
+    oxygen_deaths: int = 0,
+    climb: int = 0,
+    idle: int = 0,
+    deaths: int | None = None,
+    diver_climb: int = 0,
+    rescues: int = 0,
+) -> SegmentFacts:
+    surface = SurfaceCounts(
+        steps=50, climb_rows=climb, idle_steps=idle, surface_steps=idle, diver_climb_rows=diver_climb, rescues=rescues
+    )
+    deaths = oxygen_deaths if deaths is None else deaths
+    return SegmentFacts(ret, OxygenCounts(refills, deaths, oxygen_deaths), surface)
 
 
 def test_teacher_rules() -> None:
@@ -143,27 +155,41 @@ def test_teacher_rules() -> None:
 
 def test_surface_teacher_rules_in_order() -> None:
     surface = Teacher("surface")
-    # 1, 2: the oxygen teacher's events come first, whatever the climb or the idling.
-    assert surface.judge_rule(facts(0, oxygen_deaths=1, climb=90), facts(0, idle=50)) == (SECOND_BETTER, "oxygen_death")
-    assert surface.judge_rule(facts(0, climb=90), facts(0, refills=1, idle=30)) == (SECOND_BETTER, "refill")
-    # 3: climbing with a low gauge, by at least CLIMB_MIN_ROWS more; a clip never low climbs 0.
-    assert surface.judge_rule(facts(0, climb=CLIMB_MIN_ROWS), facts(100)) == (FIRST_BETTER, "climb")
-    assert surface.judge_rule(facts(0, climb=CLIMB_MIN_ROWS - 1), facts(100)) == (SECOND_BETTER, "score")
-    assert surface.judge_rule(facts(0, climb=40), facts(0, climb=40 + CLIMB_MIN_ROWS)) == (SECOND_BETTER, "climb")
-    assert surface.judge_rule(facts(0, climb=30, idle=50), facts(0)) == (FIRST_BETTER, "climb")  # before idle
-    # 4: fewer steps idle at the surface with a full gauge, by at least IDLE_MIN_STEPS.
+    # 1: fewer lives lost, whatever the cause: an oxygen death, or surfacing with no diver aboard.
+    assert surface.judge_rule(facts(0, oxygen_deaths=1, diver_climb=90), facts(0, idle=50)) == (SECOND_BETTER, "death")
+    assert surface.judge_rule(facts(90, refills=1), facts(0, deaths=1, climb=60)) == (FIRST_BETTER, "death")
+    assert surface.judge_rule(facts(0, deaths=2), facts(0, deaths=1, refills=1)) == (SECOND_BETTER, "death")
+    # 2: a refill, before a climb, a rescue or idling.
+    assert surface.judge_rule(facts(0, diver_climb=90, rescues=2), facts(0, refills=1, idle=30)) == (
+        SECOND_BETTER,
+        "refill",
+    )
+    # 3: climbing with a low gauge and a diver aboard, by at least CLIMB_MIN_ROWS more.
+    assert surface.judge_rule(facts(0, diver_climb=CLIMB_MIN_ROWS), facts(100, rescues=1)) == (
+        FIRST_BETTER,
+        "diver_climb",
+    )
+    assert surface.judge_rule(facts(0, diver_climb=CLIMB_MIN_ROWS - 1), facts(100)) == (SECOND_BETTER, "score")
+    assert surface.judge_rule(facts(0, diver_climb=40), facts(0, diver_climb=48)) == (SECOND_BETTER, "diver_climb")
+    # Climbing with no diver aboard is no progress: the score decides.
+    assert surface.judge_rule(facts(0, climb=90), facts(20)) == (SECOND_BETTER, "score")
+    # 4: more divers picked up, before idling.
+    assert surface.judge_rule(facts(0, rescues=1, idle=50), facts(100)) == (FIRST_BETTER, "rescue")
+    assert surface.judge_rule(facts(0, rescues=1), facts(0, rescues=2)) == (SECOND_BETTER, "rescue")
+    # 5: fewer steps idle at the surface with a full gauge, by at least IDLE_MIN_STEPS.
     assert surface.judge_rule(facts(100, idle=IDLE_MIN_STEPS), facts(0)) == (SECOND_BETTER, "idle")
     assert surface.judge_rule(facts(100, idle=IDLE_MIN_STEPS + 5), facts(0, idle=6)) == (FIRST_BETTER, "score")
-    # 5: the score; equal is a tie, or can't tell with ties=skip (still decided by "tie").
+    # 6: the score; equal is a tie, or can't tell with ties=skip (still decided by "tie").
     assert surface.judge_rule(facts(10), facts(30)) == (SECOND_BETTER, "score")
-    assert surface.judge_rule(facts(10, climb=3), facts(10, idle=5)) == (EQUAL, "tie")
+    assert surface.judge_rule(facts(10, diver_climb=3), facts(10, idle=5)) == (EQUAL, "tie")
     assert Teacher("surface", ties="skip").judge_rule(facts(10), facts(10)) == (CANT_TELL, "tie")
     # No gauge (another game) or no true rewards: can't tell.
     assert surface.judge_rule(SegmentFacts(10, None), facts(0)) == (CANT_TELL, "cant_tell")
     assert surface.judge_rule(facts(None), facts(0)) == (CANT_TELL, "cant_tell")
     # The old teachers name their rules too, and ignore the new facts.
     oxygen, score = Teacher("oxygen"), Teacher("score")
-    assert oxygen.judge_rule(facts(0, climb=90), facts(20)) == (SECOND_BETTER, "score")
+    assert oxygen.judge_rule(facts(0, diver_climb=90, rescues=1), facts(20)) == (SECOND_BETTER, "score")
+    assert oxygen.judge_rule(facts(0, deaths=1), facts(0)) == (EQUAL, "tie")  # an enemy's kill: not its rule
     assert oxygen.judge_rule(facts(0, oxygen_deaths=1), facts(0)) == (SECOND_BETTER, "oxygen_death")
     assert oxygen.judge_rule(facts(0), facts(0, refills=1)) == (SECOND_BETTER, "refill")
     assert score.judge_rule(facts(0, refills=1), facts(20)) == (SECOND_BETTER, "score")
@@ -217,29 +243,40 @@ def surface_clips(refill: Segment, oxygen_death: Segment) -> dict[str, Segment]:
     """Real clips of 46-50 steps whose story is known, one or more per rule of the surface teacher."""
     t = OXYGEN_DEATH_STEP
     climb, stay, parked = play_plan(CLIMB_PLAN), play_plan(STAY_PLAN), play_plan(PARKED_PLAN)
+    doomed = play_plan(DOOMED_PLAN)
     return {
         "died": cut(oxygen_death, t - 40, t + 10),  # runs out of oxygen
+        # Low gauge, no diver aboard: climbs from row 110 to the surface, where it loses a life.
+        "doomed": cut(doomed, DOOMED_DEATH - 41, DOOMED_DEATH + 9),
+        # The same climb, cut before it reaches the surface: no death yet, no points.
+        "no_diver_climb": cut(doomed, DOOMED_DEATH - 50, DOOMED_DEATH - 1),
         "refill": cut(refill, REFILL_STEP - 20, REFILL_STEP + 30),  # 1 refill, no points
-        # Low gauge: rises from row 134 to row 47, no points; stops before the refill.
+        # Low gauge, a diver aboard: rises from row 134 to row 47, no points; stops before the refill.
         "climbing": cut(climb, CLIMB_START - 26, CLIMB_REFILL),
-        "staying": cut(stay, CLIMB_START - 26, CLIMB_START + 24),  # low gauge, stays at row 134, 20 points
+        "staying": cut(stay, CLIMB_START - 26, CLIMB_START + 24),  # low gauge, diver, stays at row 134, 20 points
+        "rescue": cut(refill, 70, 116),  # picks up a diver (step 102), no points (46 steps)
         "parked": cut(parked, 90, 140),  # at the surface, gauge full, all 50 steps, no points
-        "plain": cut(refill, 70, 116),  # under water with plenty of air, no points (46 steps)
+        "plain": cut(climb, 84, 131),  # under water with plenty of air, no diver, no points (47 steps)
         "points": cut(climb, 100, 150),  # under water with plenty of air, 20 points
     }
 
 
+_ALIVE = ("no_diver_climb", "refill", "climbing", "staying", "rescue", "parked", "plain", "points")
 # The surface teacher's verdict on each pair of surface_clips: (winner or None for a tie, rule).
 SURFACE_VERDICTS = {
+    frozenset(("died", "doomed")): (None, "tie"),  # a death each, nothing else
+    **{frozenset((dead, o)): (o, "death") for dead in ("died", "doomed") for o in _ALIVE},
+    **{frozenset(("refill", o)): ("refill", "refill") for o in _ALIVE if o != "refill"},
+    **{frozenset(("climbing", o)): ("climbing", "diver_climb") for o in _ALIVE if o not in ("refill", "climbing")},
     **{
-        frozenset(("died", o)): (o, "oxygen_death")
-        for o in ("refill", "climbing", "staying", "parked", "plain", "points")
+        frozenset(("rescue", o)): ("rescue", "rescue")
+        for o in ("no_diver_climb", "staying", "parked", "plain", "points")
     },
-    **{frozenset(("refill", o)): ("refill", "refill") for o in ("climbing", "staying", "parked", "plain", "points")},
-    **{frozenset(("climbing", o)): ("climbing", "climb") for o in ("staying", "parked", "plain", "points")},
-    frozenset(("staying", "parked")): ("staying", "idle"),
-    frozenset(("plain", "parked")): ("plain", "idle"),
-    frozenset(("points", "parked")): ("points", "idle"),
+    **{frozenset((o, "parked")): (o, "idle") for o in ("no_diver_climb", "staying", "plain", "points")},
+    # Climbing with a low gauge and no diver is no progress: the score decides, or nothing.
+    frozenset(("staying", "no_diver_climb")): ("staying", "score"),
+    frozenset(("points", "no_diver_climb")): ("points", "score"),
+    frozenset(("plain", "no_diver_climb")): (None, "tie"),
     frozenset(("staying", "plain")): ("staying", "score"),
     frozenset(("points", "plain")): ("points", "score"),
     frozenset(("staying", "points")): (None, "tie"),
@@ -248,24 +285,33 @@ SURFACE_VERDICTS = {
 
 def test_surface_clips_show_their_story(surface_clips: dict[str, Segment]) -> None:
     f = {k: segment_facts(c.frames, c.rewards, c.dones, "seaquest") for k, c in surface_clips.items()}
-    assert {k: (x.ret, x.oxygen.oxygen_deaths, x.oxygen.refills) for k, x in f.items() if x.oxygen} == {
-        "died": (0, 1, 0),
-        "refill": (0, 0, 1),
-        "climbing": (0, 0, 0),
-        "staying": (20, 0, 0),
-        "parked": (0, 0, 0),
-        "plain": (0, 0, 0),
-        "points": (20, 0, 0),
+    assert {
+        k: (x.ret, x.oxygen.deaths, x.oxygen.oxygen_deaths, x.oxygen.refills) for k, x in f.items() if x.oxygen
+    } == {
+        "died": (0, 1, 1, 0),
+        "doomed": (0, 1, 0, 0),  # a death at the surface with oxygen left: not an oxygen death
+        "no_diver_climb": (0, 0, 0, 0),
+        "refill": (0, 0, 0, 1),
+        "climbing": (0, 0, 0, 0),
+        "staying": (20, 0, 0, 0),
+        "rescue": (0, 0, 0, 0),
+        "parked": (0, 0, 0, 0),
+        "plain": (0, 0, 0, 0),
+        "points": (20, 0, 0, 0),
     }
     s = {k: x.surface for k, x in f.items()}
-    assert s["climbing"].climb_rows == 134 - 47 and s["climbing"].low_steps == len(surface_clips["climbing"]) - 1
-    assert s["staying"].climb_rows == 0 and s["staying"].low_steps == 49
+    assert s["climbing"].climb_rows == s["climbing"].diver_climb_rows == 134 - 47
+    assert s["climbing"].low_steps == s["climbing"].low_diver_steps == len(surface_clips["climbing"]) - 1
+    assert s["staying"].climb_rows == 0 and s["staying"].low_diver_steps == 49
+    assert s["no_diver_climb"].climb_rows > CLIMB_MIN_ROWS and s["no_diver_climb"].diver_climb_rows == 0
+    assert s["doomed"].diver_steps == s["no_diver_climb"].diver_steps == 0
+    assert s["rescue"].rescues == 1 and all(s[k].rescues == 0 for k in s if k != "rescue")
     assert s["parked"].idle_steps == 50 and s["parked"].low_steps == 0
     # The died clip's next sub waits at the surface (row 46) while its gauge fills: not a climb.
     assert s["died"].climb_rows == 0 and sub_rows(surface_clips["died"].frames[-1]) == SURFACE_ROW
     assert all(s[k].idle_steps == 0 and s[k].climb_rows == 0 for k in ("plain", "points"))
     # The refill clip's sub stays at the surface, pressing UP, for 24 steps once its gauge is full
-    # (idle): the refill outranks that (rule 2 before rule 4).
+    # (idle), and gives up its diver there: the refill outranks both (rule 2 before rules 4 and 5).
     assert s["refill"].idle_steps == 24 >= IDLE_MIN_STEPS and s["refill"].climb_rows == 0
 
 
@@ -282,7 +328,7 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
     db = tmp_path / "db"
     names = save_clips(db, surface_clips)
     summary = oracle_label_db(db, 100, seed=0, teacher="surface")
-    assert summary.labeled == len(SURFACE_VERDICTS) == 21
+    assert summary.labeled == len(SURFACE_VERDICTS) == 45
     seen = {}
     for lab in read_label_log(db):
         a, b = names[lab.sample1], names[lab.sample2]
@@ -290,7 +336,9 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
         assert lab.label != EQUAL or winner is None
         seen[frozenset((a, b))] = (winner, lab.extra["rule"])
         assert lab.source == "oracle" and lab.extra["teacher"] == "surface"
-        assert lab.extra["climb"] == [134 - 47 if n == "climbing" else 0 for n in (a, b)]
+        assert lab.extra["diver_climb"] == [134 - 47 if n == "climbing" else 0 for n in (a, b)]
+        assert lab.extra["rescues"] == [int(n == "rescue") for n in (a, b)]
+        assert lab.extra["deaths"] == [int(n in ("died", "doomed")) for n in (a, b)]
         if "parked" in (a, b):
             assert lab.extra["idle"][[a, b].index("parked")] == 50
     assert seen == SURFACE_VERDICTS
@@ -302,6 +350,7 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
         frozenset((names[lab.sample1], names[lab.sample2])): lab.extra["rule"] for lab in read_label_log(oxygen_db)
     }
     assert rules[frozenset(("climbing", "staying"))] == "score" and rules[frozenset(("plain", "parked"))] == "tie"
+    assert rules[frozenset(("doomed", "plain"))] == "tie"  # a death with oxygen left is not its rule
     # Random answers record "noise".
     noisy = tmp_path / "noisy"
     save_clips(noisy, surface_clips)
