@@ -851,7 +851,9 @@ class GameStats:
         self.score += st.true_rewards
         self.length += 1
         if st.pred_rewards is not None:
-            self.pred += st.pred_rewards
+            # The learner's reward (normalised), not the raw prediction: Bradley-Terry leaves the
+            # raw offset free, so a raw sum falls with a game's length whatever the model prefers.
+            self.pred += st.rewards
             self.step_corr.add(st.pred_rewards, st.true_rewards)
         for i in np.flatnonzero(st.game_over):
             progress.games += 1
