@@ -15,7 +15,9 @@ port in the name keeps two label servers from overwriting each other's. A reques
 gets the login form (pages) or 401 (anything else). The form posts to ``/login``, which sets the
 cookie (HttpOnly, SameSite=Strict, until the browser closes) and redirects back. ``/?token=T``
 works too, for a link printed in a terminal. Wrong tokens are rate-limited per client address
-(``LoginLimiter``: a few, then 429).
+(``LoginLimiter``: a few, then 429); attempts that a browser says come from a page of another
+site (``from_another_site``: an ``<img src=".../?token=guess">``) are refused without counting,
+so no web page can lock the owner's address out.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import html
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -79,6 +81,19 @@ async def read_bounded(request: Request, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+def from_another_site(headers: Mapping[str, str]) -> bool:
+    """Whether a browser marked the request as made by a page of another site (Fetch Metadata,
+    https://www.w3.org/TR/fetch-metadata/): ``Sec-Fetch-Site`` other than ``same-origin`` (our own
+    form) or ``none`` (a link typed, pasted or opened from a terminal) -- ``same-site`` included, as
+    a page on another port of this host is same-site -- or, with no ``Origin``, anything but a
+    navigation (an ``<img>``). A request without these headers (a script, an old browser) is not."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return True
+    mode = headers.get("sec-fetch-mode")
+    return mode is not None and mode != "navigate" and "origin" not in headers
 
 
 class LoginLimiter:
@@ -157,7 +172,10 @@ class TokenMiddleware:
 
     def _attempt(self, request: Request, token: str, nxt: str) -> Response:
         """A login attempt: the cookie for the right token, the form again for a wrong one, 429
-        when this address has tried too often (``LoginLimiter``)."""
+        when this address has tried too often (``LoginLimiter``). One that a page of another site
+        made is refused unread and uncounted: else any web page could lock the owner out."""
+        if from_another_site(request.headers):
+            return HTMLResponse(login_form(nxt, "A login from another site's page is refused: enter it here."), 403)
         who = request.client.host if request.client is not None else ""
         wait = self.limiter.wait(who)
         if wait > 0:
