@@ -12,6 +12,7 @@ from lib.errors import UserError
 from lib.reward_config import ARCHS, INPUTS, TrainConfig
 
 D = TrainConfig  # the defaults live in one place
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C (128 + SIGINT): a script chain stops there
 
 
 def block_arg(text: str) -> tuple[int, int]:
@@ -164,7 +165,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir."""
+    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir.
+    Exit 130 when stopped by Ctrl-C: the model is installed, but it is not a finished training."""
     from torch.utils.tensorboard import SummaryWriter
 
     from lib.model import resolve_device
@@ -193,7 +195,7 @@ def train(args: argparse.Namespace) -> int:
         writer.close()
     print("\n".join(summary_lines(res)))
     print(f"next: 01_a2c.py -r {res.path} (with -m <policy> --finetune to fine-tune a policy on it)")
-    return 0
+    return 0 if res.finished else EXIT_INTERRUPTED
 
 
 def main() -> int:

@@ -628,6 +628,8 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "norm_std": (optional(float_in(0.0, 1e30)), False),
     "metrics": (optional(plain_values), False),
     "epoch": (optional(int_in(0, 10**9)), False),
+    "finished": (is_bool, False),
+    "stopped": (text(200), False),
 }
 
 
@@ -651,6 +653,18 @@ def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
     stats or a metric is not finite: a NaN model never reaches a run."""
     check_reward_checkpoint(ck, f"refusing to write reward model {path}")
     atomic_torch_save(ck, path, "reward model")
+
+
+def reward_training_finished(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a reward model whose training ended by itself (early stop or
+    --epochs): what a stage that reuses its outputs by existence may keep. False when the file is
+    missing or unreadable, or records that training was stopped early by hand (Ctrl-C): retrain
+    it. Checkpoints made before the "finished" field count as finished: they cannot say."""
+    try:
+        ck = read_checkpoint(Path(path), "reward model")
+    except UserError:
+        return False
+    return ck.get("finished") is not False
 
 
 def load_reward_models(

@@ -93,7 +93,8 @@ class TrainResult:
     norm_std: float
     peak_rss_mb: float
     peak_cuda_mb: float | None
-    stopped: str
+    stopped: str  # why training ended: max epochs, early stop, or STOPPED_BY_HAND
+    finished: bool  # False: stopped by hand, the checkpoint says so and reusers retrain it
 
 
 def split_pairs(n: int, test_ratio: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -388,7 +389,8 @@ def train_reward_model(
     Each optimiser step sees ``cfg.batch`` pairs. With ``cfg.ensemble`` K > 1, member k trains on
     its own bootstrap sample of the training pairs; the ensemble predicts the members' mean.
     Training stops after ``cfg.patience`` epochs without a better test loss, at ``cfg.epochs``, or
-    at Ctrl-C (keeping the best model so far).
+    at Ctrl-C (installing the best model so far, marked ``"finished": False``: see
+    ``lib.reward_model.reward_training_finished``).
     """
     fit = _build_fit(data, cfg)
     out_path, partial_path = _output_paths(out_path)
@@ -402,7 +404,8 @@ def train_reward_model(
         run = _run_epochs(fit, meta, partial_path, writer, progress, log)
         if run.best is None:
             raise UserError("interrupted before the first epoch finished: no model saved")
-        mean, std = _install_best(fit, run.best, run.best_states, meta, out_path, log)
+        ended = {"finished": run.finished, "stopped": run.stopped}
+        mean, std = _install_best(fit, run.best, run.best_states, {**meta, **ended}, out_path, log)
     except UserError as e:
         if partial_path.exists():
             raise UserError(f"{e}; the best epoch's model is kept in {partial_path}") from None
@@ -425,6 +428,7 @@ def train_reward_model(
         peak_rss_mb=_peak_rss_mb(),
         peak_cuda_mb=peak_cuda,
         stopped=run.stopped,
+        finished=run.finished,
     )
 
 
@@ -454,6 +458,9 @@ def _checkpoint_meta(fit: _Fit) -> dict[str, Any]:
     }
 
 
+STOPPED_BY_HAND = "stopped early by hand (Ctrl-C)"
+
+
 @dataclass
 class _Progress:
     """The training loop's running state: every epoch's figures, the best epoch so far and its
@@ -463,6 +470,11 @@ class _Progress:
     best: EpochMetrics | None = None
     best_states: list[dict[str, torch.Tensor]] = field(default_factory=list)
     stopped: str = "max epochs"
+
+    @property
+    def finished(self) -> bool:
+        """Whether training ended by itself (early stop or max epochs), not by Ctrl-C."""
+        return self.stopped != STOPPED_BY_HAND
 
     def improves(self, em: EpochMetrics) -> bool:
         """Whether ``em``'s test loss is lower than the best so far (the first epoch's always is)."""
@@ -495,9 +507,10 @@ def _run_epochs(
             em = EpochMetrics.of(epoch, train_loss, ev, seconds, n_seen)
             run.history.append(em)
             improved = run.improves(em)
+            if improved:
+                run.keep(em, fit.models)  # before its line: a Ctrl-C after a "*" line keeps that epoch
             _report_epoch(fit, em, improved, writer, log)
             if improved:
-                run.keep(em, fit.models)
                 ck = reward_checkpoint(
                     fit.models,
                     norm_mean=ev["step_mean"],
@@ -505,14 +518,16 @@ def _run_epochs(
                     metrics=em.as_dict(),
                     epoch=epoch,
                     **meta,
+                    finished=False,
+                    stopped="in progress",
                 )
                 save_reward_checkpoint(ck, partial_path)
             elif epoch - run.best.epoch >= cfg.patience:
                 run.stopped = f"early stop: test loss not better for {cfg.patience} epochs"
                 break
     except KeyboardInterrupt:
-        run.stopped = "interrupted"
-        log("interrupted: keeping the best model so far")
+        run.stopped = STOPPED_BY_HAND
+        log("interrupted: keeping the best model so far, marked as stopped early by hand")
     return run
 
 
@@ -612,4 +627,9 @@ def summary_lines(res: TrainResult) -> list[str]:
         + (f" (GPU {res.peak_cuda_mb:.0f} MB)" if res.peak_cuda_mb is not None else ""),
         f"  per-step prediction mean {res.norm_mean:.4f}, std {res.norm_std:.4f} (stored for normalisation)",
     ]
+    if not res.finished:
+        lines.append(
+            f"  not a finished training: {res.path.name} records that it was stopped early by hand, and "
+            f"experiments/round.py trains it again; run the same command to train to the end"
+        )
     return lines

@@ -355,9 +355,58 @@ def test_previous_model_survives_until_training_ends_and_is_kept_as_prev(square_
 
     res = train_reward_model(data, TrainConfig(epochs=5, patience=5), out, progress=False, log=log)
     assert seen == [(b"the previous model", True)]
-    assert res.stopped == "interrupted" and load_reward_model(out).metrics
+    assert not res.finished and "by hand" in res.stopped and load_reward_model(out).metrics
     assert (tmp_path / "out" / "reward-x.prev.pt").read_bytes() == b"the previous model"
     assert sorted(p.name for p in out.parent.iterdir()) == ["reward-x.prev.pt", "reward-x.pt"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_installs_a_model_that_says_it_was_stopped_by_hand(square_db, tmp_path):
+    """A real SIGINT to a real 03_reward_train.py once its first epoch is logged: the best model so
+    far is installed (what a user expects from Ctrl-C), but the run exits 130, says the training
+    was stopped by hand, and the checkpoint records it: a stage that reuses models must retrain."""
+    import signal
+
+    db, _ = square_db
+    oracle_label_db(db, 60, seed=3)
+    out = tmp_path / "saves" / "reward-t.pt"
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", "t", "-o", str(out.parent), str(db)]
+    cmd += ["--epochs", "100000", "--patience", "100000", "--batch", "16", "--no-progress"]
+    cmd += ["--runs-dir", str(tmp_path / "runs")]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # no timing: the signal goes once the first epoch is logged
+        seen.append(line)
+        if line.startswith("epoch 1:"):  # epoch 0 is a best kept by then
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, err = proc.communicate(timeout=300)
+    stdout = "".join(seen) + rest
+    assert proc.returncode == 130, (proc.returncode, stdout, err)
+    assert "stopped early by hand" in stdout and "Traceback" not in err
+    ck = torch.load(out, weights_only=True)
+    assert ck["finished"] is False and "by hand" in ck["stopped"]
+    from lib.reward_model import reward_training_finished
+
+    assert not reward_training_finished(out)
+    assert load_reward_model(out).metrics  # still a usable model, for whoever wants it
+
+
+def test_only_a_finished_training_passes_for_one(square_db, tmp_path):
+    db, _ = square_db
+    oracle_label_db(db, 40, seed=1)
+    data = load_preferences([db], log=_quiet)
+    from lib.reward_model import reward_training_finished
+
+    out = tmp_path / "reward-x.pt"
+    assert not reward_training_finished(out)  # missing
+    res = train_reward_model(data, TrainConfig(epochs=1, patience=5), out, progress=False, log=_quiet)
+    assert res.finished and reward_training_finished(out)
+    assert torch.load(out, weights_only=True)["stopped"] == "max epochs"
+    out.write_bytes(b"not a checkpoint")
+    assert not reward_training_finished(out)
 
 
 def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
