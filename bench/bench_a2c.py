@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of stage 1: A2C training speed against the machine's ceiling. Prints a table:
 figure | value | unit | setting.
 

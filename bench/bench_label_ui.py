@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the label page (02_label_ui.py): answer-to-next-pair latency in a real browser,
 clip encoding, and start-up time and memory with a 10,000-segment DB. Also writes the README's
 screenshot (docs/label_ui.png). Prints a table: figure | value | unit | setting.

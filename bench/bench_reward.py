@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of stage 3: reward-model training speed and memory, inference cost, and the cost of
 RewardModelWrapper per agent step. Prints a table: figure | value | unit | setting.
 

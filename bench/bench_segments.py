@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the segment format: size on disk, write, encode, read and list costs, on real
 SeaQuest segments (50 agent steps of random play, full-resolution RGB). Prints a table:
 figure | value | unit | setting.

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Plot the evaluation curves (``eval/score_mean`` with its std band) of one or more 01_a2c.py
 runs from their TensorBoard logs, one line per run: a before/after learning check at a glance.
 

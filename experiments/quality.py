@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Quality benchmark of the reward model: does it order segments it never saw as the teacher does?
 
 For each seed:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Does a round of labels change what the agent does? Rounds with no person, one command.
 
 Per seed (``--seeds``, each under ``--out/seed<S>``):
@@ -61,6 +60,7 @@ from lib.play import play
 from lib.reward_eval import oracle_agreement, predict_segments, score
 from lib.reward_model import load_reward_model
 from lib.reward_wrapper import normalised
+from lib.seeds import MAX_SEED
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
@@ -134,7 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 MAX_SCALE = 1000.0
-MAX_SEED = 2**31 - 1  # the games' seeds (ALE takes 32-bit seeds; each env adds its index)
 MAX_ROUNDS = 50
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Which pairs should a person be asked about? Learning curves of the reward model for each
 ``--sampling`` mode of the label page, with a synthetic teacher as the labeler.
 

@@ -1,6 +1,8 @@
 """A2C on Atari (the book's settings), optionally recording segments or learning a reward model.
 
-Reads top to bottom as the roles of a run (SB3's collect / train / learn, read as CleanRL reads):
+Reads top to bottom as the roles of a run, as CleanRL's files read. SB3's names mean other things
+here: ``train`` is the whole loop (SB3's ``learn``), ``Learner.learn`` is one gradient step (SB3's
+``train``) and ``act_step`` acts in every env (a step of SB3's ``collect_rollouts``). In order:
 the settings (``A2CConfig``, from the command line), the loss, the checks that run before anything
 is written (``check_run``), building the run (``build_run``: envs with the wrapper stack in one
 place, nets, optimiser, resume), one learner step (``Learner``), game statistics (``GameStats``),
@@ -51,6 +53,7 @@ from lib.model import (
     text,
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
+from lib.seeds import EVAL_SEED_OFFSET, MAX_SEED
 from lib.segments import MAX_ENV_INDEX, MAX_ENV_STEP, check_db_game
 from lib.stats import StepCorrelation, pearson
 from lib.tb import hparams_table, run_dir
@@ -66,11 +69,9 @@ CLIP_GRAD = 0.1
 ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
 # How the run reports.
-EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training envs'
 LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
-MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET  # ALE seeds env i with seed + i (a C++ int)
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
@@ -131,7 +132,7 @@ class A2CConfig:
             (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
             (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
             (self.lr is not None and not 0 < self.lr < 1, f"--lr must be a number in (0, 1), got {self.lr}"),
-            (not 0 <= self.seed <= MAX_SEED, f"--seed must be in [0, {MAX_SEED}], got {self.seed}"),
+            (not 0 <= self.seed <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {self.seed}"),
             (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
             (self.env_threads < 0, f"--env-threads must be >= 0, got {self.env_threads}"),
             (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from lib.errors import UserError
+from lib.model import resolve_device
 
 
 @dataclass
@@ -97,11 +98,11 @@ def init_dist(dev: str) -> tuple[Dist, str]:
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
     cuda = dev.startswith("cuda")
     if cuda:
-        if not torch.cuda.is_available():
-            raise UserError(f"--dev {dev}: CUDA is not available on this machine")
-        if dev == "cuda":
-            dev = f"cuda:{local_rank % torch.cuda.device_count()}"
-        torch.cuda.set_device(torch.device(dev))
+        device = resolve_device(dev)  # one line when this machine has no such GPU
+        if device.index is None:
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dev = str(device)
     torch.distributed.init_process_group(backend="nccl" if cuda else "gloo")
     return Dist(rank=rank, world=world, local_rank=local_rank, local_world=local_world), dev
 

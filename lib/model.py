@@ -355,14 +355,6 @@ def is_dict(v: Any) -> None:
         raise ValueError(f"must be a dict, got {_show(v)}")
 
 
-def one_of(*values: Any) -> Check:
-    def check(v: Any) -> None:
-        if not any(type(v) is type(x) and v == x for x in values):
-            raise ValueError(f"must be one of {', '.join(map(repr, values))}, got {_show(v)}")
-
-    return check
-
-
 def optional(check: Check) -> Check:
     """``check``, or None."""
 

@@ -47,6 +47,7 @@ from lib.reward_model import (
     reward_checkpoint,
     save_reward_checkpoint,
 )
+from lib.seeds import check_seed
 
 
 @dataclass
@@ -181,7 +182,6 @@ def _peak_rss_mb() -> float:
 
 
 MAX_LR = 1.0
-MAX_SEED = 2**63 - 1
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -198,8 +198,7 @@ def check_config(cfg: TrainConfig) -> None:
             raise UserError(f"{name} must be at least 1, got {v}")
     if cfg.ensemble > MAX_ENSEMBLE:
         raise UserError(f"--ensemble must be at most {MAX_ENSEMBLE}, got {cfg.ensemble}")
-    if not 0 <= cfg.seed <= MAX_SEED:
-        raise UserError(f"--seed must be in 0..{MAX_SEED}, got {cfg.seed}")
+    check_seed(cfg.seed)
     # every float flag finite and in range (NaN fails every comparison: checked as "not in range")
     if not 0 < cfg.lr <= MAX_LR:
         raise UserError(f"--lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")

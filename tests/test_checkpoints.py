@@ -1,5 +1,5 @@
-"""Issue 24 (third audit), the file side: no NaN model is written or loaded, checkpoints are read in
-one place that bounds and checks them, crafted files end in one line."""
+"""Checkpoints, policy and reward model alike: no NaN model is written or loaded, every checkpoint is
+read in one place that bounds and checks it, a crafted file ends in one line, saves are atomic."""
 
 from __future__ import annotations
 

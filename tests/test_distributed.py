@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lib.a2c import BATCH_SIZE, REWARD_STEPS
-from lib.distributed import env_uniforms
+from lib.distributed import env_uniforms, init_dist
+from lib.errors import UserError
 from lib.model import AtariA2C
 from lib.segments import list_segments, load_segment
 
@@ -103,3 +104,13 @@ def test_env_uniforms_are_per_env_streams():
     assert abs(many.mean() - 0.5) < 0.01 and abs(many.std() - 12**-0.5) < 0.01
     hist, _ = np.histogram(many, bins=10, range=(0, 1))
     assert hist.min() > 0.9 * len(many) / 10
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("dev", ["cuda", "cuda:1"])
+def test_rank_on_cuda_without_a_gpu_is_the_one_device_line(monkeypatch: pytest.MonkeyPatch, dev: str) -> None:
+    # A torchrun rank asks the one --dev resolver (lib.model.resolve_device): the same line as every stage.
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=f"--dev {dev} given but no CUDA GPU is available here: use --dev cpu"):
+        init_dist(dev)

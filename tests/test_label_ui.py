@@ -28,6 +28,7 @@ from nicegui.testing.user_simulation import user_simulation
 from bench.dbs import action_model, make_synthetic_db, write_action_db
 from lib.label_ui.cli import main
 from lib.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
+from lib.seeds import MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "02_label_ui.py"
@@ -493,8 +494,8 @@ def test_bad_input_is_one_line_and_exit_2(args, message, db: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-d", "{db}", "--seed", "-1"], "--seed must be in [0, 2**63 - 1]"),
-        (["-d", "{db}", "--seed", str(2**70)], "--seed must be in [0, 2**63 - 1]"),
+        (["-d", "{db}", "--seed", "-1"], f"--seed must be in 0..{MAX_SEED}"),
+        (["-d", "{db}", "--seed", str(MAX_SEED + 1)], f"--seed must be in 0..{MAX_SEED}"),
         (["-d", "{db}", "--oracle", "3", "--seed", "-1"], "--seed must be in"),
         (["-d", "{db}", "--seed", "abc"], "argument --seed: invalid int value"),
         (["-d", "{db}", "--port", "0"], "--port must be between"),

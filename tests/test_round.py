@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
+from lib.seeds import MAX_SEED
 from lib.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,6 +178,8 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
         (("--scale", "1e-9"), "leaves less than one agent step"),
         (("--seeds", "-1"), "--seeds must be distinct numbers in 0.."),
         (("--seeds", str(2**70)), "--seeds must be distinct numbers in 0.."),
+        # one bound for every stage: a seed stage 1 would refuse is refused before any stage runs
+        (("--seeds", f"0,{MAX_SEED + 1}"), f"--seeds must be distinct numbers in 0..{MAX_SEED}"),
         (("--seeds", "1,1"), "--seeds must be distinct"),
         (("--rounds", "0"), "--rounds must be in 1.."),
         (("--reward-args", "--lr '3e-4"), "--reward-args cannot be split"),

@@ -15,11 +15,11 @@ from lib.errors import UserError, warn
 from lib.files import read_regular
 from lib.labels import LABELS_FILE
 from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
+from lib.seeds import check_seed
 from lib.segments import check_same_game
 from lib.teachers import TEACHERS, TIE_RULES
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
-MAX_SEED = 2**63 - 1
 MAX_PAIRS = 10_000  # one tab's list
 MAX_ORACLE = 10_000_000
 MAX_POOL = 10_000_000
@@ -270,8 +270,8 @@ def _checked_dbs(given: list[str]) -> list[Path]:
 
 def _check_values(args: argparse.Namespace) -> None:
     """Every number and name in range (UserError with one line)."""
-    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
-        raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
+    if args.seed is not None:
+        check_seed(args.seed)
     if not 1 <= args.pairs <= MAX_PAIRS:
         raise UserError(f"--pairs must be between 1 and {MAX_PAIRS}, got {args.pairs}")
     if not 0 < args.port < 65536:

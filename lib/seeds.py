@@ -1,0 +1,19 @@
+"""The one bound on every ``--seed`` (stages 1-3, the label page, the experiments).
+
+A seed ends up in ALE, which seeds env i with ``seed + i`` as a C++ int, and evaluation games
+use ``seed + EVAL_SEED_OFFSET + i``: so a seed and both offsets must fit in 31 bits. One bound
+for every stage, so that a seed one stage takes is never refused by the next.
+"""
+
+from __future__ import annotations
+
+from lib.errors import UserError
+
+EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training envs'
+MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET
+
+
+def check_seed(seed: int, flag: str = "--seed") -> None:
+    """UserError with one line when ``seed`` is out of 0..MAX_SEED."""
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"{flag} must be in 0..{MAX_SEED}, got {seed}")
