@@ -274,6 +274,25 @@ def test_link_resolves(doc: str, target: str) -> None:
     and at a heading of it that is there."""
     path, _, anchor = target.partition("#")
     file = (ROOT / doc).parent / path if path else ROOT / doc
+    assert ROOT in file.resolve().parents, f"{doc}: link to {target} leaves the repository (a user has only the clone)"
     assert file.exists(), f"{doc}: link to {target}: no file {file.relative_to(ROOT)}"
     if anchor and file.suffix == ".md":
         assert anchor in anchors(file), f"{doc}: link to {target}: no such heading in {file.name}"
+
+
+def test_readme_order() -> None:
+    """What it is, quick start, a round stage by stage, what it has shown (terms before results),
+    layout, where the rest is: the order a newcomer reads in."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    sections = re.findall(r"^## (.*)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
+    assert sections == ["Quick start", "A round, stage by stage", "What it has shown", "Layout", "Where the rest is"]
+    shown = text[text.index("## What it has shown") :]
+    assert shown.index("**Terms.**") < shown.index("| round |"), "the results' terms come before the table"
+
+
+@pytest.mark.parametrize("package", ["experiments", "bench"])
+def test_packages_run_as_modules_and_say_so(package: str) -> None:
+    """experiments/ and bench/ import their package (python -m PKG.NAME); a shebang would promise
+    ./PKG/NAME.py, which cannot import it."""
+    shebang = [p.name for p in (ROOT / package).glob("*.py") if p.read_text(encoding="utf-8").startswith("#!")]
+    assert not shebang, f"{package}/{shebang}: run as python -m {package}.NAME, no shebang"
