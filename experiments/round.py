@@ -51,10 +51,11 @@ from typing import Any
 import numpy as np
 
 from experiments.round_report import ARMS, across_seeds, plot, summarise, table, targets
+from lib.checkpoints import read_checkpoint
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
-from lib.model import BEST_GLOB, best_checkpoint, read_checkpoint
+from lib.model import BEST_GLOB, best_checkpoint
 from lib.oracle import oracle_label_db
 from lib.play import play
 from lib.reward_eval import oracle_agreement, predict_segments, score

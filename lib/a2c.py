@@ -28,6 +28,17 @@ import torch
 import torch.nn.functional as F
 
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
+from lib.checkpoints import (
+    atomic_torch_save,
+    check_fields,
+    float_in,
+    int_in,
+    list_of,
+    optional,
+    read_checkpoint,
+    state_is_finite,
+    text,
+)
 from lib.distributed import Dist, NullWriter, env_uniforms, init_dist
 from lib.envs import DEFAULT_ENV, AtariVec, VecStep, default_env_threads, rom_name
 from lib.errors import UserError
@@ -35,22 +46,13 @@ from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
-    atomic_torch_save,
     best_checkpoint_name,
-    check_fields,
-    float_in,
-    int_in,
-    list_of,
     load_policy,
-    optional,
     policy_checkpoint,
     policy_file,
-    read_checkpoint,
     remove_run_checkpoints,
     resolve_device,
     run_checkpoints,
-    state_is_finite,
-    text,
 )
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
 from lib.seeds import EVAL_SEED_OFFSET, MAX_SEED

@@ -25,19 +25,11 @@ import numpy as np
 import torch
 
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
+from lib.checkpoints import POLICY_FORMAT, check_fields, read_checkpoint, wrong_kind
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.games import EpisodeResult, play_games, select_actions
-from lib.model import (
-    POLICY_FIELDS,
-    POLICY_FORMAT,
-    check_fields,
-    load_policy,
-    policy_file,
-    read_checkpoint,
-    resolve_device,
-    wrong_kind,
-)
+from lib.model import POLICY_FIELDS, load_policy, policy_file, resolve_device
 from lib.reward_wrapper import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
 from lib.stats import pearson
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif

@@ -45,9 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lib.envs import POLICY_FRAME, grey84
-from lib.errors import UserError
-from lib.model import (
+from lib.checkpoints import (
     MAX_ACTIONS,
     REWARD_FORMAT,
     atomic_torch_save,
@@ -62,10 +60,12 @@ from lib.model import (
     optional,
     plain_values,
     read_checkpoint,
-    resolve_device,
     text,
     wrong_kind,
 )
+from lib.envs import POLICY_FRAME, grey84
+from lib.errors import UserError
+from lib.model import resolve_device
 from lib.reward_config import ARCHS, DIFF_BLOCK
 
 REWARD_VERSION = 1

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lib.checkpoints import state_is_finite
 from lib.errors import UserError
 from lib.files import remove_stale_temps
-from lib.model import state_is_finite
 from lib.reward_config import ARCHS, DIFF_BLOCK, PATIENCE, TrainConfig
 from lib.reward_data import Log, PreferenceData, model_inputs, step_features
 from lib.reward_eval import norm_stats, pair_metrics

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.model import AtariA2C, atomic_torch_save, load_policy, policy_checkpoint
+from lib.checkpoints import atomic_torch_save
+from lib.model import AtariA2C, load_policy, policy_checkpoint
 from lib.segments import list_segments, load_segment
 
 ROOT = Path(__file__).resolve().parents[1]

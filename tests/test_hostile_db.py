@@ -342,7 +342,7 @@ def test_load_segment_refuses_devices_and_fifos(tmp_path):
 
 
 def test_written_files_get_the_umask_and_leave_no_temp(tmp_path):
-    from lib.model import atomic_torch_save
+    from lib.checkpoints import atomic_torch_save
 
     path = save_segment(tmp_path, _tiny())
     assert path.stat().st_mode & 0o777 == 0o666 & ~UMASK

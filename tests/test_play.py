@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import lib.play
+from lib.checkpoints import atomic_torch_save
 from lib.envs import AtariVec
 from lib.errors import UserError
-from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint
+from lib.model import AtariA2C, policy_checkpoint
 from lib.play import play, prepare_video_dir, summary, video_stem
 from lib.reward_model import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
 from lib.reward_wrapper import RunningNorm, norm_prior

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench.dbs import make_square_db, write_legacy_segment
-from lib.model import read_checkpoint
+from lib.checkpoints import read_checkpoint
 from lib.oracle import oracle_label_db
 from lib.reward_config import TrainConfig
 from lib.reward_data import load_preferences

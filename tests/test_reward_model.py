@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lib.checkpoints import atomic_torch_save
 from lib.errors import UserError
-from lib.model import AtariA2C, atomic_torch_save, policy_checkpoint, policy_conv
+from lib.model import AtariA2C, policy_checkpoint, policy_conv
 from lib.reward_model import (
     FULL_FRAME,
     DiffRewardModel,

@@ -624,20 +624,20 @@ def test_stale_temp_files_of_a_killed_install_are_removed(square_db, tmp_path):
 def test_disk_full_at_install_is_one_line_naming_what_was_kept(square_db, tmp_path, monkeypatch):
     import errno
 
-    import lib.model
+    import lib.checkpoints
 
     db, _ = square_db
     oracle_label_db(db, 20, seed=0)
     data = load_preferences([db], log=_quiet)
     out = tmp_path / "reward-x.pt"
-    real = lib.model.atomic_write
+    real = lib.checkpoints.atomic_write
 
     def full(path, data, fsync=True):
         if str(path) == str(out):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, data, fsync)
 
-    monkeypatch.setattr(lib.model, "atomic_write", full)
+    monkeypatch.setattr(lib.checkpoints, "atomic_write", full)
     with pytest.raises(UserError, match="No space left on device") as e:
         train_reward_model(data, TrainConfig(epochs=1, batch=8, arch="diff"), out, progress=False, log=_quiet)
     assert "\n" not in str(e.value) and "kept in" in str(e.value) and str(out) in str(e.value)
