@@ -8,7 +8,7 @@ Examples:
 """
 
 from lib.errors import run_cli
-from lib.play import main
+from lib.play_cli import main
 
 if __name__ == "__main__":
     run_cli(main)

@@ -58,6 +58,7 @@ from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
 from lib.model import BEST_GLOB, best_checkpoint
 from lib.oracle import oracle_label_db
 from lib.play import play
+from lib.play_config import PlayConfig
 from lib.reward_eval import oracle_agreement, predict_segments, score
 from lib.reward_model import load_reward_model
 from lib.reward_wrapper import normalised
@@ -475,7 +476,8 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
         if d.get("policy") == str(policy) and d.get("games") == args.eval_games and "climbs" in d:
             return d
     log(f"evaluating {policy}: {args.eval_games} games")
-    results = play(policy, episodes=args.eval_games, device=args.dev, seed=EVAL_SEED, log=lambda m: None)
+    cfg = PlayConfig(model=str(policy), episodes=args.eval_games, dev=args.dev, seed=EVAL_SEED)
+    results = play(cfg, log=lambda m: None)
     d = {
         "policy": str(policy),
         "games": args.eval_games,

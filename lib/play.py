@@ -11,13 +11,11 @@ all are played to the end, so short games are not favoured in the statistics.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.games import EpisodeResult, play_games, select_actions
 from lib.model import POLICY_FIELDS, load_policy, policy_file, resolve_device
+from lib.play_config import PlayConfig
 from lib.reward_wrapper import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
 from lib.stats import pearson
 from lib.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp4_to_gif
@@ -97,44 +96,24 @@ def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str)
     return load_reward_model(path, game=game, n_actions=n_actions, device=device)
 
 
-def play(
-    model: str | os.PathLike,
-    env: str | None = None,
-    episodes: int = 1,
-    video_dir: str | os.PathLike | None = None,
-    reward: str | os.PathLike | None = None,
-    device: str = "cpu",
-    seed: int | None = None,
-    greedy: bool = False,
-    gif: bool = False,
-    max_steps: int | None = None,
-    log: Callable[[str], None] = print,
-    env_threads: int | None = None,
-) -> list[EpisodeResult]:
-    """Play ``episodes`` full games with the policy in ``model``; returns them in episode order.
+def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeResult]:
+    """Play ``cfg.episodes`` full games with the policy in ``cfg.model``; returns them in episode order.
 
-    With ``video_dir`` each game is recorded to ``<video_dir>/<run>_<checkpoint>_epNN.mp4`` (and
-    ``.gif`` with ``gif``); with ``reward`` each video shows the reward view and each result
-    carries the correlation of predicted and true rewards. ``max_steps`` cuts a game after that
-    many agent steps (quick looks, tests). Every input is checked before the first step.
+    With ``cfg.record`` (a directory) each game is recorded to ``<dir>/<run>_<checkpoint>_epNN.mp4``
+    (and ``.gif`` with ``cfg.gif``); with ``cfg.reward`` each video shows the reward view and each
+    result carries the correlation of predicted and true rewards. ``cfg.max_steps`` cuts a game
+    after that many agent steps (quick looks, tests). Every input is checked before the first step.
     """
-    if episodes < 1:
-        raise UserError(f"-n must be at least 1, got {episodes}")
-    if max_steps is not None and max_steps < 1:
-        raise UserError(f"--max-steps must be at least 1, got {max_steps}")
-    if gif and video_dir is None:
-        raise UserError("--gif needs -r VIDEO_DIR")
-    if seed is not None and not 0 <= seed < 2**31:
-        raise UserError(f"--seed must be in 0..{2**31 - 1}, got {seed}")
-    dev = resolve_device(device)
+    cfg.check()
+    model, episodes, greedy, gif, max_steps = cfg.model, cfg.episodes, cfg.greedy, cfg.gif, cfg.max_steps
+    video_dir, reward, seed = cfg.record, cfg.reward, cfg.seed
+    dev = resolve_device(cfg.dev)
     model = policy_file(model)  # a run directory stands for its best policy
     ck = read_checkpoint(model, "model")  # read once: missing or corrupt files fail here
-    env_id = policy_env_id(model, env, ck)
+    env_id = policy_env_id(model, cfg.env, ck)
     n_envs = min(episodes, MAX_PARALLEL)
-    if env_threads is not None and env_threads < 0:
-        raise UserError(f"--env-threads must be >= 0, got {env_threads}")
-    # emulator threads: the cores this process may use unless told (0 or None), at most one a game
-    venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=env_threads or None, device=dev)
+    # emulator threads: the cores this process may use unless told (0), at most one a game
+    venv = AtariVec(env_id, n_envs=n_envs, seed=seed, num_threads=cfg.env_threads or None, device=dev)
     try:
         check_bare_actions(model, venv, ck)
         net, _ = load_policy(model, env_id, venv.game, venv.obs_shape, venv.n_actions, ck=ck)
@@ -298,107 +277,3 @@ def summary(results: list[EpisodeResult], with_reward: bool = False) -> str:
         else:
             line += "; reward corr n/a (no points scored)"
     return line
-
-
-# --- 04_play.py -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlayConfig:
-    """04_play.py's settings: the defaults live here, the help in ``build_parser``."""
-
-    model: str = ""
-    env: str | None = None
-    episodes: int = 1
-    record: str | None = None
-    reward: str | None = None
-    dev: str = "cpu"
-    seed: int | None = None
-    greedy: bool = False
-    gif: bool = False
-    max_steps: int | None = None
-    env_threads: int = 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """04_play.py's flags in groups (``--help``); every default comes from ``PlayConfig``."""
-    d = PlayConfig
-    p = argparse.ArgumentParser(
-        prog="04_play.py",
-        description="Play a saved policy for full games (all lives), print each game's score and "
-        "length and their mean, std and max; optionally record MP4 videos with the reward model's view.",
-    )
-    g = p.add_argument_group("core")
-    g.add_argument(
-        "-m",
-        "--model",
-        required=True,
-        help="policy checkpoint (.pt) saved by 01_a2c.py, or a run directory (saves/v0) for its best policy",
-    )
-    g.add_argument(
-        "-e",
-        "--env",
-        default=d.env,
-        help="env id; taken from the checkpoint when it has one (then -e must name the same game), "
-        "else SeaquestNoFrameskip-v4",
-    )
-    g.add_argument("-n", "--episodes", type=int, default=d.episodes, help="games to play (default 1)")
-    g.add_argument("--dev", default=d.dev, help="torch device for the policy and reward model: cpu or cuda")
-    g.add_argument("--seed", type=int, default=d.seed, help="seed for the games and sampled actions")
-    g.add_argument("--greedy", action="store_true", help="take the most likely action instead of sampling")
-    g.add_argument(
-        "--max-steps",
-        type=int,
-        default=d.max_steps,
-        help="cut each game after this many agent steps (a quick look; default: play to game over, "
-        "at most ALE's 108,000 frames = 27,000 steps)",
-    )
-    _add_play_output_args(p.add_argument_group("output: videos and the reward view"))
-    g = p.add_argument_group("speed")
-    g.add_argument(
-        "--env-threads",
-        type=int,
-        default=d.env_threads,
-        metavar="N",
-        help="emulator threads (0: the cores this process may use; at most one per game)",
-    )
-    return p
-
-
-def _add_play_output_args(g: argparse._ArgumentGroup) -> None:
-    d = PlayConfig
-    g.add_argument(
-        "-r",
-        "--record",
-        metavar="VIDEO_DIR",
-        default=d.record,
-        help="record each game to VIDEO_DIR/<run>_<checkpoint>_epNN.mp4 (H.264, 15 fps = game speed)",
-    )
-    g.add_argument(
-        "--reward",
-        metavar="REWARD_MODEL",
-        default=d.reward,
-        help="reward model (.pt) from 03_reward_train.py: videos get a strip with its prediction normalised as "
-        "fine-tuning sees it next to the true reward, and each game prints their correlation",
-    )
-    g.add_argument("--gif", action="store_true", help="also write an animated GIF next to each MP4 (needs -r)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``04_play.py``: play, print one line per game and the summary."""
-    cfg = PlayConfig(**vars(build_parser().parse_args(argv)))
-    results = play(
-        cfg.model,
-        env=cfg.env,
-        episodes=cfg.episodes,
-        video_dir=cfg.record,
-        reward=cfg.reward,
-        device=cfg.dev,
-        seed=cfg.seed,
-        greedy=cfg.greedy,
-        gif=cfg.gif,
-        max_steps=cfg.max_steps,
-        env_threads=cfg.env_threads,
-    )
-    print(summary(results, with_reward=cfg.reward is not None))
-    return 0

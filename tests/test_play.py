@@ -23,6 +23,7 @@ from lib.envs import AtariVec
 from lib.errors import UserError
 from lib.model import AtariA2C, policy_checkpoint
 from lib.play import play, prepare_video_dir, summary, video_stem
+from lib.play_config import PlayConfig
 from lib.reward_model import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
 from lib.reward_wrapper import RunningNorm, norm_prior
 from lib.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
@@ -95,7 +96,7 @@ def run_play(*args: str | Path, timeout: float = 120) -> subprocess.CompletedPro
 
 def test_full_game_recorded_to_mp4_decodes_back(models: dict[str, Path], tmp_path: Path) -> None:
     lines: list[str] = []
-    (res,) = play(models["policy"], video_dir=tmp_path, seed=7, log=lines.append)
+    (res,) = play(PlayConfig(model=str(models["policy"]), record=str(tmp_path), seed=7), log=lines.append)
     # A whole game: all lives lost, long past the first life.
     assert res.end == "game over"
     assert res.steps > 150
@@ -133,7 +134,9 @@ def test_links_planted_at_temp_names_are_not_followed(models: dict[str, Path], t
     for ext in ("mp4", "gif"):
         (victims / ext).write_bytes(b"the user's file")
         (out / f".{stem}.{ext}.part").symlink_to(victims / ext)
-    (res,) = play(models["policy"], video_dir=out, seed=0, max_steps=20, gif=True, log=lambda _: None)
+    (res,) = play(
+        PlayConfig(model=str(models["policy"]), record=str(out), seed=0, max_steps=20, gif=True), log=lambda _: None
+    )
     assert [(victims / ext).read_bytes()[:20] for ext in ("mp4", "gif")] == [b"the user's file"] * 2
     assert not res.video.is_symlink() and len(decode(res.video)[1]) == 20
     assert not res.gif.is_symlink() and res.gif.read_bytes()[:6] == b"GIF89a"
@@ -142,8 +145,8 @@ def test_links_planted_at_temp_names_are_not_followed(models: dict[str, Path], t
 
 
 def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) -> None:
-    a = play(models["policy"], episodes=2, seed=3, log=lambda _: None)
-    b = play(models["policy"], episodes=2, seed=3, log=lambda _: None)
+    a = play(PlayConfig(model=str(models["policy"]), episodes=2, seed=3), log=lambda _: None)
+    b = play(PlayConfig(model=str(models["policy"]), episodes=2, seed=3), log=lambda _: None)
     assert [(r.score, r.steps) for r in a] == [(r.score, r.steps) for r in b]
     assert [r.index for r in a] == [1, 2]
     assert a[0].steps != a[1].steps  # two different games, not one played twice
@@ -153,7 +156,7 @@ def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) ->
 def test_slot_reused_after_game_over(models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # One env slot: the second game starts in the env the first one ended in (same-step reset).
     monkeypatch.setattr(lib.play, "MAX_PARALLEL", 1)
-    res = play(models["policy"], episodes=2, video_dir=tmp_path, seed=4, log=lambda _: None)
+    res = play(PlayConfig(model=str(models["policy"]), episodes=2, record=str(tmp_path), seed=4), log=lambda _: None)
     assert [(r.index, r.end) for r in res] == [(1, "game over"), (2, "game over")]
     assert res[0].steps != res[1].steps
     for r in res:
@@ -162,7 +165,9 @@ def test_slot_reused_after_game_over(models: dict[str, Path], tmp_path: Path, mo
 
 def test_max_steps_cuts_games_and_starts_fresh_ones(models: dict[str, Path]) -> None:
     # 10 games > MAX_PARALLEL slots, all cut: the second wave needs a fresh reset.
-    res = play(models["policy"], episodes=10, seed=1, max_steps=20, greedy=True, log=lambda _: None)
+    res = play(
+        PlayConfig(model=str(models["policy"]), episodes=10, seed=1, max_steps=20, greedy=True), log=lambda _: None
+    )
     assert [r.index for r in res] == list(range(1, 11))
     assert all(r.steps == 20 and r.end == "max steps" for r in res)
 
@@ -263,7 +268,10 @@ def test_play_games_hands_predict_the_frame_each_step_led_to() -> None:
 
 @pytest.mark.parametrize("reward", ["reward", "reward_diff"])
 def test_reward_view_in_process(models: dict[str, Path], tmp_path: Path, reward: str) -> None:
-    (res,) = play(models["policy"], video_dir=tmp_path, reward=models[reward], seed=2, log=lambda _: None)
+    (res,) = play(
+        PlayConfig(model=str(models["policy"]), record=str(tmp_path), reward=str(models[reward]), seed=2),
+        log=lambda _: None,
+    )
     assert res.end == "game over" and res.score > 0  # a random policy scores in most games
     assert res.reward_corr is not None
     meta, frames = decode(res.video)
@@ -280,20 +288,20 @@ def test_reward_view_in_process(models: dict[str, Path], tmp_path: Path, reward:
         ({"episodes": 0}, "-n must be at least 1"),
         ({"max_steps": 0}, "--max-steps must be at least 1"),
         ({"gif": True}, "--gif needs -r"),
-        ({"device": "tpu"}, "--dev must be cpu, cuda"),
+        ({"dev": "tpu"}, "--dev must be cpu, cuda"),
         ({"env": "BreakoutNoFrameskip-v4"}, "was trained on SeaquestNoFrameskip-v4"),
         ({"env": "NoSuchGame-v4"}, "unknown --env"),
     ],
 )
 def test_bad_arguments(models: dict[str, Path], kwargs: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):
-        play(models["policy"], log=lambda _: None, **kwargs)
+        play(PlayConfig(model=str(models["policy"]), **kwargs), log=lambda _: None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_gpu_is_a_user_error(models: dict[str, Path]) -> None:
     with pytest.raises(UserError, match="no CUDA GPU is available"):
-        play(models["policy"], device="cuda", log=lambda _: None)
+        play(PlayConfig(model=str(models["policy"]), dev="cuda"), log=lambda _: None)
 
 
 def test_video_dir_checks(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_help_lists_the_same_flags(script: str) -> None:
     assert sorted(flags_in_help(help_text(script))) == sorted(FLAGS[script])
 
 
-TORCH_AT_HELP = {"01_a2c.py", "04_play.py"}  # settings still in the module that does the work
+TORCH_AT_HELP = {"01_a2c.py"}  # settings still in the module that does the work
 
 
 @pytest.mark.parametrize(
