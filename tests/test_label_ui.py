@@ -402,6 +402,32 @@ async def test_existing_labels_filter_and_change(label_app, db: Path) -> None:
         await see(user, "3 labels")
 
 
+async def test_existing_labels_pages_go_newest_first_over_every_db(label_app, tmp_path: Path) -> None:
+    """A page of Existing labels comes from the kept order (item 11 of audit 4): newest first over
+    both DBs, equal times in DB order, the last page partly filled."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    segs_a, segs_b = make_synthetic_db(a, 9), make_synthetic_db(b, 3)
+    pairs_a = [(x, y) for i, x in enumerate(segs_a) for y in segs_a[i + 1 :]][:27]
+    append_labels(a, [Label(x, y, 1, time=float(t), source="human") for t, (x, y) in enumerate(pairs_a, 1)])
+    append_labels(b, [Label(segs_b[0], segs_b[1], 2, time=27.0), Label(segs_b[0], segs_b[2], 0, time=0.5)])
+
+    def rows(n: int) -> list[str]:
+        found = [user.find(marker=f"label-row-{k}").elements.pop().descendants() for k in range(n)]
+        return [next(el.text for el in row if isinstance(el, ui.label)) for row in found]
+
+    name = {str(a): pairs_a, str(b): [(segs_b[0], segs_b[1]), (segs_b[0], segs_b[2])]}
+    row = {f"{d} · {x} vs {y}": (d, i) for d, ps in name.items() for i, (x, y) in enumerate(ps)}
+    async with label_app("-d", str(a), "-d", str(b)) as user:
+        await user.open("/labels")
+        await see(user, "29 labels")
+        assert [row[r] for r in rows(3)] == [(str(a), 26), (str(b), 0), (str(a), 25)]
+        first = rows(1)
+        user.find(marker="labels-pager").elements.pop().set_value(2)
+        await until(lambda: rows(1) != first)
+        assert [row[r] for r in rows(4)] == [(str(a), 2), (str(a), 1), (str(a), 0), (str(b), 1)]
+        await user.should_not_see(marker="label-row-4")
+
+
 async def test_navigation_keeps_the_tab_list(label_app, db: Path) -> None:
     async with label_app("-d", str(db), "--pairs", "4") as user:
         await user.open("/label")

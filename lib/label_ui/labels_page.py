@@ -3,9 +3,12 @@ time; each can be replayed (a dialog with both clips) or changed (a new line, th
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
+from collections.abc import Iterable, Iterator
 from functools import partial
+from itertools import islice
 
 from nicegui import run, ui
 
@@ -25,7 +28,12 @@ def when(t: float | None) -> str:
         return "?"
 
 
-def model_vs_you(state: AppState, rows: list[tuple[DbState, Label]]) -> list[tuple[DbState, Label]]:
+def pages(labels: int) -> int:
+    """Pages of ``PAGE_SIZE`` that ``labels`` labels fill (one when there are none)."""
+    return max(1, -(-labels // PAGE_SIZE))
+
+
+def model_vs_you(state: AppState, rows: Iterable[tuple[DbState, Label]]) -> list[tuple[DbState, Label]]:
     """Labels with a preference (#1 or #2 better) whose pair the reward model orders the other
     way, the model's most confident first: check either the label or the model."""
     out = []
@@ -51,7 +59,7 @@ class LabelsPage:
 
     def build(self) -> None:
         answers = {"all": "any answer", **{str(v): LABEL_NAMES[v] for v in ANSWERS}}
-        found = sorted({lab.source for d in self.state.dbs for lab in d.labels.snapshot()})
+        found = sorted({source for d in self.state.dbs for _, source in d.labels.kinds()})
         sources = {"all": "any source", **{s: s for s in found}}
         ui.label("Existing labels").classes("text-h5")
         with ui.row().classes("items-center gap-4"):
@@ -71,6 +79,7 @@ class LabelsPage:
             self.summary = ui.label().mark("labels-summary")
         self.table = ui.column().classes("w-full gap-0")
         self.pager = ui.pagination(1, 1, direction_links=True, on_change=lambda e: self.set_page(e.value))
+        self.pager.props("max-pages=9 boundary-numbers")  # 12,000 pages of 300,000 labels: not 12,000 buttons
         self.pager.mark("labels-pager")
         with ui.dialog() as self.dialog, ui.card():
             self.dialog_title = ui.label().classes("font-mono text-sm")
@@ -83,30 +92,48 @@ class LabelsPage:
                 ]
             ui.button("close", on_click=self.dialog.close).props("flat")
 
-    def current_rows(self) -> list[tuple[DbState, Label]]:
-        rows = [(d, lab) for d in self.state.dbs for lab in d.labels.snapshot()]
-        if self.answer != "all":
-            rows = [(d, lab) for d, lab in rows if lab.label == int(self.answer)]
-        if self.source != "all":
-            rows = [(d, lab) for d, lab in rows if lab.source == self.source]
-        rows.sort(key=lambda r: r[1].time or 0.0, reverse=True)
-        if self.order == "model":
-            rows = model_vs_you(self.state, rows)
-        return rows
+    def wanted(self, answer: int, source: str) -> bool:
+        """Whether the filters let a label of this answer and source through."""
+        return (self.answer == "all" or answer == int(self.answer)) and (self.source == "all" or source == self.source)
+
+    def newest(self) -> Iterator[tuple[DbState, Label]]:
+        """The labels the filters let through, newest first over every DB (ties: DB order, then
+        file order). Lazy: a page takes what it shows and stops."""
+
+        def tagged(d: DbState) -> Iterator[tuple[tuple[float, int, int], DbState, Label]]:
+            for t, negseq, lab in d.labels.newest_first():
+                yield (t, -d.index, negseq), d, lab
+
+        streams = [tagged(d) for d in self.state.dbs]
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda r: r[0], reverse=True)
+        return ((d, lab) for _, d, lab in merged if self.wanted(lab.label, lab.source))
+
+    def count(self) -> int:
+        """How many labels the filters let through, from the kept counts."""
+        return sum(n for d in self.state.dbs for (a, src), n in d.labels.kinds().items() if self.wanted(a, src))
+
+    def page_rows(self) -> tuple[int, list[tuple[DbState, Label]]]:
+        """How many labels the filters let through, and the current page's (the last page if the
+        current one is past it). Newest first: from the kept counts and order, no walk over every
+        label; model vs you (--reward only) looks at every label."""
+        ranked = model_vs_you(self.state, self.newest()) if self.order == "model" else None
+        total = len(ranked) if ranked is not None else self.count()
+        self.page = min(self.page, pages(total))
+        start = (self.page - 1) * PAGE_SIZE
+        if ranked is not None:
+            return total, ranked[start : start + PAGE_SIZE]
+        return total, list(islice(self.newest(), start, start + PAGE_SIZE))
 
     def render(self) -> None:
-        rows = self.current_rows()
-        pages = max(1, -(-len(rows) // PAGE_SIZE))
-        self.page = min(self.page, pages)
-        self.pager.max = pages
+        total, rows = self.page_rows()
+        self.pager.max = pages(total)
         self.pager.value = self.page
-        self.summary.set_text(f"{len(rows)} labels")
+        self.summary.set_text(f"{total} labels")
         self.table.clear()
-        start = (self.page - 1) * PAGE_SIZE
         with self.table:
             if not rows:
                 ui.label("No labels match.").classes("text-grey-7")
-            for n, (d, lab) in enumerate(rows[start : start + PAGE_SIZE]):
+            for n, (d, lab) in enumerate(rows):
                 self.label_row(n, d, lab)
 
     def label_row(self, n: int, d: DbState, lab: Label) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from nicegui import run, ui
+from nicegui import ui
 
 from lib.label_ui.common import ANSWERS, refresh_dbs
 from lib.label_ui.label_page import label_page
@@ -63,12 +63,9 @@ def make_root(state: AppState) -> Callable[[], None]:
 
 async def overview_page(state: AppState) -> None:
     await refresh_dbs(state)  # the new lines of labels.jsonl, read off the event loop
-    stats = await run.io_bound(lambda: [d.stats() for d in state.dbs])  # many labels: counting takes a while
-    if stats is None:  # the server is shutting down
-        return
     ui.label("Overview").classes("text-h5")
-    for d, s in zip(state.dbs, stats, strict=True):
-        _db_card(d, s)
+    for d in state.dbs:
+        _db_card(d, d.stats())  # kept counts (``LabelTallies``): no walk over the labels
     for note in state.notices:
         ui.label(note).classes("text-orange-9").mark("notice")
     ui.button("Label new data", on_click=lambda: ui.navigate.to("/label")).props("unelevated")

@@ -8,6 +8,7 @@ reaches the file system).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -88,6 +89,10 @@ def serve(cfg: LabelConfig) -> None:
         check_port_free(cfg.host, cfg.port)
     state = build_app(cfg)
     if not simulated:
+        # What start-up loaded lives as long as the server (300,000 labels are 600,000 objects the
+        # collector tracks): frozen out of its sight, a full collection takes microseconds, not
+        # the half second every tab's requests waited for. Refcounting still frees what is dropped.
+        gc.freeze()
         total = sum(len(d.segments) for d in state.dbs)
         shown = "localhost" if cfg.host in ("127.0.0.1", "::1") else cfg.host
         print(f"Labeling {total} segments of {', '.join(d.name for d in state.dbs)}", flush=True)
