@@ -6,7 +6,7 @@ Examples:
     python 01_a2c.py -n v1 -m saves/v0/best_....pt -r saves/reward/reward.pt --finetune --db-path db/v1
 """
 
-from lib.a2c import main
+from lib.a2c_cli import main
 from lib.errors import run_cli
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Reads top to bottom as the roles of a run, as CleanRL's files read. SB3's names mean other things
 here: ``train`` is the whole loop (SB3's ``learn``), ``Learner.learn`` is one gradient step (SB3's
 ``train``) and ``act_step`` acts in every env (a step of SB3's ``collect_rollouts``). In order:
-the settings (``A2CConfig``, from the command line), the loss, the checks that run before anything
+the loss (the settings, ``A2CConfig``, are in ``lib/a2c_config.py``; the command line in
+``lib/a2c_cli.py``), the checks that run before anything
 is written (``check_run``), building the run (``build_run``: envs with the wrapper stack in one
 place, nets, optimiser, resume), one learner step (``Learner``), game statistics (``GameStats``),
 progress logging (``ProgressLog``), evaluation and checkpoints, and ``train``: the loop.
@@ -11,7 +12,6 @@ progress logging (``ProgressLog``), evaluation and checkpoints, and ``train``: t
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import signal
@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lib.a2c_config import (
+    ADAM_EPS,
+    BATCH_SIZE,
+    CLIP_GRAD,
+    ENTROPY_BETA,
+    FINETUNE_LEARNING_RATE,
+    GAMMA,
+    LEARNING_RATE,
+    LR_DECAY_STEPS,
+    MAX_RECORD_ENVS,
+    MAX_STEP_COUNT,
+    REWARD_STEPS,
+    A2CConfig,
+)
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.checkpoints import (
     atomic_torch_save,
@@ -39,8 +53,8 @@ from lib.checkpoints import (
     state_is_finite,
     text,
 )
-from lib.distributed import Dist, NullWriter, env_uniforms, init_dist
-from lib.envs import DEFAULT_ENV, AtariVec, VecStep, default_env_threads, rom_name
+from lib.distributed import Dist, NullWriter, env_uniforms
+from lib.envs import AtariVec, VecStep, default_env_threads, rom_name
 from lib.errors import UserError
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.games import play_games, score_stats, select_actions
@@ -49,233 +63,20 @@ from lib.model import (
     best_checkpoint_name,
     load_policy,
     policy_checkpoint,
-    policy_file,
     remove_run_checkpoints,
     resolve_device,
     run_checkpoints,
 )
-from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS, EpisodeRecorderWrapper
-from lib.seeds import EVAL_SEED_OFFSET, MAX_SEED
-from lib.segments import MAX_ENV_INDEX, MAX_ENV_STEP, check_db_game
+from lib.recorder import EpisodeRecorderWrapper
+from lib.seeds import EVAL_SEED_OFFSET
+from lib.segments import MAX_ENV_STEP, check_db_game
 from lib.stats import StepCorrelation, pearson
 from lib.tb import hparams_table, run_dir
 
-# The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
-GAMMA = 0.99
-LEARNING_RATE = 7e-4
-FINETUNE_LEARNING_RATE = 7e-5
-ENTROPY_BETA = 0.01
-BATCH_SIZE = 128
-REWARD_STEPS = 5
-CLIP_GRAD = 0.1
-ADAM_EPS = 1e-5
-LR_DECAY_STEPS = 10_000_000
 # How the run reports.
 LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
-MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
-MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
-
-
-# --- settings -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class A2CConfig:
-    """Everything a run is told (the command line's flags, checked). Defaults are the CLI's."""
-
-    name: str
-    env: str = DEFAULT_ENV
-    dev: str = "cpu"
-    model: str | None = None
-    finetune: bool = False
-    reward: str | None = None
-    reward_penalty: float = 0.0
-    save: str | None = None
-    db_path: str | None = None
-    envs: int = 16
-    max_steps: int = 0
-    seed: int = 0
-    record_prob: float = DEFAULT_RECORD_PROB
-    segment_steps: int = DEFAULT_SEGMENT_STEPS
-    test_every: int = 100_000
-    test_episodes: int = 10
-    force: bool = False
-    resume: bool = False
-    lr: float | None = None
-    lr_decay_steps: int = 0
-    runs_dir: str = "runs"
-    bf16: bool = False
-    threads: int = 0
-    env_threads: int = 0
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> A2CConfig:
-        cfg = cls(**vars(args))
-        if cfg.model:  # a run directory stands for its best policy
-            cfg = replace(cfg, model=str(policy_file(cfg.model)))
-        cfg.check()
-        return cfg
-
-    @property
-    def save_dir(self) -> Path:
-        return Path(self.save or Path("saves") / self.name)
-
-    def check(self) -> None:
-        """UserError with one line for every flag value that cannot work."""
-        wrong = [
-            (self.envs < 1, f"--envs must be at least 1, got {self.envs}"),
-            (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be in [0, 1], got {self.record_prob}"),
-            (not 1 <= self.segment_steps <= MAX_SEGMENT_STEPS, f"--segment-steps must be in 1..{MAX_SEGMENT_STEPS}"),
-            (self.envs > 4096, f"--envs must be at most 4096, got {self.envs}"),
-            (self.max_steps > MAX_STEP_COUNT, f"--max-steps must be at most 1e13, got {self.max_steps}"),
-            (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
-            (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
-            (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
-            (self.lr is not None and not 0 < self.lr < 1, f"--lr must be a number in (0, 1), got {self.lr}"),
-            (not 0 <= self.seed <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {self.seed}"),
-            (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
-            (self.env_threads < 0, f"--env-threads must be >= 0, got {self.env_threads}"),
-            (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
-            (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
-            (not 0 <= self.reward_penalty < math.inf, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
-            (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
-            (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
-            (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
-            (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),
-        ]  # fmt: skip
-        for bad, message in wrong:
-            if bad:
-                raise UserError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """01_a2c.py's flags in groups (``--help``); every default comes from ``A2CConfig``."""
-    p = argparse.ArgumentParser(
-        prog="01_a2c.py",
-        description="Train an A2C agent on an Atari game. With --db-path it records random segments of "
-        "its play for labeling; with -r it learns from a reward model instead of the game score.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    _add_core_args(p.add_argument_group("core"))
-    _add_policy_args(p.add_argument_group("policy: where it starts, how it learns"))
-    _add_record_args(p.add_argument_group("labels: the reward it learns from, the segments it records"))
-    _add_output_args(p.add_argument_group("output: checkpoints, evaluation, logs"))
-    _add_speed_args(p.add_argument_group("speed"))
-    return p
-
-
-def _add_core_args(g: argparse._ArgumentGroup) -> None:
-    d = A2CConfig  # the defaults live in one place
-    g.add_argument("-n", "--name", required=True, help="run name: checkpoints go to saves/<name>, logs to runs/")
-    g.add_argument("--env", default=d.env, help="ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4")
-    g.add_argument("--dev", default=d.dev, help="torch device for the networks: cpu, cuda or cuda:N")
-    g.add_argument(
-        "--max-steps",
-        type=int,
-        default=d.max_steps,
-        help="stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)",
-    )
-    g.add_argument("--seed", type=int, default=d.seed, help="random seed for envs, network init and recording")
-    g.add_argument("--envs", type=int, default=d.envs, help="number of games played side by side")
-
-
-def _add_policy_args(g: argparse._ArgumentGroup) -> None:
-    d = A2CConfig
-    g.add_argument(
-        "-m",
-        "--model",
-        help="start from this saved policy (.pt) instead of from scratch; a run directory (saves/v0) means its best",
-    )
-    g.add_argument(
-        "--finetune",
-        action="store_true",
-        help=f"freeze the conv layers of -m and train the heads with lr {FINETUNE_LEARNING_RATE}",
-    )
-    g.add_argument(
-        "--lr",
-        type=float,
-        help=f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); "
-        "decays linearly to 0 over --lr-decay-steps",
-    )
-    g.add_argument(
-        "--lr-decay-steps",
-        type=int,
-        default=d.lr_decay_steps,
-        help=f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
-    )
-    g.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
-    )
-    g.add_argument(
-        "--force",
-        action="store_true",
-        help="start the run <name> over even though saves/<name> holds checkpoints (its best_*.pt and last.pt "
-        "are removed first)",
-    )
-
-
-def _add_record_args(g: argparse._ArgumentGroup) -> None:
-    d = A2CConfig
-    g.add_argument(
-        "-r",
-        "--reward",
-        help="learn from this reward model (.pt from 03_reward_train.py) instead of the game score",
-    )
-    g.add_argument(
-        "--reward-penalty",
-        type=float,
-        default=d.reward_penalty,
-        metavar="L",
-        help="with an ensemble reward model (-r, --ensemble K): learn from mean - L * std of the members' "
-        "normalised predictions, lower where they disagree (default 0: the mean)",
-    )
-    g.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
-    g.add_argument(
-        "--record-prob",
-        type=float,
-        default=d.record_prob,
-        help="per agent step and env, probability to start recording a segment "
-        "(default gives ~2,500 segments over 10M steps)",
-    )
-    g.add_argument("--segment-steps", type=int, default=d.segment_steps, help="agent steps per recorded segment")
-
-
-def _add_output_args(g: argparse._ArgumentGroup) -> None:
-    d = A2CConfig
-    g.add_argument("--save", help="checkpoint directory (default: saves/<name>)")
-    g.add_argument(
-        "--test-every", type=int, default=d.test_every, help="evaluate every this many agent steps (0: never)"
-    )
-    g.add_argument(
-        "--test-episodes",
-        type=int,
-        default=d.test_episodes,
-        help="full games (all lives) per evaluation, played side by side",
-    )
-    g.add_argument("--runs-dir", default=d.runs_dir, help="TensorBoard log root")
-
-
-def _add_speed_args(g: argparse._ArgumentGroup) -> None:
-    d = A2CConfig
-    g.add_argument(
-        "--bf16",
-        action="store_true",
-        help="run the networks' forward passes in bfloat16 autocast (weights and loss stay float32): "
-        "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
-    )
-    g.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (0: one per core)")
-    g.add_argument(
-        "--env-threads",
-        type=int,
-        default=d.env_threads,
-        metavar="N",
-        help="emulator threads of every vector env (training and evaluation; 0: the cores this process may "
-        "use, divided among the ranks of a torchrun on this machine)",
-    )
 
 
 # --- the loss -----------------------------------------------------------------------------------
@@ -1122,13 +923,3 @@ def report(run: Run, status: str, log: ProgressLog) -> None:
     print(f"  TensorBoard: {run.tb_dir}")
     if run.recorder is not None and run.recorder.segments_written:
         print(f"next: label them with  python 02_label_ui.py -d {cfg.db_path}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``01_a2c.py``: one process, or one rank of ``torchrun --nproc-per-node K 01_a2c.py ...``."""
-    cfg = A2CConfig.from_args(build_parser().parse_args(argv))
-    dist, dev = init_dist(cfg.dev)
-    try:
-        return train(replace(cfg, dev=dev), dist=dist)
-    finally:
-        dist.close()

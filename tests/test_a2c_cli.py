@@ -176,7 +176,7 @@ def test_help_explains_every_flag():
     not found inside ``--envs``)."""
     import re
 
-    from lib.a2c import build_parser
+    from lib.a2c_cli import build_parser
 
     parser = build_parser()
     text = parser.format_help()
@@ -232,7 +232,8 @@ def test_help_explains_every_flag():
 def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):
     """In-process (no subprocess per case): train() raises UserError, one line, before it writes
     anything."""
-    from lib.a2c import A2CConfig, build_parser, train
+    from lib.a2c import train
+    from lib.a2c_cli import parse_config
     from lib.errors import UserError
 
     monkeypatch.chdir(tmp_path)
@@ -249,7 +250,7 @@ def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, ar
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs", *args]
     with pytest.raises(UserError) as e:
-        train(A2CConfig.from_args(build_parser().parse_args(argv)))
+        train(parse_config(argv))
     assert message in str(e.value) and "\n" not in str(e.value)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
@@ -265,7 +266,7 @@ def test_force_starts_a_run_over(tmp_path):
 
 
 def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
-    from lib.a2c import A2CConfig, build_parser
+    from lib.a2c_cli import build_parser, parse_config
     from lib.model import best_checkpoint_name
 
     groups = [g.title for g in build_parser()._action_groups]
@@ -274,5 +275,5 @@ def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
     run.mkdir()
     for step in (10_000, 20_000):
         (run / best_checkpoint_name(step, step / 100, 500)).write_bytes(b"")
-    cfg = A2CConfig.from_args(build_parser().parse_args(["-n", "x", "-m", str(run)]))
+    cfg = parse_config(["-n", "x", "-m", str(run)])
     assert cfg.model == str(run / best_checkpoint_name(20_000, 200.0, 500))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import lib.a2c as a2c
+import lib.a2c_config as a2c_config
 from lib.envs import VecStep
 
 LIFE, LIVES = 7, 2
@@ -72,7 +73,7 @@ class FakeVec:
         self.closed = True
 
 
-def config(tmp_path: Path, **kw) -> a2c.A2CConfig:
+def config(tmp_path: Path, **kw) -> a2c_config.A2CConfig:
     base = dict(
         name="fake",
         envs=2,
@@ -83,7 +84,7 @@ def config(tmp_path: Path, **kw) -> a2c.A2CConfig:
         seed=1,
         threads=1,
     )
-    return a2c.A2CConfig(**{**base, **kw})
+    return a2c_config.A2CConfig(**{**base, **kw})
 
 
 def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(tmp_path, monkeypatch):
@@ -100,20 +101,20 @@ def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(t
     monkeypatch.setattr(a2c, "a2c_loss", spy)
     assert a2c.train(config(tmp_path), make_env=FakeVec) == 0
     assert len(seen) >= 3
-    g = a2c.GAMMA
+    g = a2c_config.GAMMA
     for batch, boot, v_now in seen:
-        assert len(batch) >= a2c.BATCH_SIZE
+        assert len(batch) >= a2c_config.BATCH_SIZE
         k = batch.steps
         np.testing.assert_allclose(batch.returns, (1 - g**k) / (1 - g), rtol=1e-5)  # k clipped rewards of 1
         np.testing.assert_allclose(batch.discount, g**k, rtol=1e-6)
-        assert k.max() == a2c.REWARD_STEPS and k.min() >= 1
+        assert k.max() == a2c_config.REWARD_STEPS and k.min() >= 1
         nxt = batch.boot_mode == 1
         assert (boot[~nxt] == 0).all()  # a life ended inside the window: no bootstrap past it
         np.testing.assert_allclose(boot[nxt], v_now[nxt], atol=1e-5)
         # A transition is cut short exactly where its life ended: start + k lands on a life's end.
         start = batch.obs[:, 0, 0, 0].astype(np.int64) // 9  # steps into the game when it started
         assert ((start[~nxt] + k[~nxt]) % LIFE == 0).all()
-        assert (k[nxt] == a2c.REWARD_STEPS).all()
+        assert (k[nxt] == a2c_config.REWARD_STEPS).all()
 
 
 def test_checkpoints_games_and_resume(tmp_path):

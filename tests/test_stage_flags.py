@@ -59,18 +59,7 @@ def test_help_lists_the_same_flags(script: str) -> None:
     assert sorted(flags_in_help(help_text(script))) == sorted(FLAGS[script])
 
 
-TORCH_AT_HELP = {"01_a2c.py"}  # settings still in the module that does the work
-
-
-@pytest.mark.parametrize(
-    "script",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="imports torch at --help"))
-        if s in TORCH_AT_HELP
-        else s
-        for s in sorted(FLAGS)
-    ],
-)
+@pytest.mark.parametrize("script", sorted(FLAGS))
 def test_help_imports_no_torch(script: str) -> None:
     code = (
         "import runpy, sys\n"
