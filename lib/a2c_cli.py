@@ -160,3 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         return train(replace(cfg, dev=dev), dist=dist)
     finally:
         dist.close()
+
+
+def to_argv(cfg: A2CConfig) -> list[str]:
+    """``cfg`` as ``01_a2c.py``'s documented flags (the long names), for a caller that runs the
+    stage as a process (``experiments/round.py``): ``parse_config(to_argv(cfg)) == cfg``. Only what
+    differs from the defaults is written, so the command reads as a person would type it."""
+    argv: list[str] = []
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(cfg, action.dest)
+        if value == action.default and not action.required:
+            continue
+        flag = max(action.option_strings, key=len)
+        argv += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, str(value)]
+    return argv

@@ -277,3 +277,27 @@ def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
         (run / best_checkpoint_name(step, step / 100, 500)).write_bytes(b"")
     cfg = parse_config(["-n", "x", "-m", str(run)])
     assert cfg.model == str(run / best_checkpoint_name(20_000, 200.0, 500))
+
+
+def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
+    """experiments/round.py runs 01_a2c.py from an A2CConfig: every field, set away from its
+    default, comes back the same through the documented command line."""
+    from dataclasses import fields
+
+    from lib.a2c_cli import parse_config, to_argv
+    from lib.a2c_config import A2CConfig
+
+    policy = tmp_path / "p.pt"
+    policy.write_bytes(b"")
+    every = A2CConfig(
+        name="x", env="BreakoutNoFrameskip-v4", dev="cuda:1", model=str(policy), finetune=True,
+        reward="r.pt", reward_penalty=0.5, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
+        record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
+        lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1,
+    )  # fmt: skip
+    at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
+    assert at_default == {"resume"}  # --resume excludes --force and -m: below
+    assert parse_config(to_argv(every)) == every
+    assert to_argv(A2CConfig(name="v0")) == ["--name", "v0"]
+    resume = A2CConfig(name="v0", resume=True, max_steps=64)
+    assert parse_config(to_argv(resume)) == resume
