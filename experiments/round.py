@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import math
 import os
@@ -54,21 +55,23 @@ from experiments.round_report import ARMS, across_seeds, plot, summarise, table,
 from lib.checkpoints import read_checkpoint
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
-from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
+from lib.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
 from lib.model import BEST_GLOB, best_checkpoint
 from lib.oracle import oracle_label_db
 from lib.play import play
 from lib.play_config import PlayConfig
 from lib.reward_eval import oracle_agreement, predict_segments, score
-from lib.reward_model import load_reward_model
+from lib.reward_model import load_reward_model, reward_training_finished
 from lib.reward_wrapper import normalised
+from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.seeds import MAX_SEED
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ROUND_MODES = ("random", "uncertain", "disagree")  # lib.sampling's modes that need no fine-tuning DB
+ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
+NO_MODEL_MODES = ("random", "rare")  # label all at once: no reward model picks the pairs
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share", "eval/low_climbs_per_game")
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
@@ -120,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sampling",
         choices=ROUND_MODES,
         default="random",
-        help="which pairs the teacher labels (02_label_ui.py --sampling): random, or the first third at random "
-        "and each further third picked by a reward model trained on the labels so far",
+        help="which pairs the teacher labels (02_label_ui.py --sampling): random; rare (no model: the segments "
+        "that look least like the others first); or the first third at random and each further third picked by "
+        "a reward model trained on the labels so far (uncertain, disagree)",
     )
     p.add_argument(
         "--reward-args",
@@ -129,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar='"FLAGS"',
         help='03_reward_train.py flags for every reward model of the round, e.g. "--ensemble 3" (disagree '
         "needs an ensemble); they name the round's directory, so that rounds with other flags never share one",
+    )
+    p.add_argument(
+        "--reward-only",
+        action="store_true",
+        help="the cheap inner loop: v0 (reused when done), round 1's labels and reward model, and its held-out "
+        "agreement per deciding rule; no fine-tune and no evaluation games",
     )
     p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
     p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
@@ -177,7 +187,7 @@ def check(args: argparse.Namespace) -> None:
         (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
-        (args.sampling != "random" and args.labels < 3, "--sampling needs --labels 3 or more (labeled in thirds)"),
+        (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
@@ -312,9 +322,9 @@ def round_name(args: argparse.Namespace) -> str:
 
 
 def label_steps(n: int, sampling: str) -> list[int]:
-    """Label counts at which a model is trained before the next pick: all at once at random, else
-    thirds (the first at random: no model exists yet)."""
-    return [n] if sampling == "random" else sorted({n // 3, 2 * n // 3, n})
+    """Label counts at which a model is trained before the next pick: all at once at random or
+    rare, else thirds (the first at random: no model exists yet)."""
+    return [n] if sampling in NO_MODEL_MODES else sorted({n // 3, 2 * n // 3, n})
 
 
 def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: Path | None = None) -> None:
@@ -325,7 +335,7 @@ def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: 
     if have >= upto:
         log(f"labels: {have} in {tdb}, reused")
         return
-    how = args.sampling if reward is not None else "random"
+    how = args.sampling if reward is not None or args.sampling in NO_MODEL_MODES else "random"
     s = oracle_label_db(
         tdb,
         upto - have,
@@ -353,9 +363,11 @@ def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace, older: list
 
 def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
     path = tdir / f"reward-{name}.pt"
-    if path.exists():
+    if reward_training_finished(path):
         log(f"reward model: {path}, reused")
         return path
+    if path.exists():
+        log(f"reward model: {path} was stopped early by hand (or is unreadable): training it again")
     cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", name, "-o", str(tdir), "--dev", args.dev]
     cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress"]
     cmd += [*shlex.split(args.reward_args), *map(str, dbs)]
@@ -366,35 +378,85 @@ def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: st
 # --- figures ------------------------------------------------------------------------------------
 
 
-def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, float]:
+def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, Any]:
     """The reward model on segments it never saw: agreement with the teacher over every held-out
-    pair the teacher prefers one of (a predicted tie counts as wrong), and ``--evaluate``'s
-    figures against the score (agreement, per-step correlation); and what the model pays where a
-    life is lost (``life_loss_rewards``)."""
+    pair the teacher prefers one of (a predicted tie counts as wrong), overall and per deciding rule
+    (``by_rule``: agreement and pairs); ``--evaluate``'s figures against the score (agreement,
+    per-step correlation); what the model pays where a life is lost (``life_loss_rewards``) and,
+    for SeaQuest, on steps with a low gauge and a diver aboard (``diver_step_rewards``)."""
     rm = load_reward_model(reward, device=dev)
     preds = predict_segments(rm, db, holdout)
     vs_score = score(preds)
     game = (db_game(db) or (None, None))[0]
-    facts, lost = [], []
+    facts, lost, frames = [], [], []
     for rel in preds.names:
         seg = read_segment(db, rel)
         facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
         lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
+        frames.append(seg.frames)
     judge = Teacher(teacher)
     i, j = np.triu_indices(len(facts), k=1)
-    verdicts = np.array([judge.judge(facts[a], facts[b]) for a, b in zip(i, j, strict=True)])
-    # The teacher's preference as a pair of "true returns", so that oracle_agreement's one rule
-    # applies: (1, 0) when #1 is preferred, (0, 1) for #2, NaN (left out) for ties and can't tell.
-    t1 = np.where(verdicts == FIRST_BETTER, 1.0, np.where(verdicts == SECOND_BETTER, 0.0, math.nan))
-    agree, n = oracle_agreement(preds.pred_returns[i], preds.pred_returns[j], t1, 1.0 - t1)
-    return {
+    verdicts = [judge.judge_rule(facts[a], facts[b]) for a, b in zip(i, j, strict=True)]
+    agree, n, by_rule = rule_agreement(preds.pred_returns[i], preds.pred_returns[j], verdicts)
+    figs: dict[str, Any] = {
         "teacher_agreement": agree,
         "teacher_pairs": n,
+        "by_rule": by_rule,
         "score_agreement": vs_score.agreement,
         "score_pairs": vs_score.pairs,
         "step_corr_heldout": vs_score.step_corr,
         "heldout_segments": vs_score.segments,
         **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
+    }
+    if frames and shows_gauge(game, frames[0].shape[1:]):
+        figs.update(diver_step_rewards(preds.pred_steps, frames))
+    return figs
+
+
+def rule_agreement(
+    pred1: np.ndarray, pred2: np.ndarray, verdicts: list[tuple[int, str]]
+) -> tuple[float, int, dict[str, dict[str, float]]]:
+    """Agreement of predicted returns with the teacher's verdicts (answer, rule) on the same pairs:
+    over every pair it prefers one of, and per rule that decided ({rule: {agreement, pairs}})."""
+    answers = np.array([a for a, _ in verdicts], dtype=np.int64).reshape(-1)
+    rules = np.array([r for _, r in verdicts], dtype=object).reshape(-1)
+    # The preference as a pair of "true returns", so that oracle_agreement's one rule applies:
+    # (1, 0) when #1 is preferred, (0, 1) for #2, NaN (left out) for ties and can't tell.
+    t1 = np.where(answers == FIRST_BETTER, 1.0, np.where(answers == SECOND_BETTER, 0.0, math.nan))
+    agree, n = oracle_agreement(pred1, pred2, t1, 1.0 - t1)
+    by_rule = {}
+    for rule in sorted(set(rules[np.isfinite(t1)].tolist())):
+        m = rules == rule
+        a, k = oracle_agreement(pred1[m], pred2[m], t1[m], 1.0 - t1[m])
+        by_rule[rule] = {"agreement": a, "pairs": k}
+    return agree, n, by_rule
+
+
+def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
+    """SeaQuest: the model's mean normalised reward (``lib.reward_wrapper.normalised``, the
+    learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
+    ``lib.seaquest``'s low) and a diver aboard, split by whether the sub climbs there (its top row
+    above the step before's, within a segment): ``diver_climb_z`` and ``diver_still_z`` (NaN where
+    there are none), with their counts.
+    A model that has learned what the surface teacher asks for pays more for the climb."""
+    z = normalised(pred_steps).astype(np.float64)
+    low_diver, climbing = [], []
+    for f in frames:
+        levels, rows, divers = oxygen_levels(f), sub_rows(f), divers_aboard(f)
+        draining, up = np.zeros(len(f), dtype=bool), np.zeros(len(f), dtype=bool)
+        draining[1:] = levels[1:] <= levels[:-1]  # not filling (a segment's first step: not judged)
+        low_diver.append(draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0))
+        up[1:] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
+        climbing.append(up)
+    if len(z) != sum(len(f) for f in frames):
+        raise ValueError(f"{len(z)} predictions for {sum(len(f) for f in frames)} steps")
+    low, up = np.concatenate(low_diver), np.concatenate(climbing)
+    climb, still = low & up, low & ~up
+    return {
+        "diver_climb_z": float(z[climb].mean()) if climb.any() else math.nan,
+        "diver_climb_steps": int(climb.sum()),
+        "diver_still_z": float(z[still].mean()) if still.any() else math.nan,
+        "diver_still_steps": int(still.sum()),
     }
 
 
@@ -470,28 +532,40 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
 
 
 def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``."""
-    if cache.exists():
-        d = json.loads(cache.read_text())
-        if d.get("policy") == str(policy) and d.get("games") == args.eval_games and "climbs" in d:
-            return d
-    log(f"evaluating {policy}: {args.eval_games} games")
-    cfg = PlayConfig(model=str(policy), episodes=args.eval_games, dev=args.dev, seed=EVAL_SEED)
-    results = play(cfg, log=lambda m: None)
-    d = {
-        "policy": str(policy),
-        "games": args.eval_games,
-        "scores": [r.score for r in results],
-        "lengths": [r.steps for r in results],
-        "refills": [r.oxygen.refills if r.oxygen else None for r in results],
-        "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
-        "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
-        "climbs": [_surface(r, "low_climbs") for r in results],
-        "surface_steps": [_surface(r, "surface_steps") for r in results],
-    }
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(cache, json.dumps(d).encode())
-    return d
+    """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``,
+    keyed on the policy's content (a run resumed to more steps writes a new ``last.pt`` at the
+    same path) and the games."""
+
+    def games() -> dict[str, Any]:
+        log(f"evaluating {policy}: {args.eval_games} games")
+        cfg = PlayConfig(model=str(policy), episodes=args.eval_games, dev=args.dev, seed=EVAL_SEED)
+        results = play(cfg, log=lambda m: None)
+        return {
+            "policy": str(policy),
+            "games": args.eval_games,
+            "scores": [r.score for r in results],
+            "lengths": [r.steps for r in results],
+            "refills": [r.oxygen.refills if r.oxygen else None for r in results],
+            "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
+            "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
+            **{name: [_surface(r, key) for r in results] for name, key in SURFACE_FIGURES.items()},
+        }
+
+    return cached_json(cache, games, {"policy": file_digest(policy), "games": args.eval_games, "seed": EVAL_SEED})
+
+
+# evaluate_arm's record: its name -> the SurfaceCounts field per game
+SURFACE_FIGURES = {"climbs": "low_climbs", "surface_steps": "surface_steps", "rescues": "rescues"}
+SURFACE_FIGURES["diver_steps"] = "diver_steps"
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes: what a cached figure of it was made from."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], list[float]]:
@@ -524,12 +598,19 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def cached_json(path: Path, make: Any) -> Any:
-    """``make()``'s JSON-able result, kept in ``path`` and read back when the command runs again."""
+def cached_json(path: Path, make: Any, key: dict[str, Any] | None = None) -> Any:
+    """``make()``'s JSON-able result, kept in ``path`` with ``key`` (what it was made from: a
+    file's digest, the settings) and read back when the command runs again with the same key;
+    made again when the key differs or the file is unreadable."""
     if path.exists():
-        return json.loads(path.read_text())
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("made_from") == key and "value" in kept:
+            return kept["value"]
     value = make()
-    atomic_write(path, json.dumps(value).encode())
+    atomic_write(path, json.dumps({"made_from": key, "value": value}).encode())
     return value
 
 
@@ -591,9 +672,10 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     return {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
 
 
-def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
-    """Round ``k``: labels of its DB, a reward model of every label so far, both fine-tunes, the
-    evaluation games; its rows, reward-model figures, label evidence, watch and curves."""
+def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
+    """Round ``k``'s inner loop: labels of its DB, a reward model of every label so far, its
+    held-out figures and the labels' evidence (the reward model and its ``reward_model`` and
+    ``evidence`` figures)."""
     args, rdir = sr.args, sr.tdir / f"r{k}"
     rdir.mkdir(parents=True, exist_ok=True)
     src, split = round_source(sr, k)
@@ -601,9 +683,24 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
     teacher_db(src, ldb, split["train"])
     reward = label_and_train(ldb, rdir, args, [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)])
     figs = cached_json(
-        rdir / "reward_heldout.json", lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev)
+        rdir / "reward_heldout.json",
+        lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev),
+        {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(split["holdout"])},
     )
-    evidence = cached_json(rdir / "evidence.json", lambda: teacher_evidence(src, ldb, split["train"], args.teacher))
+    evidence = cached_json(
+        rdir / "evidence.json",
+        lambda: teacher_evidence(src, ldb, split["train"], args.teacher),
+        {"labels": file_digest(ldb / LABELS_FILE), "teacher": args.teacher},
+    )
+    return reward, {"reward_model": figs, "evidence": evidence}
+
+
+def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
+    """Round ``k``: ``reward_round``, both fine-tunes, the evaluation games; its rows, reward-model
+    figures, label evidence, watch and curves."""
+    args, rdir = sr.args, sr.tdir / f"r{k}"
+    reward, figures = reward_round(sr, k)
+    figs = figures["reward_model"]
     arms = fine_tune_arms(sr, k, reward)
     policies = {"v0": sr.v0_policy, **{arm: d / "last.pt" for arm, (_, d) in arms.items()}}
     evals = args.out / "eval"
@@ -617,29 +714,57 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
         "surface_share": rows["rlhf"].get("surface_share", math.nan),
     }
     curves = {arm: {tag: tb_scalars(tb, name, tag) for tag in CURVE_TAGS} for arm, (name, _) in arms.items()}
-    return {"rows": rows, "reward_model": figs, "evidence": evidence, "watch": watch, "curves": curves}
+    return {"rows": rows, **figures, "watch": watch, "curves": curves}
 
 
-def print_round_notes(k: int, r: dict[str, Any]) -> None:
-    """The reward model's figures, how the labels were decided, and the reward-hacking watch."""
-    rm, ev, w = r["reward_model"], r["evidence"], r["watch"]
+def print_reward_notes(k: int, r: dict[str, Any]) -> None:
+    """The reward model's held-out figures (overall, per deciding rule, on low-gauge diver steps)
+    and how the round's labels were decided."""
+    rm, ev = r["reward_model"], r["evidence"]
+    during = rm.get("step_corr_finetune")
     print(
         f"round {k}: reward model on {rm['heldout_segments']} never-seen segments of the round's DB: "
         f"{100 * rm['teacher_agreement']:.1f}% agreement with the teacher ({rm['teacher_pairs']} pairs), "
         f"{100 * rm['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
-        f"{rm['step_corr_heldout']:+.2f} (held out), {rm['step_corr_finetune']:+.2f} (during the rlhf fine-tune)"
+        f"{rm['step_corr_heldout']:+.2f} (held out)"
+        + (f", {during:+.2f} (during the rlhf fine-tune)" if during is not None else "")
     )
+    if by_rule := rm.get("by_rule"):
+        parts = [f"{rule} {100 * v['agreement']:.1f}% ({v['pairs']} pairs)" for rule, v in by_rule.items()]
+        print("  held-out agreement per deciding rule: " + ", ".join(parts))
+    if "diver_climb_z" in rm:
+        print(
+            f"  mean normalised reward on held-out steps with a low gauge and a diver aboard: climbing "
+            f"{rm['diver_climb_z']:+.2f} ({rm['diver_climb_steps']} steps), not climbing "
+            f"{rm['diver_still_z']:+.2f} ({rm['diver_still_steps']} steps)"
+        )
     rules = ", ".join(f"{n} {rule}" for rule, n in sorted(ev.get("rules", {}).items(), key=lambda x: -x[1]))
     print(
         f"  the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
         f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
         f"{ev['cant_tell']} can't tell"
         + (f"; by the rule recorded: {rules}" if rules else "")
+        + f"; {behaviour_labels(ev)} decided by a rule the score does not pay for"
         + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
         f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
     )
+
+
+SCORE_RULES = ("score", "tie", "noise", "cant_tell")  # rules that are the score, or no preference
+
+
+def behaviour_labels(ev: dict[str, Any]) -> int:
+    """Labels decided by a rule the score does not pay for within the clip (death, refill,
+    diver_climb, rescue, idle, oxygen_death, climb), by the rule each label recorded."""
+    return sum(n for rule, n in ev.get("rules", {}).items() if rule not in SCORE_RULES)
+
+
+def print_round_notes(k: int, r: dict[str, Any]) -> None:
+    """``print_reward_notes`` and the reward-hacking watch."""
+    print_reward_notes(k, r)
+    w = r["watch"]
     print(
-        f"  reward-hacking watch: rlhf's predicted vs true game return correlation {w['return_corr']:+.2f} "
+        f"  reward-hacking watch: rlhf's paid (normalised) vs true game return correlation {w['return_corr']:+.2f} "
         f"(mean over its fine-tune), share of its eval steps at the surface "
         f"{100 * w['surface_share']:.1f}%"
     )
@@ -695,9 +820,14 @@ def main(argv: list[str] | None = None) -> None:
     per_seed = []
     for seed in args.seeds:
         sr = run_v0(seed_args(args, seed))
+        if args.reward_only:  # the inner loop: round 1's labels and reward model, no fine-tune
+            reward, figures = reward_round(sr, 1)
+            print(f"\n## seed {seed}: {round_name(sr.args)}, reward model {reward}\n")
+            print_reward_notes(1, figures)
+            continue
         results = [run_round(sr, k) for k in range(1, args.rounds + 1)]
         per_seed.append(report_seed(sr, results, t0))
-    if len(args.seeds) > 1:
+    if len(args.seeds) > 1 and not args.reward_only:
         report_seeds(args, per_seed)
 
 

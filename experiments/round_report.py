@@ -5,7 +5,8 @@ A row (``summarise``) holds the mean of the arm's evaluation games: score with i
 length, and for SeaQuest the behaviour figures: voluntary refills, lives lost, the share of lost
 lives lost to oxygen, low-gauge climbs toward the surface (what the surface teacher rewards) and
 the share of steps spent at the surface (the reward-hacking watch: the book's third round ended
-with an agent parked there).
+with an agent parked there), divers rescued (picked up) per game and the share of steps with a
+diver aboard (what a refill needs).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ COLUMNS = (
     ("oxygen_share", "lost to oxygen", "{:.0%}"),
     ("climbs", "low-gauge climbs/game", "{:.2f}"),
     ("surface_share", "at surface", "{:.1%}"),
+    ("rescues", "divers rescued/game", "{:.2f}"),
+    ("diver_share", "diver aboard", "{:.0%}"),
 )
 
 
@@ -44,6 +47,9 @@ def summarise(d: dict[str, Any]) -> dict[str, float]:
         out["climbs"] = float(np.mean(d["climbs"]))
         steps = sum(d["lengths"])
         out["surface_share"] = sum(d["surface_steps"]) / steps if steps else 0.0
+    if d.get("rescues") and all(v is not None for v in d["rescues"]):
+        out["rescues"] = float(np.mean(d["rescues"]))
+        out["diver_share"] = sum(d["diver_steps"]) / sum(d["lengths"]) if sum(d["lengths"]) else 0.0
     return out
 
 

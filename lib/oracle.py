@@ -12,7 +12,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
-from lib.sampling import MODEL_MODES, SegmentBeliefs, choose_pairs
+from lib.sampling import MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, db_game, list_segments, read_segment
 from lib.teachers import GAUGE_TEACHERS, SegmentFacts, Teacher, segment_facts
@@ -127,6 +127,7 @@ def oracle_label_db(
         held = game or "an unknown game"
         raise UserError(f"the {teacher} teacher reads SeaQuest's oxygen gauge; DB {root} holds {held}")
     beliefs = _beliefs(root, game, sampling, reward)
+    looks = SegmentLooks(root) if sampling == "rare" else None
     facts_of = _FactsCache(root, game)
     labels: list[Label] = []
     kept = 0
@@ -147,7 +148,7 @@ def oracle_label_db(
     with labeling_lock(root, on_wait=lambda: warn(f"another labeler holds {root / LOCK_FILE}: waiting for it")):
         taken = set(load_labels(root))
         while len(labels) < n_pairs:
-            pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool)
+            pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool, looks)
             if not pairs:
                 break
             for a, b in pairs:

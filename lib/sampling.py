@@ -8,6 +8,12 @@
 - ``exploits``: the segments whose predicted return is highest where their true return is low
   (both standardised over the DB, rank by the difference) come first, each paired with a random
   segment: where a fine-tuned agent fools the model. Needs a DB with true rewards.
+- ``rare`` (no model, any game): the segments that look least like the others come first, each
+  paired with a random segment, the least-labelled first. A segment's look is its mean frame,
+  averaged over ``LOOK_BLOCK`` pixel blocks (colour kept); its rarity the mean distance to its
+  ``RARE_NEIGHBOURS`` nearest looks in the DB. What a random pair seldom shows (in SeaQuest a
+  low, red gauge with divers aboard, a sub at the surface) is what a person's label on it is
+  worth most for, and random pairs spend most labels on the common case.
 
 The predicted preference of a pair is the Bradley-Terry probability the reward model is trained
 on: P(a > b) = sigmoid(R_a - R_b), with R the sum of a member's per-step predictions over the
@@ -31,9 +37,11 @@ from lib.segments import SegmentError, read_segment
 if TYPE_CHECKING:  # torch is imported only where a model is loaded
     from lib.reward_model import RewardPredictor
 
-SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits")
+SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits", "rare")
 MODEL_MODES = ("uncertain", "disagree", "exploits")  # the modes that need --reward
 POOL_FACTOR = 10  # default pool of candidate pairs: 10x the pairs wanted
+LOOK_BLOCK = 6  # rare: a look averages blocks of 6x6 pixels (210x160 -> 35x26)
+RARE_NEIGHBOURS = 5  # rare: rarity is the mean distance to this many nearest looks
 
 Pair = tuple[str, str]
 
@@ -118,6 +126,52 @@ def exploit_ranking(views: dict[str, SegmentView]) -> list[tuple[str, float]]:
     return [(rels[i], float(gap[i])) for i in order]
 
 
+class SegmentLooks:
+    """``rare``'s view of one DB: each readable segment's look (its mean frame over blocks of
+    ``LOOK_BLOCK`` pixels) and rarity, computed once for the segments asked about."""
+
+    def __init__(self, root: str | os.PathLike, warn: Callable[[str], None] = warn):
+        self.root = Path(root)
+        self.warn = warn
+        self.looks: dict[str, np.ndarray | None] = {}
+
+    def look(self, rel: str) -> np.ndarray | None:
+        if rel not in self.looks:
+            try:
+                frames = read_segment(self.root, rel).frames
+            except SegmentError as e:
+                self.warn(f"skipped: {e}")
+                frames = None
+            self.looks[rel] = None if frames is None else block_mean(frames.mean(0, dtype=np.float32))
+        return self.looks[rel]
+
+    def rarity(self, segments: list[str]) -> dict[str, float]:
+        """Each readable segment's mean distance to its nearest looks (of the same shape) among
+        ``segments``: larger is rarer."""
+        looks = {rel: v for rel in segments if (v := self.look(rel)) is not None}
+        by_shape: dict[tuple[int, ...], list[str]] = {}
+        for rel, v in looks.items():
+            by_shape.setdefault(v.shape, []).append(rel)
+        out: dict[str, float] = {}
+        for rels in by_shape.values():
+            x = np.stack([looks[r].ravel() for r in rels]).astype(np.float64)
+            sq = (x * x).sum(1)
+            d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0))
+            np.fill_diagonal(d, np.inf)
+            k = min(RARE_NEIGHBOURS, len(rels) - 1)
+            near = np.sort(d, axis=1)[:, :k].mean(1) if k > 0 else np.zeros(len(rels))
+            out.update(zip(rels, near.tolist(), strict=True))
+        return out
+
+
+def block_mean(frame: np.ndarray, block: int = LOOK_BLOCK) -> np.ndarray:
+    """(H, W[, C]) -> (H // block, W // block[, C]) block averages (the edge rows and columns that
+    do not fill a block are left out)."""
+    h, w = frame.shape[0] // block * block, frame.shape[1] // block * block
+    x = frame[:h, :w].reshape(h // block, block, w // block, block, *frame.shape[2:])
+    return x.mean(axis=(1, 3))
+
+
 def choose_pairs(
     segments: list[str],
     taken: set[tuple[str, str]],
@@ -126,13 +180,19 @@ def choose_pairs(
     mode: str = "random",
     beliefs: SegmentBeliefs | None = None,
     pool: int | None = None,
+    looks: SegmentLooks | None = None,
 ) -> list[Pair]:
     """Up to ``count`` unlabeled pairs of ``segments`` (none in ``taken``), picked by ``mode``;
-    the order within a pair is random. ``beliefs`` is needed for every mode but random."""
+    the order within a pair is random. ``beliefs`` is needed for the model modes, ``looks`` for
+    rare."""
     if mode not in SAMPLING_MODES:
         raise ValueError(f"unknown sampling mode {mode!r}")
     if mode == "random" or count <= 0:
         return sample_unlabeled_pairs(segments, taken, count, rng)
+    if mode == "rare":
+        if looks is None:
+            raise ValueError("sampling 'rare' needs the segments' looks")
+        return _rare_pairs(segments, taken, count, rng, looks)
     if beliefs is None:
         raise ValueError(f"sampling {mode!r} needs the reward model's beliefs")
     if mode == "exploits":
@@ -161,9 +221,35 @@ def _exploit_pairs(
     if not ranking and any(v is not None for v in views.values()):
         raise UserError(f"--sampling exploits needs true rewards; DB {beliefs.root} has none (the book's format)")
     readable = [r for r, v in views.items() if v is not None]
+    return _paired_with_random([rel for rel, _ in ranking], readable, taken, count, rng)
+
+
+def _rare_pairs(
+    segments: list[str], taken: set[tuple[str, str]], count: int, rng: np.random.Generator, looks: SegmentLooks
+) -> list[Pair]:
+    """``rare_ranking``'s segments in order, each with a random partner."""
+    ranking = rare_ranking(segments, taken, looks)
+    return _paired_with_random(ranking, sorted(ranking), taken, count, rng)
+
+
+def rare_ranking(segments: list[str], taken: set[tuple[str, str]], looks: SegmentLooks) -> list[str]:
+    """The readable segments, the least-labelled (in ``taken``) first, the rarest first among
+    equals."""
+    rarity = looks.rarity(segments)
+    labelled: dict[str, int] = {}
+    for a, b in taken:
+        labelled[a], labelled[b] = labelled.get(a, 0) + 1, labelled.get(b, 0) + 1
+    return sorted(rarity, key=lambda rel: (labelled.get(rel, 0), -rarity[rel]))
+
+
+def _paired_with_random(
+    ranking: list[str], readable: list[str], taken: set[tuple[str, str]], count: int, rng: np.random.Generator
+) -> list[Pair]:
+    """Up to ``count`` pairs: the segments of ``ranking`` in order, each with a random readable
+    partner it has no label with (in random order within the pair)."""
     seen = set(taken)
     out: list[Pair] = []
-    for rel, _gap in ranking:
+    for rel in ranking:
         if len(out) >= count:
             break
         partners = [p for p in readable if p != rel and pair_key(rel, p) not in seen]

@@ -245,3 +245,102 @@ def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path
     ev = teacher_evidence(tmp_path, tmp_path, [], "surface")
     assert ev["rules"] == {"climb": 2, "idle": 1, "refill": 1, "score": 1, "tie": 1}
     assert (ev["by_refill"], ev["by_score"], ev["by_oxygen_death"], ev["ties"], ev["labels"]) == (1, 1, 0, 1, 6)
+
+
+def test_agreement_per_deciding_rule() -> None:
+    """Each rule's pairs scored on their own: a model that gets the score right and the diver climb
+    wrong shows it."""
+    from experiments.round import rule_agreement
+
+    verdicts = [(FIRST_BETTER, "score")] * 4 + [(SECOND_BETTER, "diver_climb")] * 2 + [(EQUAL, "tie")]
+    verdicts += [(FIRST_BETTER, "death")]
+    pred1 = np.array([2.0, 2.0, 2.0, 0.0, 2.0, 2.0, 1.0, 1.0])  # the 4th score pair and both climbs wrong
+    pred2 = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    agree, n, by_rule = rule_agreement(pred1, pred2, verdicts)
+    assert n == 7 and agree == pytest.approx(4 / 7)  # the tie is left out
+    assert by_rule == {
+        "death": {"agreement": 1.0, "pairs": 1},
+        "diver_climb": {"agreement": 0.0, "pairs": 2},
+        "score": {"agreement": 0.75, "pairs": 4},
+    }
+
+
+def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
+    """On real frames (CLIMB: a diver aboard from step 182, the gauge low from step 416, the climb
+    from step 486): a model that pays on the climbing steps pays more there than on the rest."""
+    from test_seaquest import CLIMB_PLAN, CLIMB_START, CLIMB_TOP
+
+    from bench.dbs import play_plan
+    from experiments.round import diver_step_rewards
+
+    frames = play_plan(CLIMB_PLAN).frames
+    pred = np.zeros(len(frames))
+    pred[CLIMB_START + 1 : CLIMB_TOP + 1] = 1.0
+    figs = diver_step_rewards(pred, [frames[:300], frames[300:]])  # two segments
+    # Low gauge with a diver: steps 416-508 (from 509 the gauge fills: not low); the sub climbs on
+    # 22 of them.
+    assert figs["diver_climb_steps"] + figs["diver_still_steps"] == CLIMB_TOP + 1 - 416
+    assert figs["diver_climb_steps"] == 22
+    assert figs["diver_climb_z"] > figs["diver_still_z"] + 1
+    with pytest.raises(ValueError):
+        diver_step_rewards(pred[:-1], [frames])
+
+
+def test_cached_figures_are_keyed_on_what_made_them(tmp_path: Path) -> None:
+    """A round reuses an evaluation only of the same policy bytes (a resumed run writes a new
+    last.pt at the same path) and settings; an unreadable cache is made again."""
+    from experiments.round import cached_json, file_digest
+
+    policy = tmp_path / "last.pt"
+    policy.write_bytes(b"policy at step 1000")
+    made = []
+
+    def make() -> list[int]:
+        made.append(1)
+        return [len(made)]
+
+    cache = tmp_path / "eval.json"
+    assert cached_json(cache, make, {"policy": file_digest(policy), "games": 30}) == [1]
+    assert cached_json(cache, make, {"policy": file_digest(policy), "games": 30}) == [1]  # reused
+    policy.write_bytes(b"policy at step 2000")  # resumed to more steps: same path, new content
+    assert cached_json(cache, make, {"policy": file_digest(policy), "games": 30}) == [2]
+    assert cached_json(cache, make, {"policy": file_digest(policy), "games": 10}) == [3]
+    cache.write_text("{not json")
+    assert cached_json(cache, make, {"policy": file_digest(policy), "games": 10}) == [4]
+
+
+def test_labels_decided_by_a_rule_the_score_does_not_pay_for() -> None:
+    from experiments.round import behaviour_labels
+
+    ev = {"rules": {"death": 3, "diver_climb": 2, "rescue": 1, "idle": 1, "refill": 1, "score": 40, "tie": 50}}
+    assert behaviour_labels(ev | {"rules": {**ev["rules"], "noise": 2, "cant_tell": 1}}) == 8
+    assert behaviour_labels({}) == 0
+
+
+@pytest.mark.slow
+def test_reward_only_is_the_inner_loop(tmp_path: Path) -> None:
+    """--reward-only: v0, round 1's labels and reward model with its per-rule agreement; no
+    fine-tune, no evaluation games."""
+    out = tmp_path / "round"
+    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY, "--reward-only"]
+    cmd[cmd.index("oxygen")] = "surface"
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "held-out agreement per deciding rule" in p.stdout and "decided by a rule the score does not pay" in p.stdout
+    assert "round-rlhf" not in p.stdout and "round-control" not in p.stdout and "evaluating" not in p.stdout
+    tdir = out / "seed0" / "surface-15"
+    assert (tdir / "r1" / "reward-round.pt").is_file() and not (tdir / "r1" / "rlhf").exists()
+    held = json.loads((tdir / "r1" / "reward_heldout.json").read_text())["value"]
+    assert "by_rule" in held and "diver_climb_z" in held
+    # A reward model stopped by hand (Ctrl-C in stage 3) is not reused: it is trained again.
+    import torch
+
+    reward = tdir / "r1" / "reward-round.pt"
+    ck = torch.load(reward, weights_only=True)
+    torch.save({**ck, "finished": False, "stopped": "stopped early by hand (Ctrl-C)"}, reward)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stopped early by hand" in again.stdout and "reward: $" in again.stdout
+    assert torch.load(reward, weights_only=True)["finished"] is True
+    third = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert f"reward model: {reward}, reused" in third.stdout and "$ " not in third.stdout

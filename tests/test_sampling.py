@@ -159,3 +159,68 @@ def test_label_cli_sampling_flags(db, tmp_path: Path) -> None:
     assert "2 oracle labels (score teacher, uncertain pairs)" in p.stdout
     new = [lab for lab in load_labels(root).values() if lab.source == "oracle"]
     assert {lab.key for lab in new} == {pair_key(segs[2], segs[3]), pair_key(segs[0], segs[1])}
+
+
+@pytest.fixture(scope="module")
+def rare_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
+    """Real SeaQuest clips: six of a sub parked at the surface with a full gauge (alike), and one
+    of a sub deep down with a low, red gauge and a diver aboard (the odd one)."""
+    import dataclasses
+
+    from test_seaquest import CLIMB_START, PARKED_PLAN, STAY_PLAN
+
+    from bench.dbs import cut, play_plan
+    from lib.segments import save_segment
+
+    root = tmp_path_factory.mktemp("rare") / "db"
+    parked, stay = play_plan(PARKED_PLAN), play_plan(STAY_PLAN)
+    clips = [cut(parked, 40 + 10 * k, 90 + 10 * k) for k in range(6)]
+    clips.append(cut(stay, CLIMB_START - 26, CLIMB_START + 24))
+    rels = [
+        save_segment(root, dataclasses.replace(c, env_index=i), fsync=False).relative_to(root).as_posix()
+        for i, c in enumerate(clips)
+    ]
+    return root, rels, rels[-1]
+
+
+def test_rare_asks_first_about_the_clip_that_looks_least_like_the_others(rare_db) -> None:
+    from lib.sampling import SegmentLooks, block_mean, rare_ranking
+
+    root, rels, odd = rare_db
+    assert block_mean(np.arange(24.0).reshape(4, 6), 2).tolist() == [[3.5, 5.5, 7.5], [15.5, 17.5, 19.5]]
+    looks = SegmentLooks(root)
+    rarity = looks.rarity(rels)
+    assert max(rarity, key=rarity.get) == odd and len(rarity) == 7
+    assert rare_ranking(rels, set(), looks)[0] == odd
+    rng = np.random.default_rng(0)
+    pairs = choose_pairs(rels, set(), 3, rng, "rare", looks=looks)
+    assert len(pairs) == 3 and odd in pairs[0] and len({pair_key(*p) for p in pairs}) == 3
+    # Once the odd clip has a label, the least-labelled come first: a clip never labelled leads.
+    taken = {pair_key(*pairs[0])}
+    ranking = rare_ranking(rels, taken, looks)
+    assert set(ranking[-2:]) == set(pairs[0]) and ranking[-2] == odd  # labelled once: last, the rarer first
+    again = choose_pairs(rels, taken, 1, rng, "rare", looks=looks)
+    assert ranking[0] in again[0]
+    with pytest.raises(ValueError, match="looks"):
+        choose_pairs(rels, set(), 1, rng, "rare")
+
+
+def test_oracle_with_rare_labels_the_odd_clip_first(rare_db, tmp_path: Path) -> None:
+    import shutil
+
+    root, _, odd = rare_db
+    db = tmp_path / "db"
+    shutil.copytree(root, db)
+    summary = oracle_label_db(db, 1, seed=0, teacher="surface", sampling="rare")
+    (lab,) = read_label_log(db)
+    assert summary.labeled == 1 and odd in (lab.sample1, lab.sample2) and lab.extra["sampling"] == "rare"
+    # The page (the looks computed before serving) offers the least-labelled rarest next: not the odd one.
+    from lib.label_ui.server import rare_view
+    from lib.sampling import SegmentLooks, rare_ranking
+
+    d = DbState.open(0, db)
+    app = AppState([d], pairs=2, seed=0, sampling="rare", looks=rare_view([d]))
+    items = app.sample(2, np.random.default_rng(0), "tab", set())
+    ranking = rare_ranking(d.usable_segments(), {lab.key}, SegmentLooks(db))
+    assert len(items) == 2 and ranking[0] in (items[0].a, items[0].b) and ranking[1] in (items[1].a, items[1].b)
+    assert lab.key not in {it.key for it in items}

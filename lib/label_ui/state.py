@@ -37,7 +37,7 @@ from lib.labels import (
     parse_label_lines,
     read_label_log,
 )
-from lib.sampling import SegmentBeliefs, SegmentView, choose_pairs, preference
+from lib.sampling import SegmentBeliefs, SegmentLooks, SegmentView, choose_pairs, preference
 from lib.segments import list_segments, segment_path
 
 PairKey = tuple[str, str]
@@ -303,11 +303,13 @@ class AppState:
         beliefs: list[SegmentBeliefs] | None = None,
         pool: int | None = None,
         control_rate: float = 0.0,
+        looks: list[SegmentLooks] | None = None,
     ):
         self.dbs = dbs
         self.pairs = pairs
         self.sampling = sampling  # lib.sampling mode; beliefs: the reward model's view of each DB
         self.beliefs = beliefs
+        self.looks = looks  # --sampling rare: each DB's segment looks
         self.pool = pool
         self.control_rate = control_rate
         self.labeler = labeler
@@ -347,7 +349,9 @@ class AppState:
             taken.update(key for (i, key) in self.reserved if i == d.index)
             taken.update(key for (i, key) in exclude if i == d.index)
             beliefs = self.beliefs[d.index] if self.beliefs is not None else None
-            for a, b in choose_pairs(d.usable_segments(), taken, int(k), rng, self.sampling, beliefs, self.pool):
+            looks = self.looks[d.index] if self.looks is not None else None
+            segs = d.usable_segments()
+            for a, b in choose_pairs(segs, taken, int(k), rng, self.sampling, beliefs, self.pool, looks):
                 out.append(PairItem(d.index, a, b))
         if self.sampling == "random":  # the model's modes keep their order: most informative first
             order = rng.permutation(len(out))
