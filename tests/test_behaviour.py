@@ -61,3 +61,25 @@ def test_games_without_a_gauge_get_no_observer() -> None:
     assert len(behaviour_observers(Venv())) == 1
     Venv.frames = np.zeros((2, 105, 80, 3), dtype=np.uint8)  # downscaled: no gauge to read
     assert behaviour_observers(Venv()) == []
+
+
+def test_the_observer_counts_a_rescued_diver() -> None:
+    """REFILL_PLAN picks up a diver at step 102 and surfaces with it (a refill at 146, the diver
+    given up at 153): one rescue, the steps with a diver aboard, in the game's figures."""
+    from bench.dbs import REFILL_PLAN
+
+    seed, steps = REFILL_PLAN
+    venv = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
+    try:
+        index = {name: i for i, name in enumerate(venv.action_meanings)}
+        plan = iter([index[a] for a, n in steps for _ in range(n)])
+        length = sum(n for _, n in steps)
+        act = lambda obs: np.array([next(plan)])  # noqa: E731
+        results = play_games(venv, act, 1, observers=behaviour_observers(venv), max_steps=length)
+    finally:
+        venv.close()
+    assert results is not None
+    res = results[0]
+    assert (res.surface.rescues, res.surface.diver_steps, res.oxygen.refills) == (1, 153 - 102, 1)
+    stats = behaviour_stats(results)
+    assert stats["rescues_per_game"] == 1 and stats["diver_share"] == (153 - 102) / length
