@@ -1,26 +1,19 @@
 """A2C on Atari (the book's settings), optionally recording segments or learning a reward model.
 
-Reads top to bottom as the roles of a run, as CleanRL's files read. SB3's names mean other things
-here: ``train`` is the whole loop (SB3's ``learn``), ``Learner.learn`` is one gradient step (SB3's
-``train``) and ``act_step`` acts in every env (a step of SB3's ``collect_rollouts``). In order:
-the loss (the settings, ``A2CConfig``, are in ``lib/a2c_config.py``; the command line in
-``lib/a2c_cli.py``), the checks that run before anything
-is written (``check_run``), building the run (``build_run``: envs with the wrapper stack in one
-place, nets, optimiser, resume), one learner step (``Learner``), game statistics (``GameStats``),
-progress logging (``ProgressLog``), evaluation and checkpoints, and ``train``: the loop.
+Reads top to bottom, as CleanRL's files read: the loss, one learner step (``Learner``), the
+progress log, and ``train``: the loop. SB3's names mean other things here: ``train`` is the whole
+loop (SB3's ``learn``), ``Learner.learn`` is one gradient step (SB3's ``train``) and ``act_step``
+acts in every env (a step of SB3's ``collect_rollouts``). The settings (``A2CConfig``) are in
+``lib/a2c_config.py``, the command line in ``lib/a2c_cli.py``, and the run's state and files
+(checks, building, game statistics, evaluation, checkpoints) in ``lib/a2c_run.py``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import signal
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,54 +21,31 @@ import torch
 import torch.nn.functional as F
 
 from lib.a2c_config import (
-    ADAM_EPS,
     BATCH_SIZE,
     CLIP_GRAD,
     ENTROPY_BETA,
-    FINETUNE_LEARNING_RATE,
     GAMMA,
-    LEARNING_RATE,
-    LR_DECAY_STEPS,
-    MAX_RECORD_ENVS,
-    MAX_STEP_COUNT,
     REWARD_STEPS,
     A2CConfig,
 )
-from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
-from lib.checkpoints import (
-    atomic_torch_save,
-    check_fields,
-    float_in,
-    int_in,
-    list_of,
-    optional,
-    read_checkpoint,
-    state_is_finite,
-    text,
+from lib.a2c_run import (
+    GameStats,
+    NonFiniteError,
+    Run,
+    autocast,
+    build_run,
+    evaluate_and_save,
 )
-from lib.distributed import Dist, NullWriter, env_uniforms
-from lib.envs import AtariVec, VecStep, default_env_threads, rom_name
-from lib.errors import UserError
+from lib.distributed import Dist, RankLost, env_uniforms
+from lib.envs import AtariVec
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
-from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
-    best_checkpoint_name,
-    load_policy,
-    policy_checkpoint,
-    remove_run_checkpoints,
-    resolve_device,
-    run_checkpoints,
 )
-from lib.recorder import EpisodeRecorderWrapper
-from lib.seeds import EVAL_SEED_OFFSET
-from lib.segments import MAX_ENV_STEP, check_db_game
-from lib.stats import StepCorrelation, pearson
-from lib.tb import hparams_table, run_dir
+from lib.stats import StepCorrelation
 
 # How the run reports.
 LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
-RECENT_GAMES = 100  # the console's running mean score is over this many finished games
 LOSS_MEAN_OF = 10  # losses/* in TensorBoard: the mean of this many learner steps
 
 
@@ -124,11 +94,6 @@ def a2c_loss(
     return loss * weight, metrics
 
 
-def autocast(device: torch.device, enabled: bool) -> torch.autocast:
-    """bfloat16 autocast for the forward passes (--bf16); a no-op context when disabled."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
 def act(
     net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool, uniforms: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -149,393 +114,6 @@ def act(
 def _values(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool = False) -> np.ndarray:
     with torch.no_grad(), autocast(device, bf16):
         return net(torch.from_numpy(obs).to(device))[1].float().cpu().numpy()
-
-
-class NonFiniteError(UserError):
-    """The loss, a gradient or the weights went NaN/inf (a too-high --lr, a broken reward model):
-    the run stops with one line and keeps the last finite checkpoint."""
-
-
-# --- before anything is written -----------------------------------------------------------------
-
-
-def _check_writable_dir(path: Path, what: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{what} {path} exists and is not a directory")
-    q = path
-    while not q.exists():
-        q = q.parent
-    if not q.is_dir() or not os.access(q, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {what} {path}: {q} is not a writable directory")
-
-
-def _make_dir(path: Path, what: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
-
-
-def _finite_or_minus_inf(v: Any) -> None:
-    """best_mean: a number; -inf before the first evaluation."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v == math.inf:
-        raise ValueError(f"must be a number or -inf, got {str(v)[:40]!r}")
-
-
-RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, optimizer, scheduler
-    "lr": (float_in(0, 1, lo_open=True), False),
-    "lr_decay_steps": (int_in(1, MAX_STEP_COUNT), False),
-    "env_steps": (optional(list_of(int_in(0, MAX_ENV_STEP), max_len=4096)), False),
-    "tb_dir": (optional(text(4096)), False),
-}
-PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
-    "step": (int_in(0, MAX_STEP_COUNT), True),
-    "train_steps": (int_in(0, MAX_STEP_COUNT), True),
-    "best_mean": (_finite_or_minus_inf, True),
-    "games": (int_in(0, MAX_STEP_COUNT), True),
-}
-
-
-def _check_resumable(ck: dict[str, Any], path: Path) -> None:
-    """--resume needs what only ``last.pt`` holds: optimizer, scheduler and counters, each of the
-    right type and range (a handed-over file is not trusted: one line for anything else)."""
-    if not all(isinstance(ck.get(k), dict) for k in ("progress", "optimizer", "scheduler")):
-        raise UserError(
-            f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
-            f"best_*.pt?): start a new run from it with -m {path}"
-        )
-    check_fields(ck, RESUME_FIELDS, f"checkpoint {path}")
-    check_fields(ck["progress"], PROGRESS_FIELDS, f"checkpoint {path} progress")
-
-
-def _tb_dir_to_continue(cfg: A2CConfig, resume_ck: dict[str, Any]) -> Path | None:
-    """The TensorBoard run a resumed run continues: the one its last.pt names, but only a run of
-    this name directly under --runs-dir (a handed-over file does not choose where we write)."""
-    raw = resume_ck.get("tb_dir")
-    if not raw:
-        return None
-    tb = Path(raw)
-    try:
-        inside = tb.parent.resolve() == Path(cfg.runs_dir).resolve() and tb.name.startswith(f"{cfg.name}__")
-    except (OSError, RuntimeError):
-        inside = False
-    if not inside:
-        print(f"warning: last.pt names TensorBoard run {str(raw)[:120]!r} outside --runs-dir: starting a new one")
-        return None
-    return tb
-
-
-def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
-    """Everything about the files that can be wrong, before anything is written. Returns the
-    ``last.pt`` dict to resume from (None for a new run)."""
-    last_path = cfg.save_dir / "last.pt"
-    resume_ck: dict[str, Any] | None = None
-    if cfg.resume:
-        if not last_path.exists():
-            raise UserError(f"--resume: no {last_path} to resume from (start the run without --resume)")
-        resume_ck = read_checkpoint(last_path, "checkpoint")
-        _check_resumable(resume_ck, last_path)
-    elif not cfg.force and cfg.save_dir.is_dir() and any(cfg.save_dir.glob("*.pt")):
-        raise UserError(
-            f"{cfg.save_dir} already holds the run {cfg.name!r}: continue it with --resume, start it over "
-            f"with --force (replaces its checkpoints), or pick another -n"
-        )
-    if cfg.force and cfg.model and Path(cfg.model).resolve() in {p.resolve() for p in run_checkpoints(cfg.save_dir)}:
-        raise UserError(
-            f"--force would remove {cfg.model}, the policy -m starts from: copy it out of {cfg.save_dir} first, "
-            f"or pick another -n"
-        )
-    _check_writable_dir(cfg.save_dir, "checkpoint dir")
-    _check_writable_dir(Path(cfg.runs_dir), "TensorBoard dir")
-    if cfg.db_path:
-        _check_writable_dir(Path(cfg.db_path), "DB dir")
-        check_db_game(cfg.db_path, cfg.env)
-    return resume_ck
-
-
-# --- building the run ---------------------------------------------------------------------------
-
-
-@dataclass
-class Progress:
-    """Counters that survive --resume."""
-
-    step: int = 0
-    train_steps: int = 0
-    best_mean: float = -math.inf
-    games: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "step": self.step,
-            "train_steps": self.train_steps,
-            "best_mean": self.best_mean,
-            "games": self.games,
-        }
-
-
-@dataclass
-class Run:
-    """What a training run is made of (``build_run``) and how it saves itself."""
-
-    cfg: A2CConfig
-    device: torch.device
-    game: str
-    base_env: Any  # AtariVec: the game itself
-    env: Any  # base_env with the wrapper stack (``make_env_stack``)
-    recorder: EpisodeRecorderWrapper | None
-    eval_env: Any | None
-    net: AtariA2C
-    finetune: bool
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    lr: float
-    decay_steps: int
-    progress: Progress
-    writer: Any  # TensorBoard SummaryWriter
-    tb_dir: Path
-    resumed: bool
-    eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    dist: Dist = field(default_factory=Dist)
-
-    @property
-    def global_envs(self) -> int:
-        """Envs over all ranks: what one vector step adds to the step counter."""
-        return self.cfg.envs * self.dist.world
-
-    @property
-    def env_ids(self) -> np.ndarray:
-        """(envs,) global indices of this rank's envs."""
-        return self.dist.rank * self.cfg.envs + np.arange(self.cfg.envs)
-
-    def save(self, path: Path, **extra: Any) -> None:
-        """Rank 0 writes; the weights must be finite (a NaN never replaces a good file)."""
-        if not self.dist.is_main:
-            return
-        if not state_is_finite(self.net.state_dict()):
-            raise NonFiniteError(f"the policy's weights are not finite: {path} not written")
-        ck = policy_checkpoint(
-            self.net,
-            self.cfg.env,
-            self.game,
-            self.base_env.action_meanings,
-            step=self.progress.step,
-            finetune=self.finetune,
-            **extra,
-        )
-        atomic_torch_save(ck, path)
-
-    def save_last(self) -> None:
-        """``last.pt``: what --resume needs besides the weights."""
-        self.save(
-            self.cfg.save_dir / "last.pt",
-            optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(),
-            lr=self.lr,
-            lr_decay_steps=self.decay_steps,
-            progress=self.progress.as_dict(),
-            env_steps=self.recorder.env_steps.tolist() if self.recorder else None,
-            tb_dir=str(self.tb_dir),
-        )
-
-    def close(self) -> None:
-        if self.recorder is not None:
-            self.recorder.close()  # writes the queued segments; closes the env below it
-            for e in self.recorder.writer.errors[:3]:
-                print(f"warning: {e}", file=sys.stderr)
-        else:
-            self.env.close()
-        if self.eval_env is not None:
-            self.eval_env.close()
-
-
-def make_env_stack(
-    cfg: A2CConfig,
-    base_env: Any,
-    device: torch.device,
-    rng: np.random.Generator,
-    resume_ck: dict[str, Any] | None,
-    dist: Dist | None = None,
-) -> tuple[Any, EpisodeRecorderWrapper | None]:
-    """The env the learner steps, wrapper by wrapper. Order matters: the recorder sees the game's
-    own frames and true reward; the reward model then replaces the reward the learner gets."""
-    dist = dist or Dist()
-    env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
-    if cfg.db_path:
-        counters = (resume_ck or {}).get("env_steps")
-        if counters is not None and (len(counters) != cfg.envs or dist.active):
-            counters = None  # another --envs, or ranks (last.pt has rank 0's): the env's own files tell
-        _make_dir(Path(cfg.db_path), "DB dir")
-        checkpoint = str(cfg.model) if cfg.model else None
-        if not dist.is_main:
-            dist.barrier()  # rank 0 first: it takes the DB's recorder lock and writes db.json
-        env = recorder = EpisodeRecorderWrapper(
-            env,
-            cfg.db_path,
-            cfg.record_prob,
-            cfg.segment_steps,
-            rng=rng,
-            step_counters=counters,
-            checkpoint=checkpoint,
-            index_offset=dist.rank * cfg.envs,
-            lock=dist.is_main,
-        )
-        if dist.is_main:
-            dist.barrier()
-    if cfg.reward:
-        from lib.reward_wrapper import RewardModelWrapper
-
-        env = RewardModelWrapper(env, cfg.reward, device=device, penalty=cfg.reward_penalty)
-    return env, recorder
-
-
-def _policy(cfg: A2CConfig, resume_ck: dict[str, Any] | None, env: Any) -> tuple[AtariA2C, bool, Progress]:
-    """The network to train (new, from -m, or from last.pt), whether its conv layers are frozen,
-    and the counters to continue from."""
-    game = rom_name(cfg.env)
-    if resume_ck is not None:
-        net, _ = load_policy(cfg.save_dir / "last.pt", cfg.env, game, env.obs_shape, env.n_actions, ck=resume_ck)
-        progress = Progress(**{k: resume_ck["progress"][k] for k in ("step", "train_steps", "best_mean", "games")})
-        return net, bool(resume_ck.get("finetune", False)), progress
-    if cfg.model:
-        net, _ = load_policy(cfg.model, cfg.env, game, env.obs_shape, env.n_actions)
-        return net, cfg.finetune, Progress()
-    return AtariA2C(env.obs_shape, env.n_actions), False, Progress()
-
-
-def _optimiser(
-    cfg: A2CConfig, net: AtariA2C, finetune: bool, resume_ck: dict[str, Any] | None
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float, int]:
-    """Adam over the trainable parameters with the book's linear decay to 0 (counted in learner
-    steps of BATCH_SIZE transitions); a resumed run continues its own lr, schedule and moments."""
-    ck = resume_ck or {}
-    lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
-    decay_steps = ck.get("lr_decay_steps", cfg.lr_decay_steps or cfg.max_steps or LR_DECAY_STEPS)
-    optimizer = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=lr, eps=ADAM_EPS)
-    decay_iters = max(1, decay_steps // BATCH_SIZE)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
-    if resume_ck is not None:
-        where = cfg.save_dir / "last.pt"
-        try:
-            optimizer.load_state_dict(resume_ck["optimizer"])
-            scheduler.load_state_dict(resume_ck["scheduler"])
-        except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError) as e:
-            raise UserError(
-                f"checkpoint {where}: its optimizer state does not fit this network ({str(e)[:80]})"
-            ) from None
-        if not all(state_is_finite(moments) for moments in optimizer.state.values()):
-            raise UserError(f"checkpoint {where}: its optimizer state holds NaN or infinite values")
-    return optimizer, scheduler, lr, decay_steps
-
-
-def env_threads(cfg: A2CConfig, dist: Dist) -> int:
-    """--env-threads, or the cores this process may use shared among the ranks on this machine."""
-    return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
-
-
-def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> Run:
-    """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
-    device=)`` makes a vector env (``AtariVec``; tests pass a small fake). Under torchrun (``dist``)
-    this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
-    writes checkpoints and TensorBoard."""
-    dist = dist or Dist()
-    device = resolve_device(cfg.dev)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if cfg.db_path and cfg.envs * dist.world > MAX_RECORD_ENVS:
-        raise UserError(
-            f"recording names env directories 00-{MAX_RECORD_ENVS - 1}: at most {MAX_RECORD_ENVS} envs over all "
-            f"ranks with --db-path, got {cfg.envs * dist.world}"
-        )
-    game = rom_name(cfg.env)
-    resume_ck = check_run(cfg)
-    dist.barrier()  # every rank has checked before any writes
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
-    threads = env_threads(cfg, dist)
-    offset = dist.rank * cfg.envs
-    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device)
-    net, finetune, progress = _policy(cfg, resume_ck, base_env)
-    if finetune:
-        net.freeze_conv()
-    net.to(device)
-    if device.type == "cpu":
-        # oneDNN's convolutions run faster on NHWC: the learner's forward + backward + Adam on 128
-        # states took 68 -> 53 ms on 2 cores (Intel, AVX-512). Same values, other strides; the
-        # checkpoints load either way.
-        net.conv.to(memory_format=torch.channels_last)
-    dist.broadcast_module(net)
-    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
-    eval_env = None
-    if cfg.test_every and dist.is_main:
-        seed = cfg.seed + EVAL_SEED_OFFSET
-        eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
-    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck)
-
-    writer: Any = NullWriter()
-    tb_dir = Path(cfg.runs_dir)
-    if dist.is_main:
-        _make_dir(Path(cfg.runs_dir), "TensorBoard dir")  # first: /proc-like paths pass the writable check
-        _make_dir(cfg.save_dir, "checkpoint dir")
-        if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
-            print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
-        extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
-        writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
-    return Run(
-        cfg,
-        device,
-        game,
-        base_env,
-        env,
-        recorder,
-        eval_env,
-        net,
-        finetune,
-        optimizer,
-        scheduler,
-        lr,
-        decay_steps,
-        progress,
-        writer,
-        tb_dir,
-        resume_ck is not None,
-        eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
-        dist=dist,
-    )
-
-
-def _tensorboard(
-    cfg: A2CConfig,
-    game: str,
-    progress: Progress,
-    resume_ck: dict[str, Any] | None,
-    lr: float,
-    decay_steps: int,
-    extra: dict[str, Any],
-) -> tuple[Any, Path]:
-    """The run's SummaryWriter (a resumed run continues its own log) with the settings as a table."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    tb_dir = _tb_dir_to_continue(cfg, resume_ck) if resume_ck is not None else None
-    if tb_dir is None:
-        tb_dir = run_dir(cfg.runs_dir, cfg.name, "a2c", game, cfg.seed)
-    writer = SummaryWriter(str(tb_dir), purge_step=progress.step if resume_ck is not None else None)
-    if resume_ck is None:
-        settings = {
-            **vars(cfg),
-            "gamma": GAMMA,
-            "lr_used": lr,
-            "entropy_beta": ENTROPY_BETA,
-            "batch": BATCH_SIZE,
-            "reward_steps": REWARD_STEPS,
-            "clip_grad": CLIP_GRAD,
-            "adam_eps": ADAM_EPS,
-            "lr_decay_steps": decay_steps,
-            "game": game,
-            **extra,
-        }
-        writer.add_text("hyperparameters", hparams_table(settings))
-    return writer, tb_dir
 
 
 # --- one learner step ---------------------------------------------------------------------------
@@ -636,49 +214,6 @@ class Learner:
             self.tracker.track(k, v, run.progress.step)
 
 
-# --- game statistics and progress ---------------------------------------------------------------
-
-
-class GameStats:
-    """Whole games (all lives) of the training envs: true score, length, and with -r the reward
-    model's predicted return, written to TensorBoard as each game ends."""
-
-    def __init__(self, n_envs: int) -> None:
-        self.score = np.zeros(n_envs)
-        self.pred = np.zeros(n_envs)
-        self.length = np.zeros(n_envs, dtype=np.int64)
-        self.recent: deque[float] = deque(maxlen=RECENT_GAMES)
-        self.recent_pairs: deque[tuple[float, float]] = deque(maxlen=RECENT_GAMES)  # (true, predicted)
-        self.step_corr = StepCorrelation()  # per-step predicted vs true reward since the last log line
-
-    def update(self, st: VecStep, progress: Progress, writer: Any) -> None:
-        self.score += st.true_rewards
-        self.length += 1
-        if st.pred_rewards is not None:
-            # The learner's reward (normalised), not the raw prediction: Bradley-Terry leaves the
-            # raw offset free, so a raw sum falls with a game's length whatever the model prefers.
-            self.pred += st.rewards
-            self.step_corr.add(st.pred_rewards, st.true_rewards)
-        for i in np.flatnonzero(st.game_over):
-            progress.games += 1
-            self.recent.append(float(self.score[i]))
-            writer.add_scalar("charts/episode_score", self.score[i], progress.step)
-            writer.add_scalar("charts/episode_length", self.length[i], progress.step)
-            if st.pred_rewards is not None:
-                writer.add_scalar("reward_model/episode_pred_return", self.pred[i], progress.step)
-                self.recent_pairs.append((float(self.score[i]), float(self.pred[i])))
-            self.score[i] = self.pred[i] = 0.0
-            self.length[i] = 0
-
-    def true_vs_pred_corr(self) -> float | None:
-        """Reward-hacking monitor: does the learned return still track the score? (None: too few games)"""
-        if len(self.recent_pairs) < 3:
-            return None
-        tr, pr = np.array(self.recent_pairs).T
-        corr = pearson(tr, pr)
-        return None if math.isnan(corr) else corr
-
-
 def _fmt_time(sec: float) -> str:
     sec = int(max(sec, 0))
     return f"{sec // 3600}:{sec % 3600 // 60:02d}:{sec % 60:02d}"
@@ -729,63 +264,6 @@ class ProgressLog:
             line += f" | ETA {_fmt_time((run.cfg.max_steps - step) / max(rate, 1e-6))}"
         print(line, flush=True)
         self.t_last, self.step_last = now, step
-
-
-# --- evaluation and checkpoints -----------------------------------------------------------------
-
-
-def evaluate(
-    net: AtariA2C,
-    env: Any,
-    device: torch.device,
-    stop: list[bool] | None = None,
-    bf16: bool = False,
-    rng: np.random.Generator | None = None,
-) -> dict[str, float] | None:
-    """Play one full game (all lives) in each env side by side with actions sampled from the
-    policy (``lib.games.play_games``, as 04_play.py plays). Returns score and length stats
-    (unclipped game score, agent steps), or None if stopped by a signal."""
-    rng = rng or np.random.default_rng()
-
-    def policy(obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad(), autocast(device, bf16):
-            return select_actions(net(torch.from_numpy(obs).to(device))[0], False, rng)
-
-    net.eval()
-    try:
-        stopper = (lambda: stop[0]) if stop else None
-        results = play_games(env, policy, env.n_envs, observers=behaviour_observers(env), stop=stopper)
-    finally:
-        net.train()
-    return None if results is None else {**score_stats(results), **behaviour_stats(results)}
-
-
-def evaluate_and_save(run: Run, stop: list[bool]) -> float:
-    """An evaluation, the eval/* scalars, a best_*.pt when the mean score is the best so far, and
-    last.pt. Returns the seconds it took."""
-    t0 = time.time()
-    step = run.progress.step
-    res = evaluate(run.net, run.eval_env, run.device, stop, run.cfg.bf16, run.eval_rng)
-    if res is None:  # stopped by Ctrl-C
-        return time.time() - t0
-    for k, v in res.items():
-        run.writer.add_scalar(f"eval/{k}", v, step)
-    msg = (
-        f"eval at {step:,}: score {res['score_mean']:.1f} ± {res['score_std']:.1f} "
-        f"(max {res['score_max']:.0f}), length {res['length_mean']:.0f} [{time.time() - t0:.1f}s]"
-    )
-    if behaviour := format_behaviour(res):
-        msg += f", {behaviour}"
-    if res["score_mean"] > run.progress.best_mean:
-        run.progress.best_mean = res["score_mean"]
-        path = run.cfg.save_dir / best_checkpoint_name(step, res["score_mean"], res["length_mean"])
-        run.save(path, metrics=res)
-        if run.recorder is not None:
-            run.recorder.checkpoint = str(path)  # segments from now on name the policy that played them
-        msg += f" -> new best, saved {path}"
-    print(msg, flush=True)
-    run.save_last()
-    return time.time() - t0
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -867,14 +345,18 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
             status = "interrupted"
         except NonFiniteError as e:
             status, failure = "stopped", e
+        except RankLost as e:  # another rank is gone: this one's state is whole, last.pt is saved
+            status, failure = "stopped", e
         finally:
             run.close()
-            if failure is None:
+            if not isinstance(failure, NonFiniteError):
                 run.save_last()
             learner.tracker.flush()
             run.writer.close()
     if run.dist.is_main:
         report(run, status, log)
+    if isinstance(failure, RankLost):
+        raise failure.ended(run.progress.step, cfg.save_dir)
     if failure is not None:
         raise failure
     return 0

@@ -17,6 +17,7 @@ import torch
 import lib.a2c as a2c
 import lib.a2c_config as a2c_config
 from lib.envs import VecStep
+from lib.errors import UserError
 
 LIFE, LIVES = 7, 2
 GAME = LIFE * LIVES  # steps of one game
@@ -129,7 +130,7 @@ def test_checkpoints_games_and_resume(tmp_path):
     adam_steps = max(int(s["step"]) for s in last["optimizer"]["state"].values())
     assert adam_steps == last["progress"]["train_steps"] > 0
 
-    with pytest.raises(a2c.UserError, match="already holds the run"):
+    with pytest.raises(UserError, match="already holds the run"):
         a2c.train(cfg, make_env=FakeVec)
     more = config(tmp_path, max_steps=840, test_every=280, test_episodes=2, resume=True)
     assert a2c.train(more, make_env=FakeVec) == 0
@@ -161,7 +162,7 @@ def test_force_refuses_to_start_from_a_policy_it_would_remove(tmp_path):
     assert a2c.train(config(tmp_path, max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
     before = sorted(p.name for p in (tmp_path / "saves").iterdir())
     (best,) = (tmp_path / "saves").glob("best_*.pt")
-    with pytest.raises(a2c.UserError, match="--force would remove") as e:
+    with pytest.raises(UserError, match="--force would remove") as e:
         a2c.train(config(tmp_path, force=True, model=str(best)), make_env=FakeVec)
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in (tmp_path / "saves").iterdir()) == before
@@ -226,7 +227,7 @@ def test_a_crafted_last_pt_is_one_line(tmp_path, change, message):
     path, ck = _last(tmp_path)
     change(ck)
     torch.save(ck, path)
-    with pytest.raises(a2c.UserError, match=message) as e:
+    with pytest.raises(UserError, match=message) as e:
         a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec)
     assert "\n" not in str(e.value)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from lib.a2c import GameStats, Progress
+from lib.a2c_run import GameStats, Progress
 from lib.envs import VecStep
 from lib.reward_wrapper import RunningNorm
 from lib.stats import pearson
