@@ -45,13 +45,15 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from experiments.round_report import ARMS, across_seeds, plot, summarise, table, targets
+from lib.a2c_cli import to_argv
+from lib.a2c_config import A2CConfig
 from lib.checkpoints import read_checkpoint
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
@@ -227,39 +229,29 @@ def a2c_progress(save_dir: Path) -> int | None:
     return int(ck.get("progress", {}).get("step", 0))
 
 
-def train_a2c(name: str, save_dir: Path, steps: int, evals: int, args: argparse.Namespace, extra: list[str]) -> None:
-    """``01_a2c.py`` for ``steps`` with ``evals`` evaluations: skipped when done, continued
-    (--resume) when stopped."""
-    done = a2c_progress(save_dir)
+def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
+    """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
+    starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
+    evaluations): skipped when done, continued (``resume``) when stopped."""
+    steps = cfg.max_steps
+    done = a2c_progress(cfg.save_dir)
     if done is not None and done >= steps:
-        log(f"{name}: done ({done:,} steps in {save_dir}), reused")
+        log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
         return
-    test_every = max(steps // evals, 1)
-    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", name, "--save", str(save_dir), "--dev", args.dev]
-    cmd += ["--max-steps", str(steps), "--seed", str(args.seed), "--runs-dir", str(args.out / "tb")]
-    cmd += ["--test-every", str(test_every), "--test-episodes", str(args.test_episodes)]
-    if done is not None:  # stopped part-way: continue from last.pt (its policy, not -m's)
-        cmd += ["--resume", *_drop_flag_value(extra, "-m")]
-    else:
-        cmd += ["--force", *extra]
-    run_stage(name, cmd, args.out / "logs" / f"{name}.log")
-    reached = a2c_progress(save_dir) or 0
+    cfg = replace(
+        cfg,
+        dev=args.dev,
+        seed=args.seed,
+        runs_dir=str(args.out / "tb"),
+        test_every=max(steps // evals, 1),
+        test_episodes=args.test_episodes,
+    )
+    # stopped part-way: continue from last.pt (its policy, not the one the arm starts from)
+    cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
+    run_stage(cfg.name, [sys.executable, str(ROOT / "01_a2c.py"), *to_argv(cfg)], args.out / "logs" / f"{cfg.name}.log")
+    reached = a2c_progress(cfg.save_dir) or 0
     if reached < steps:  # Ctrl-C reached the child too: it saved last.pt and ended cleanly
-        raise UserError(f"{name} stopped at step {reached:,} of {steps:,}: run the same command to continue")
-
-
-def _drop_flag_value(cmd: list[str], flag: str) -> list[str]:
-    """``cmd`` without ``flag`` and the value after it."""
-    out, skip = [], False
-    for x in cmd:
-        if skip:
-            skip = False
-            continue
-        if x == flag:
-            skip = True
-            continue
-        out.append(x)
-    return out
+        raise UserError(f"{cfg.name} stopped at step {reached:,} of {steps:,}: run the same command to continue")
 
 
 def best_policy(save_dir: Path) -> Path:
@@ -640,8 +632,14 @@ def run_v0(args: argparse.Namespace) -> SeedRun:
     except OSError as e:
         raise UserError(f"cannot create --out {args.out}: {e.strerror or e}") from None
     db = args.out / "db"
-    record = ["--db-path", str(db), "--record-prob", str(args.record_prob)]
-    train_a2c("round-v0", args.out / "v0", int(args.v0_steps * args.scale), V0_EVALS, args, record)
+    v0 = A2CConfig(
+        name="round-v0",
+        save=str(args.out / "v0"),
+        max_steps=int(args.v0_steps * args.scale),
+        db_path=str(db),
+        record_prob=args.record_prob,
+    )
+    train_a2c(v0, V0_EVALS, args)
     tdir = args.out / round_name(args)
     tdir.mkdir(parents=True, exist_ok=True)
     return SeedRun(args, tdir, db, split_db(db, args.out, args.holdout, args.seed), best_policy(args.out / "v0"))
@@ -663,12 +661,21 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     ctl_dir = args.out / "control" / f"r{1 if args.start == 'v0' else k}"
     ctl_start = sr.v0_policy if fresh else best_policy(args.out / "control" / f"r{k - 1}")
     ctl_name = f"round-control-{ctl_dir.name}"
-    train_a2c(ctl_name, ctl_dir, steps, args.evals, args, ["-m", str(ctl_start), "--finetune"])
+    control = A2CConfig(name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), finetune=True)
+    train_a2c(control, args.evals, args)
     rl_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
     rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
-    extra = ["-m", str(rl_start), "--finetune", "-r", str(reward)]
-    extra += ["--db-path", str(rdir / "rlhf-db"), "--record-prob", str(args.record_prob)]  # the next round's DB
-    train_a2c(rl_name, rdir / "rlhf", steps, args.evals, args, extra)
+    rlhf = A2CConfig(
+        name=rl_name,
+        save=str(rdir / "rlhf"),
+        max_steps=steps,
+        model=str(rl_start),
+        finetune=True,
+        reward=str(reward),
+        db_path=str(rdir / "rlhf-db"),  # the next round's DB
+        record_prob=args.record_prob,
+    )
+    train_a2c(rlhf, args.evals, args)
     return {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
 
 

@@ -57,14 +57,39 @@ def test_round_runs_every_stage_and_continues(tmp_path: Path) -> None:
     reward2 = next(line for line in p.stdout.splitlines() if "[round" in line and "reward: $" in line and "r2" in line)
     assert str(tdir / "r1" / "label-db") in reward2 and str(tdir / "r2" / "label-db") in reward2
     rlhf2 = next(line for line in p.stdout.splitlines() if "round-rlhf-oxygen-15-r2: $" in line)
-    assert f"-r {tdir / 'r2' / 'reward-round.pt'}" in rlhf2 and f"-m {tdir / 'r1' / 'rlhf' / 'best_'}" in rlhf2
+    assert f"--reward {tdir / 'r2' / 'reward-round.pt'}" in rlhf2
+    assert f"--model {tdir / 'r1' / 'rlhf' / 'best_'}" in rlhf2
     control2 = next(line for line in p.stdout.splitlines() if "round-control-r2: $" in line)
-    assert f"-m {base / 'control' / 'r1' / 'best_'}" in control2
+    assert f"--model {base / 'control' / 'r1' / 'best_'}" in control2
     # Started again with the same --out: every stage is reused, nothing trains twice.
     again = run_round(out)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reused") == 9 and "$ " not in again.stdout
     assert json.loads((tdir / "round.json").read_text())["rounds"] == report["rounds"]
+
+
+@pytest.mark.slow
+def test_a_stopped_arm_continues_from_its_last_pt(tmp_path: Path, capsys) -> None:
+    """An arm is stage 1 called with settings (A2CConfig through 01_a2c.py's own flags): a run
+    stopped short of its steps continues with --resume from its last.pt, not from the policy the
+    arm started from (01_a2c.py refuses both)."""
+    from dataclasses import replace
+
+    from experiments.round import a2c_progress, build_parser, seed_args, train_a2c
+    from lib.a2c_config import A2CConfig
+
+    argv = ["--out", str(tmp_path / "out"), "--teacher", "score", "--test-episodes", "1"]
+    args = seed_args(build_parser().parse_args(argv), 0)
+    start = A2CConfig(name="start", save=str(tmp_path / "start"), max_steps=64, envs=2)
+    train_a2c(start, 1, args)
+    policy = str(tmp_path / "start" / "last.pt")
+    arm = replace(start, name="arm", save=str(tmp_path / "arm"), model=policy, finetune=True)
+    train_a2c(replace(arm, max_steps=64), 1, args)  # stands for an arm stopped at step 64
+    capsys.readouterr()
+    train_a2c(replace(arm, max_steps=128), 1, args)
+    (cmd,) = [line for line in capsys.readouterr().out.splitlines() if "arm: $" in line]
+    assert "--resume" in cmd and "--model" not in cmd and "--force" not in cmd, cmd
+    assert a2c_progress(tmp_path / "arm") >= 128
 
 
 def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> None:
