@@ -53,7 +53,7 @@ import numpy as np
 
 from experiments.round_report import ARMS, across_seeds, plot, summarise, table, targets
 from lib.a2c_cli import to_argv
-from lib.a2c_config import A2CConfig
+from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 from lib.checkpoints import read_checkpoint
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
@@ -73,7 +73,8 @@ from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 ROOT = Path(__file__).resolve().parents[1]
 
 ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
-NO_MODEL_MODES = ("random", "rare")  # label all at once: no reward model picks the pairs
+NO_MODEL_MODES = ("random", "rare")
+FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
 CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share", "eval/low_climbs_per_game")
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
@@ -135,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar='"FLAGS"',
         help='03_reward_train.py flags for every reward model of the round, e.g. "--ensemble 3" (disagree '
         "needs an ensemble); they name the round's directory, so that rounds with other flags never share one",
+    )
+    p.add_argument(
+        "--ft-layers",
+        choices=FT_LAYERS,
+        default="frozen",
+        help="what each fine-tune trains, both arms alike: frozen = the heads only, the conv layers frozen "
+        "(01_a2c.py --finetune, the book's way), full = every layer, at the same learning rate",
     )
     p.add_argument(
         "--reward-only",
@@ -304,13 +312,15 @@ def ensemble_of(args: argparse.Namespace) -> int:
 
 def round_name(args: argparse.Namespace) -> str:
     """The teacher's directory under a seed's directory: teacher, labels, and whatever else makes
-    its labels or models differ (noise, a sampling mode, --reward-args, --from v0)."""
+    its labels, models or fine-tunes differ (noise, a sampling mode, --reward-args, --from v0,
+    --ft-layers full)."""
     name = f"{args.teacher}-{args.labels}"
     name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
     name += f"-{args.sampling}" if args.sampling != "random" else ""
     flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
     name += f"-{flags}" if flags else ""
-    return name + ("-fromv0" if getattr(args, "start", "best") == "v0" else "")
+    name += "-fromv0" if getattr(args, "start", "best") == "v0" else ""
+    return name + (f"-{args.ft_layers}" if getattr(args, "ft_layers", "frozen") != "frozen" else "")
 
 
 def label_steps(n: int, sampling: str) -> list[int]:
@@ -658,10 +668,12 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     """Round ``k``'s control and rlhf fine-tunes: (TensorBoard name, save directory) per arm."""
     args, rdir = sr.args, sr.tdir / f"r{k}"
     steps, fresh = int(args.ft_steps * args.scale), k == 1 or args.start == "v0"
-    ctl_dir = args.out / "control" / f"r{1 if args.start == 'v0' else k}"
-    ctl_start = sr.v0_policy if fresh else best_policy(args.out / "control" / f"r{k - 1}")
-    ctl_name = f"round-control-{ctl_dir.name}"
-    control = A2CConfig(name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), finetune=True)
+    ctl_base = args.out / ("control" if args.ft_layers == "frozen" else f"control-{args.ft_layers}")
+    ctl_dir = ctl_base / f"r{1 if args.start == 'v0' else k}"
+    ctl_start = sr.v0_policy if fresh else best_policy(ctl_base / f"r{k - 1}")
+    ctl_name = f"round-{ctl_base.name}-{ctl_dir.name}"
+    ft = ft_settings(args.ft_layers)
+    control = A2CConfig(name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), **ft)
     train_a2c(control, args.evals, args)
     rl_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
     rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
@@ -670,13 +682,21 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
         save=str(rdir / "rlhf"),
         max_steps=steps,
         model=str(rl_start),
-        finetune=True,
         reward=str(reward),
         db_path=str(rdir / "rlhf-db"),  # the next round's DB
         record_prob=args.record_prob,
+        **ft,
     )
     train_a2c(rlhf, args.evals, args)
     return {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
+
+
+def ft_settings(layers: str) -> dict[str, Any]:
+    """A fine-tune's A2CConfig fields for --ft-layers: frozen conv layers (--finetune), or every
+    layer trained at the fine-tune's learning rate."""
+    if layers == "frozen":
+        return {"finetune": True}
+    return {"finetune": False, "lr": FINETUNE_LEARNING_RATE}
 
 
 def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:

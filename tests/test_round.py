@@ -155,6 +155,23 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert ensemble_of(args) == 3 and ensemble_of(_round_args(tmp_path)) == 1
     assert ensemble_of(_round_args(tmp_path, "--reward-args=--ensemble=4")) == 4
     assert label_steps(300, "random") == [300] and label_steps(300, "uncertain") == [100, 200, 300]
+    assert label_steps(300, "rare") == [300]  # no model picks: all at once
+    assert round_name(_round_args(tmp_path, "--ft-layers", "full")) == "score-15-full"
+    assert round_name(_round_args(tmp_path, "--ft-layers", "frozen")) == "score-15"
+
+
+def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
+    """--ft-layers full trains every layer at the fine-tune's learning rate; frozen is --finetune."""
+    from experiments.round import ft_settings
+    from lib.a2c_cli import to_argv
+    from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
+
+    frozen = A2CConfig(name="x", model="p.pt", **ft_settings("frozen"))
+    full = A2CConfig(name="x", model="p.pt", **ft_settings("full"))
+    assert "--finetune" in to_argv(frozen) and "--lr" not in to_argv(frozen)
+    assert "--finetune" not in to_argv(full) and to_argv(full)[to_argv(full).index("--lr") + 1] == str(
+        FINETUNE_LEARNING_RATE
+    )
 
 
 @pytest.mark.parametrize(
