@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.round_report import ARMS, across_seeds, plot, summarise, table, targets
+from experiments.round_report import ARMS, across_seeds, behaviour_share, model_targets, plot, summarise, table, targets
 from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 from lib.checkpoints import read_checkpoint
@@ -771,19 +771,10 @@ def print_reward_notes(k: int, r: dict[str, Any]) -> None:
         f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
         f"{ev['cant_tell']} can't tell"
         + (f"; by the rule recorded: {rules}" if rules else "")
-        + f"; {behaviour_labels(ev)} decided by a rule the score does not pay for"
+        + f"; {100 * behaviour_share(ev):.0f}% decided by a rule the score does not pay for"
         + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
         f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
     )
-
-
-SCORE_RULES = ("score", "tie", "noise", "cant_tell")  # rules that are the score, or no preference
-
-
-def behaviour_labels(ev: dict[str, Any]) -> int:
-    """Labels decided by a rule the score does not pay for within the clip (death, refill,
-    diver_climb, rescue, idle, oxygen_death, climb), by the rule each label recorded."""
-    return sum(n for rule, n in ev.get("rules", {}).items() if rule not in SCORE_RULES)
 
 
 def print_round_notes(k: int, r: dict[str, Any]) -> None:
@@ -810,9 +801,9 @@ def report_seed(sr: SeedRun, results: list[dict[str, Any]], t0: float) -> list[d
     print(table(rounds) + "\n")
     for k, r in enumerate(results, start=1):
         print_round_notes(k, r)
-    checks = targets(args.teacher, rounds)
+    checks = targets(args.teacher, rounds) + model_targets(args.teacher, results)
     for what, ok in checks:
-        print(f"target: {what}: {'met' if ok else 'MISSED'}")
+        print(f"target: {what}: {'n/a (no such pair)' if ok is None else 'met' if ok else 'MISSED'}")
     report = {
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rounds": [{key: r[key] for key in ("rows", "reward_model", "evidence", "watch")} for r in results],

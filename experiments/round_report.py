@@ -86,15 +86,54 @@ def targets(teacher: str, rounds: list[dict[str, dict[str, float]]]) -> list[tup
             for k, r in enumerate(rounds, start=1)
         ]
     last = rounds[-1]
-    rl, ctl, v0 = last["rlhf"], last["control"], last["v0"]
+    rl, ctl = last["rlhf"], last["control"]
     if "refills" not in rl:
         return []
     return [
         ("rlhf refills at least once per game", rl["refills"] >= 1.0),
-        ("rlhf refills at least 3x as often as control", rl["refills"] >= 3 * ctl["refills"] and rl["refills"] > 0),
-        ("rlhf loses at most half as many lives to oxygen", rl["oxygen_deaths"] <= 0.5 * ctl["oxygen_deaths"]),
-        ("rlhf scores no less than v0", rl["score"] >= v0["score"]),
+        (
+            "rlhf loses at most half the control's share of lives to oxygen",
+            rl["oxygen_share"] <= 0.5 * ctl["oxygen_share"],
+        ),
+        ("rlhf scores no less than control", rl["score"] >= ctl["score"]),
+        ("stretch: rlhf scores at least 1.5x control", rl["score"] >= 1.5 * ctl["score"]),
     ]
+
+
+BEHAVIOUR_RULES = ("diver_climb", "refill")  # the surface teacher's rules the held-out agreement targets
+MIN_RULE_AGREEMENT, MIN_BEHAVIOUR_LABELS = 0.8, 0.25
+
+
+def model_targets(teacher: str, rounds: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
+    """The surface teacher's reward-model targets per round (``run_round``'s ``reward_model`` and
+    ``evidence``): from round 2 on, held-out agreement of at least 80% on the diver-climb and refill
+    pairs (None: no such held-out pair); every round, at least 25% of the labels decided by a rule
+    the score does not pay for (``behaviour``: that count)."""
+    if teacher != "surface":
+        return []
+    out: list[tuple[str, bool | None]] = []
+    for k, r in enumerate(rounds, start=1):
+        ev = r["evidence"]
+        share = behaviour_share(ev)
+        out.append((f"round {k}: at least 25% of labels decided by a rule the score does not pay for", share >= 0.25))
+        if k < 2:
+            continue
+        by_rule = r["reward_model"].get("by_rule", {})
+        for rule in BEHAVIOUR_RULES:
+            got = by_rule.get(rule)
+            ok = None if not got or not got.get("pairs") else got["agreement"] >= MIN_RULE_AGREEMENT
+            out.append((f"round {k}: held-out agreement at least 80% on {rule} pairs", ok))
+    return out
+
+
+SCORE_RULES = ("score", "tie", "noise", "cant_tell")  # rules that are the score, or no preference
+
+
+def behaviour_share(ev: dict[str, Any]) -> float:
+    """The share of a round's labels decided by a rule the score does not pay for within the clip
+    (death, refill, diver_climb, rescue, idle, oxygen_death, climb), by the rule each recorded."""
+    labels = ev.get("labels", 0)
+    return sum(n for rule, n in ev.get("rules", {}).items() if rule not in SCORE_RULES) / labels if labels else 0.0
 
 
 def across_seeds(per_seed: list[list[dict[str, dict[str, float]]]]) -> list[dict[str, dict[str, float]]]:

@@ -269,9 +269,10 @@ def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_me
         "round 1: rlhf scores at least 0.9x control": True,
         "round 2: rlhf scores at least 0.9x control": True,
     }
-    surface = dict(targets("surface", rows))  # after the last round: rlhf refills 3.0 vs control 0.75
-    assert surface["rlhf refills at least once per game"] and surface["rlhf refills at least 3x as often as control"]
-    assert not surface["rlhf loses at most half as many lives to oxygen"]
+    surface = dict(targets("surface", rows))  # after the last round: rlhf refills 3.0, scores 490 vs 440
+    assert surface["rlhf refills at least once per game"] and surface["rlhf scores no less than control"]
+    assert not surface["rlhf loses at most half the control's share of lives to oxygen"]
+    assert not surface["stretch: rlhf scores at least 1.5x control"]
     assert across_seeds(seeds[:1]) == seeds[0]  # one seed: its own rows and intervals
 
 
@@ -352,11 +353,20 @@ def test_cached_figures_are_keyed_on_what_made_them(tmp_path: Path) -> None:
 
 
 def test_labels_decided_by_a_rule_the_score_does_not_pay_for() -> None:
-    from experiments.round import behaviour_labels
+    from experiments.round_report import behaviour_share, model_targets
 
-    ev = {"rules": {"death": 3, "diver_climb": 2, "rescue": 1, "idle": 1, "refill": 1, "score": 40, "tie": 50}}
-    assert behaviour_labels(ev | {"rules": {**ev["rules"], "noise": 2, "cant_tell": 1}}) == 8
-    assert behaviour_labels({}) == 0
+    rules = {"death": 3, "diver_climb": 2, "rescue": 1, "idle": 1, "refill": 1, "score": 40, "tie": 50}
+    ev = {"labels": 100, "rules": {**rules, "noise": 1, "cant_tell": 1}}
+    assert behaviour_share(ev) == 0.08 and behaviour_share({}) == 0.0
+    r1 = {"evidence": {"labels": 4, "rules": {"death": 1, "score": 3}}, "reward_model": {}}
+    r2 = {"evidence": ev, "reward_model": {"by_rule": {"diver_climb": {"agreement": 0.85, "pairs": 40}}}}
+    assert model_targets("surface", [r1, r2]) == [
+        ("round 1: at least 25% of labels decided by a rule the score does not pay for", True),
+        ("round 2: at least 25% of labels decided by a rule the score does not pay for", False),
+        ("round 2: held-out agreement at least 80% on diver_climb pairs", True),
+        ("round 2: held-out agreement at least 80% on refill pairs", None),  # no refill pair held out
+    ]
+    assert model_targets("score", [r1, r2]) == []
 
 
 @pytest.mark.slow
