@@ -194,8 +194,9 @@ def _add_pair_args(p: argparse._ArgumentGroup) -> None:
         default=d.sampling,
         help="which pairs to ask about: 'random'; 'uncertain', those the model's predicted preference is "
         "closest to 50/50 on (from --pool random candidates); 'disagree', those an ensemble model's members "
-        "disagree on most; 'exploits', first the segments the model overrates most against their true return. "
-        "All but random need --reward; --oracle picks the same way",
+        "disagree on most; 'exploits', first the segments the model overrates most against their true return; "
+        "'rare', first the segments that look least like the others (no model). uncertain, disagree and exploits "
+        "need --reward; --oracle picks the same way",
     )
     p.add_argument(
         "--pool",
