@@ -161,6 +161,7 @@ def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     panels = [("eval/score_mean", "score", "mean eval score")]
     if "refills" in v0:
@@ -180,6 +181,7 @@ def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: 
                     ax.plot(steps, values, marker="o", label=f"{arm} round {k}", **style)
         ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
         ax.set_xlabel("fine-tune agent steps (each round from its start policy)")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k"))  # 6-digit ticks overlap
         ax.set_title(label)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
