@@ -390,12 +390,13 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
     preds = predict_segments(rm, db, holdout)
     vs_score = score(preds)
     game = (db_game(db) or (None, None))[0]
-    facts, lost, frames = [], [], []
+    facts, lost, flags = [], [], []
     for rel in preds.names:
         seg = read_segment(db, rel)
         facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
         lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
-        frames.append(seg.frames)
+        if shows_gauge(game, seg.frames.shape[1:]):  # the steps' flags, not the frames (~5 MB a segment)
+            flags.append(diver_step_flags(seg.frames))
     judge = Teacher(teacher)
     i, j = np.triu_indices(len(facts), k=1)
     verdicts = [judge.judge_rule(facts[a], facts[b]) for a, b in zip(i, j, strict=True)]
@@ -410,8 +411,8 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
         "heldout_segments": vs_score.segments,
         **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
     }
-    if frames and shows_gauge(game, frames[0].shape[1:]):
-        figs.update(diver_step_rewards(preds.pred_steps, frames))
+    if flags and len(flags) == len(facts):
+        figs.update(_diver_step_figures(preds.pred_steps, flags))
     return figs
 
 
@@ -441,18 +442,24 @@ def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict
     above the step before's, within a segment): ``diver_climb_z`` and ``diver_still_z`` (NaN where
     there are none), with their counts.
     A model that has learned what the surface teacher asks for pays more for the climb."""
+    return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
+
+
+def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the sub climbing."""
+    levels, rows, divers = oxygen_levels(frames), sub_rows(frames), divers_aboard(frames)
+    draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
+    draining[1:] = levels[1:] <= levels[:-1]  # not filling (a segment's first step: not judged)
+    up[1:] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
+    return draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0), up
+
+
+def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
     z = normalised(pred_steps).astype(np.float64)
-    low_diver, climbing = [], []
-    for f in frames:
-        levels, rows, divers = oxygen_levels(f), sub_rows(f), divers_aboard(f)
-        draining, up = np.zeros(len(f), dtype=bool), np.zeros(len(f), dtype=bool)
-        draining[1:] = levels[1:] <= levels[:-1]  # not filling (a segment's first step: not judged)
-        low_diver.append(draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0))
-        up[1:] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
-        climbing.append(up)
-    if len(z) != sum(len(f) for f in frames):
-        raise ValueError(f"{len(z)} predictions for {sum(len(f) for f in frames)} steps")
-    low, up = np.concatenate(low_diver), np.concatenate(climbing)
+    steps = sum(len(low) for low, _ in flags)
+    if len(z) != steps:
+        raise ValueError(f"{len(z)} predictions for {steps} steps")
+    low, up = np.concatenate([f[0] for f in flags]), np.concatenate([f[1] for f in flags])
     climb, still = low & up, low & ~up
     return {
         "diver_climb_z": float(z[climb].mean()) if climb.any() else math.nan,
@@ -557,8 +564,12 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
 
 
 # evaluate_arm's record: its name -> the SurfaceCounts field per game
-SURFACE_FIGURES = {"climbs": "low_climbs", "surface_steps": "surface_steps", "rescues": "rescues"}
-SURFACE_FIGURES["diver_steps"] = "diver_steps"
+SURFACE_FIGURES = {
+    "climbs": "low_climbs",
+    "surface_steps": "surface_steps",
+    "rescues": "rescues",
+    "diver_steps": "diver_steps",
+}
 
 
 def file_digest(path: Path) -> str:
