@@ -147,7 +147,8 @@ def _round_args(out: Path, *extra: str):
 def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
     from experiments.round import ensemble_of, label_steps, round_name
 
-    assert round_name(_round_args(tmp_path)) == "score-15"
+    assert round_name(_round_args(tmp_path)) == "score-15"  # rare, the default, adds nothing
+    assert round_name(_round_args(tmp_path, "--sampling", "random")) == "score-15-random"
     assert round_name(_round_args(tmp_path, "--sampling", "uncertain")) == "score-15-uncertain"
     assert round_name(_round_args(tmp_path, "--from", "v0")) == "score-15-fromv0"
     args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
