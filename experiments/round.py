@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.live import report_live, run_live
 from experiments.round_report import ARMS, across_seeds, behaviour_share, model_targets, plot, summarise, table, targets
 from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
@@ -128,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="rare",
         help="which pairs the teacher labels (02_label_ui.py --sampling): rare, the default (no model: the "
         "segments that look least like the others first, each with a random partner; it doubled the surface "
-        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); random; or the first third at random and each further third picked by "
-        "a reward model trained on the labels so far (uncertain, disagree)",
+        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); random; or the first "
+        "third at random and each further third picked by a reward model trained on the labels so far "
+        "(uncertain, disagree)",
     )
     p.add_argument(
         "--reward-args",
@@ -150,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the cheap inner loop: v0 (reused when done), round 1's labels and reward model, and its held-out "
         "agreement per deciding rule; no fine-tune and no evaluation games",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="the same teacher, labels and agent steps, live (experiments/live.py): round 1's labels and model, "
+        "then ONE fine-tune of --rounds x --ft-steps from v0 while the teacher labels the other "
+        "(--rounds - 1) x --labels pairs of the agent's newest clips and the reward model is retrained as they "
+        "arrive; its row is printed beside the staged rounds' (run those first for the comparison)",
     )
     p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
     p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
@@ -199,6 +209,10 @@ def check(args: argparse.Namespace) -> None:
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
         (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
+        (args.live and args.reward_only, "--live and --reward-only exclude each other"),
+        (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
+        (args.live and args.sampling not in NO_MODEL_MODES, "--live labels --sampling random or rare pairs"),
+        (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
@@ -850,6 +864,9 @@ def main(argv: list[str] | None = None) -> None:
     per_seed = []
     for seed in args.seeds:
         sr = run_v0(seed_args(args, seed))
+        if args.live:
+            per_seed.append(report_live(sr, run_live(sr), t0))
+            continue
         if args.reward_only:  # the inner loop: round 1's labels and reward model, no fine-tune
             reward, figures = reward_round(sr, 1)
             print(f"\n## seed {seed}: {round_name(sr.args)}, reward model {reward}\n")
@@ -857,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         results = [run_round(sr, k) for k in range(1, args.rounds + 1)]
         per_seed.append(report_seed(sr, results, t0))
-    if len(args.seeds) > 1 and not args.reward_only:
+    if len(args.seeds) > 1 and not args.reward_only and not args.live:
         report_seeds(args, per_seed)
 
 

@@ -62,18 +62,22 @@ def _cell(row: dict[str, float], key: str, fmt: str) -> str:
     return f"{text} ± {fmt.format(ci)}" if ci is not None and not math.isnan(ci) and key != "length" else text
 
 
-def table(rounds: list[dict[str, dict[str, float]]]) -> str:
-    """One row per round and arm (v0 once, first); a score ``a ± b``: b is the 95% interval."""
+def table(
+    rounds: list[dict[str, dict[str, float]]], arms: tuple[str, ...] = ARMS, names: list[str] | None = None
+) -> str:
+    """One row per round and arm (v0 once, first; an arm a round lacks is left out); a score
+    ``a ± b``: b is the 95% interval. ``names``: what the round column says (default 1, 2, ...)."""
     head = "| round | arm | score | " + " | ".join(title for _, title, _ in COLUMNS) + " |"
     lines = [head, "|---|---|---:|" + "---:|" * len(COLUMNS)]
     for k, rows in enumerate(rounds, start=1):
-        for arm in ARMS:
-            if arm == "v0" and k > 1:
+        for arm in arms:
+            if (arm == "v0" and k > 1) or arm not in rows:
                 continue
             r = rows[arm]
             score = f"{r['score']:.0f} ± {r['score_ci']:.0f}" if not math.isnan(r["score_ci"]) else f"{r['score']:.0f}"
             cells = [_cell(r, key, fmt) for key, _, fmt in COLUMNS]
-            lines.append(f"| {0 if arm == 'v0' else k} | {arm} | {score} | " + " | ".join(cells) + " |")
+            name = "0" if arm == "v0" else names[k - 1] if names else str(k)
+            lines.append(f"| {name} | {arm} | {score} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -1,0 +1,550 @@
+"""Live rounds: the stages at once, over the same files. The agent fine-tunes on the installed
+reward model and records its play; a synthetic teacher labels its newest clips as they appear; the
+reward model is retrained every --retrain-every labels and the agent switches to each new version
+without stopping (Christiano et al. 2017's loop, with our offline stages as its parts).
+
+Two uses:
+
+- ``python -m experiments.round --live`` (``run_live``): the staged benchmark's teacher, total
+  labels and agent steps, live. It starts where staged round 1 starts (v0, round 1's labels of
+  v0's DB and its reward model), then one fine-tune of --rounds x --ft-steps agent steps from v0's
+  best policy while the teacher labels the other (--rounds - 1) x --labels pairs of the agent's own
+  clips at a constant rate per agent step. Its evaluation games sit beside the staged rounds'.
+- ``python -m experiments.live`` (``make demo-live``): a few minutes on 2 cores from nothing: a
+  recording A2C on the true score makes the first clips, the following oracle labels them, the
+  following trainer makes v1, then the reloading A2C learns from each new version. Prints the
+  versions made, the labels and the true score over time, and writes a PNG of it.
+
+Every process is one of the pipeline's scripts; this module only starts, watches and stops them.
+Stopping is always SIGINT first (each script's Ctrl-C path: labels flushed, checkpoints whole),
+SIGTERM after a grace period, SIGKILL last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from lib.errors import UserError, run_cli
+from lib.teachers import TEACHERS
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+STOP_GRACE_S = 60.0  # how long a script gets to finish its Ctrl-C path before SIGTERM
+
+
+def log(msg: str) -> None:
+    print(f"[live {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Proc:
+    """A pipeline script running beside the others, its output in ``logfile``."""
+
+    name: str
+    popen: subprocess.Popen
+    logfile: Path
+    started: float = field(default_factory=time.time)
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, n: int = 3) -> str:
+        try:
+            lines = self.logfile.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"    {line}" for line in lines[-n:])
+
+
+def spawn(name: str, cmd: list[str], logfile: Path) -> Proc:
+    """Start ``cmd`` (a script of this repository) in its own session, so that a Ctrl-C in the
+    terminal reaches this module only and each child is stopped in its turn."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: $ {' '.join(str(c) for c in cmd[1:])}  (log: {logfile})")
+    f = open(logfile, "a", encoding="utf-8")  # noqa: SIM115 (the child writes to it for its whole life)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    popen = subprocess.Popen(
+        [str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    f.close()  # the child holds its own descriptor
+    return Proc(name, popen, logfile)
+
+
+def stop(proc: Proc, grace: float = STOP_GRACE_S) -> int:
+    """Stop ``proc`` the way a person would (Ctrl-C), harder only when it does not end: its exit code."""
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if not proc.running():
+            break
+        proc.popen.send_signal(sig)
+        try:
+            proc.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            log(f"{proc.name}: still running {wait:.0f} s after {sig.name}")
+    rc = proc.popen.wait()
+    log(f"{proc.name}: stopped (exit {rc})")
+    return rc
+
+
+def stop_all(procs: list[Proc]) -> dict[str, int]:
+    """Stop every running process, newest first (the agent before the trainer it reads from)."""
+    return {p.name: stop(p) for p in reversed(procs)}
+
+
+def wait_for(what: str, done: Callable[[], bool], procs: list[Proc], timeout: float, poll: float = 2.0) -> None:
+    """Wait until ``done()``; a process that dies meanwhile, or the timeout, is an error."""
+    end = time.time() + timeout
+    while not done():
+        for p in procs:
+            if not p.running():
+                raise UserError(f"{p.name} ended (exit {p.popen.returncode}) while waiting for {what}:\n{p.tail()}")
+        if time.time() > end:
+            raise UserError(f"no {what} after {timeout:.0f} s; the logs are in {procs[0].logfile.parent}")
+        time.sleep(poll)
+
+
+# --- what the files say ---------------------------------------------------------------------------
+
+
+def read_versions(path: Path) -> list[dict[str, Any]]:
+    """The lines of a following trainer's ``reward-NAME-versions.jsonl`` (a torn last line skipped)."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def count_labels(db: Path) -> int:
+    """Training labels in ``db`` (the last answer per pair, 1 / 2 / 0)."""
+    from lib.labels import load_labels
+
+    if not (db / "labels.jsonl").exists():
+        return 0
+    return sum(1 for lab in load_labels(db, warn=lambda m: None).values() if lab.label in (0, 1, 2))
+
+
+def versions_table(versions: list[dict[str, Any]]) -> str:
+    """One row per version the trainer made: labels, held-out figures, installed or not."""
+    lines = ["| version | labels | held-out pairs | held-out acc | installed model's acc | oracle agr. | installed |"]
+    lines.append("|---:|---:|---:|---:|---:|---:|---|")
+    for v in versions:
+        lines.append(
+            f"| v{v.get('version', '?')} | {v.get('labels', '?')} | {v.get('heldout_pairs', '?')} "
+            f"| {_pct(v.get('heldout_accuracy'))} | {_pct(v.get('installed_heldout_accuracy'))} "
+            f"| {_pct(v.get('oracle_agreement'))} | {'yes' if v.get('installed') else 'no: ' + str(v.get('why', ''))} |"
+        )
+    return "\n".join(lines)
+
+
+def _pct(v: Any) -> str:
+    return f"{v:.0%}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
+
+
+# --- experiments.round --live ------------------------------------------------------------------
+
+LIVE_RETRAIN_EVERY = 25  # labels between the trainer's versions in a live round (8 versions for 200 labels)
+LIVE_RECENT = 200  # the teacher labels pairs of the agent's newest clips: what it does now
+
+
+def live_plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The staged benchmark's budget, live: agent steps, labels after round 1's, their rate."""
+    steps = int(args.ft_steps * args.scale) * args.rounds
+    later = args.labels * (args.rounds - 1)
+    return {"steps": steps, "labels": later, "rate": 1000.0 * later / steps if steps else 0.0}
+
+
+def run_live(sr: Any) -> dict[str, Any]:
+    """One seed's live round (``sr``: ``experiments.round.SeedRun``): its rows, versions and figures."""
+    from experiments import round as rnd
+    from lib.a2c_cli import to_argv
+    from lib.a2c_config import A2CConfig
+    from lib.files import atomic_write
+
+    args = sr.args
+    ldir = sr.tdir / "live"
+    ldir.mkdir(parents=True, exist_ok=True)
+    plan = live_plan(args)
+    reward1, figures1 = rnd.reward_round(sr, 1)  # live starts where staged round 1 starts
+    stable = ldir / "reward-live.pt"
+    if not stable.exists():
+        atomic_write(stable, reward1.read_bytes())
+    db = ldir / "rlhf-db"
+    save = ldir / "rlhf"
+    name = f"round-live-{sr.tdir.name}"
+    done = rnd.a2c_progress(save)
+    if done is None or done < plan["steps"]:
+        cfg = A2CConfig(
+            name=name,
+            save=str(save),
+            max_steps=plan["steps"],
+            model=str(sr.v0_policy),
+            reward=str(stable),
+            reward_reload=True,
+            db_path=str(db),
+            record_prob=args.record_prob,
+            dev=args.dev,
+            seed=args.seed,
+            runs_dir=str(args.out / "tb"),
+            test_every=max(plan["steps"] // (args.evals * args.rounds), 1),
+            test_episodes=args.test_episodes,
+            **rnd.ft_settings(args.ft_layers),
+        )
+        cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
+        live_loop(sr, cfg, to_argv(cfg), plan, reward1)
+    reached = rnd.a2c_progress(save) or 0
+    if reached < plan["steps"]:
+        raise UserError(f"{name} stopped at step {reached:,} of {plan['steps']:,}: run the same command to continue")
+    final = stable
+    figs = rnd.cached_json(
+        ldir / "reward_heldout.json",
+        lambda: rnd.held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev),
+        {"reward": rnd.file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])},
+    )
+    row = rnd.summarise(rnd.evaluate_arm(save / "last.pt", ldir / "eval.json", args))
+    return {
+        "row": row,
+        "plan": plan,
+        "labels": count_labels(db),
+        "versions": read_versions(ldir / "reward-live-versions.jsonl"),
+        "reward_model": figs,
+        "reward_model_r1": figures1["reward_model"],
+        "curves": {tag: rnd.tb_scalars(args.out / "tb", name, tag) for tag in rnd.CURVE_TAGS},
+        "version_steps": rnd.tb_scalars(args.out / "tb", name, "reward_model/version"),
+    }
+
+
+def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], reward1: Path) -> None:
+    """The agent, the following teacher and the following trainer side by side until the agent
+    has done its steps; then the teacher and the trainer are stopped."""
+    args = sr.args
+    ldir = sr.tdir / "live"
+    logs = args.out / "logs"
+    db = Path(cfg.db_path)
+    older = sr.tdir / "r1" / "label-db"
+    owed = plan["labels"] - count_labels(db)
+    procs = [spawn(cfg.name, [PY, ROOT / "01_a2c.py", *a2c_argv], logs / f"{cfg.name}.log")]
+    try:
+        wait_for(f"the first segment in {db}", lambda: any(db.glob("[0-9][0-9]/*.dat")), procs, timeout=1800)
+        if owed > 0:
+            oracle = [PY, ROOT / "02_label_ui.py", "-d", db, "--oracle", str(owed), "--follow"]
+            oracle += ["--teacher", args.teacher, "--sampling", args.sampling, "--recent", str(LIVE_RECENT)]
+            oracle += ["--schedule", "constant", "--label-rate", f"{plan['rate']:.6g}", "--seed", str(args.seed)]
+            procs.append(spawn("oracle", oracle, logs / f"oracle-{ldir.parent.name}-live.log"))
+        trainer = [PY, ROOT / "03_reward_train.py", "-n", "live", "-o", ldir, "--follow"]
+        trainer += ["--retrain-every", str(LIVE_RETRAIN_EVERY), "--dev", args.dev, "--seed", str(args.seed)]
+        trainer += ["--runs-dir", args.out / "tb", "--no-progress", older, db]
+        procs.append(spawn("trainer", trainer, logs / f"trainer-{ldir.parent.name}-live.log"))
+        last = 0.0
+        while procs[0].running():
+            for p in procs[1:]:
+                if not p.running():
+                    raise UserError(f"{p.name} ended (exit {p.popen.returncode}) before the agent:\n{p.tail()}")
+            if time.time() - last > 300:
+                vs = read_versions(ldir / "reward-live-versions.jsonl")
+                log(f"agent: {procs[0].tail(1).strip()}")
+                installed = sum(bool(v.get("installed")) for v in vs)
+                log(f"labels {count_labels(db)}, versions {len(vs)} ({installed} installed)")
+                last = time.time()
+            time.sleep(5)
+    finally:
+        stop_all(procs)
+
+
+def staged_rows(sr: Any) -> list[dict[str, dict[str, float]]]:
+    """The staged rounds' rows of the same teacher directory (its round.json), [] when not run."""
+    try:
+        report = json.loads((sr.tdir / "round.json").read_text())
+        return [r["rows"] for r in report["rounds"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[str, float]]]:
+    """The live row beside the staged rounds' (same evaluation games), the versions, the final
+    model's held-out figures against round 1's, live.png and live.json."""
+    from experiments import round as rnd
+    from experiments.round_report import table
+    from lib.files import atomic_write
+
+    args, plan = sr.args, res["plan"]
+    staged = staged_rows(sr)[: args.rounds]
+    rows = [*staged, {"live": res["row"]}]
+    names = [str(k) for k in range(1, len(staged) + 1)] + [f"1-{args.rounds}"]
+    if not staged:
+        rows[0]["v0"] = rnd.summarise(rnd.evaluate_arm(sr.v0_policy, args.out / "eval" / "v0.json", args))
+    print(
+        f"\n## Live: {args.teacher} teacher, {args.labels} labels of v0's DB, then {plan['labels']} more at "
+        f"{plan['rate']:.3g} per 1,000 agent steps over one {plan['steps']:,}-step fine-tune; "
+        f"{args.eval_games} eval games (seed {args.seed})\n"
+    )
+    print(table(rows, arms=("v0", "control", "rlhf", "live"), names=names) + "\n")
+    if not staged:
+        print(f"(no staged rounds in {sr.tdir / 'round.json'}: run the same command without --live for them)\n")
+    vs = res["versions"]
+    print(f"the trainer's versions ({len(vs)} made, {sum(bool(v.get('installed')) for v in vs)} installed):\n")
+    print(versions_table(vs) + "\n")
+    print(f"labels written live: {res['labels']} (planned {plan['labels']})")
+    print("round 1's reward model (where live starts), on v0's held-out segments:")
+    rnd.print_reward_notes(1, {"reward_model": res["reward_model_r1"], "evidence": _no_evidence()})
+    print("the live run's final installed model, on the same held-out segments:")
+    rnd.print_reward_notes(1, {"reward_model": res["reward_model"], "evidence": _no_evidence()})
+    plot_live(sr.tdir / "live.png", res, staged_curves(sr), f"{args.teacher} teacher: live vs staged, seed {args.seed}")
+    report = {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **{k: res[k] for k in ("row", "plan", "labels", "versions", "reward_model")},
+        "staged": staged,
+    }
+    atomic_write(sr.tdir / "live.json", json.dumps(report, indent=1).encode())
+    print(f"\n{sr.tdir / 'live.png'}, {sr.tdir / 'live.json'} ({(time.time() - t0) / 60:.1f} min so far)")
+    return rows
+
+
+def _no_evidence() -> dict[str, Any]:
+    """``print_reward_notes`` also prints the labels' evidence; the live labels' is not measured here."""
+    return {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0,
+            "segments": 0, "with_refill": 0, "with_oxygen_death": 0, "lives_lost": 0}  # fmt: skip
+
+
+def staged_curves(sr: Any) -> dict[str, tuple[list[int], list[float]]]:
+    """The staged rlhf and control arms' eval score over cumulative fine-tune steps (round k's
+    curve shifted by k-1 fine-tunes)."""
+    from experiments import round as rnd
+
+    args = sr.args
+    steps = int(args.ft_steps * args.scale)
+    out: dict[str, tuple[list[int], list[float]]] = {"rlhf": ([], []), "control": ([], [])}
+    for k in range(1, args.rounds + 1):
+        for arm, prefix in (("rlhf", f"round-rlhf-{sr.tdir.name}-r{k}"), ("control", f"round-control-r{k}")):
+            xs, ys = rnd.tb_scalars(args.out / "tb", prefix, "eval/score_mean")
+            out[arm][0].extend(x + (k - 1) * steps for x in xs)
+            out[arm][1].extend(ys)
+    return out
+
+
+def plot_live(path: Path, res: dict[str, Any], staged: dict[str, tuple[list, list]], title: str) -> None:
+    """live.png: eval score over agent steps, live against the staged arms; a line per version switch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for arm, style in (("control", dict(color="tab:grey", linestyle="--")), ("rlhf", dict(color="tab:blue"))):
+        if staged[arm][0]:
+            ax.plot(*staged[arm], marker="o", label=f"staged {arm}", **style)
+    xs, ys = res["curves"].get("eval/score_mean", ([], []))
+    if xs:
+        ax.plot(xs, ys, marker="s", color="tab:red", label="live rlhf")
+    vsteps, versions = res["version_steps"]
+    for i in range(1, len(versions)):
+        if versions[i] != versions[i - 1]:
+            ax.axvline(vsteps[i], color="tab:red", alpha=0.25, linewidth=1)
+    ax.set_xlabel("fine-tune agent steps (faint lines: the agent switched reward model)")
+    ax.set_ylabel("mean eval score")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --- make demo-live ----------------------------------------------------------------------------
+
+DEMO = {
+    "db": Path("db/demo-live"),  # the recording A2C's clips (true score)
+    "db_rl": Path("db/demo-live-rl"),  # the reloading A2C's clips (learned reward)
+    "save": Path("saves/demo-live"),
+    "save_rl": Path("saves/demo-live-rl"),
+    "reward": Path("saves/demo-live-reward"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.live",
+        description="make demo-live: the four live processes together for a few minutes, from nothing. A recording "
+        "A2C on the true score makes the first clips; a following oracle labels them as they appear; a following "
+        "trainer makes reward model v1; then the recording A2C is stopped and a reloading A2C starts from its "
+        "policy, learning from each new version while the oracle labels its own clips. Everything is stopped "
+        "cleanly at the end. Files: db/demo-live*, saves/demo-live*, runs/ (the previous demo's are removed).",
+    )
+    p.add_argument("--minutes", type=float, default=5.0, help="how long the whole demo runs (default 5)")
+    p.add_argument(
+        "--teacher", choices=TEACHERS, default="score", help="the oracle's teacher (lib/teachers.py; default score)"
+    )
+    p.add_argument("--envs", type=int, default=8, help="envs of each A2C (default 8: 2 cores run four processes)")
+    p.add_argument("--label-rate", type=float, default=2.0, help="oracle labels per 1,000 agent steps (default 2)")
+    p.add_argument("--retrain-every", type=int, default=10, help="new labels between reward-model versions")
+    p.add_argument("--seed", type=int, default=0, help="seed of every process")
+    p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
+    return p
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``make demo-live``; returns the exit code (0: every process stopped cleanly)."""
+    if not 1 <= args.minutes <= 600:
+        raise UserError(f"--minutes must be in 1..600, got {args.minutes:g}")
+    if args.envs < 1 or args.retrain_every < 1 or not args.label_rate > 0:
+        raise UserError("--envs and --retrain-every must be at least 1, --label-rate above 0")
+    for path in DEMO.values():
+        shutil.rmtree(path, ignore_errors=True)
+    deadline = time.time() + 60 * args.minutes
+    logs = DEMO["save"].parent / "demo-live-logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    seed = ["--seed", str(args.seed)]
+    a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.003", "--no-progress", *seed]
+    a2c += ["--test-every", "100000000", "--runs-dir", args.runs_dir]
+    oracle = ["--follow", "--teacher", args.teacher, "--schedule", "constant", "--label-rate", str(args.label_rate)]
+    oracle += ["--poll", "2", *seed]
+    trainer = ["-n", "demo-live", "-o", DEMO["reward"], "--follow", "--retrain-every", str(args.retrain_every)]
+    trainer += ["--poll", "2", "--epochs", "30", "--no-progress", "--runs-dir", args.runs_dir, *seed]
+    stable = DEMO["reward"] / "reward-demo-live.pt"
+    codes: dict[str, int] = {}
+    t0 = time.time()
+    log(f"demo-live: {args.minutes:g} minutes; logs in {logs}/")
+    # phase 1: clips of an agent learning the true score, labels as they appear, the first reward model
+    procs = [
+        spawn(
+            "a2c-record",
+            [PY, ROOT / "01_a2c.py", "-n", "demo-live", "--db-path", DEMO["db"], *a2c],
+            logs / "a2c-record.log",
+        )
+    ]
+    try:
+        wait_for("first clip", lambda: any(DEMO["db"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
+        procs.append(
+            spawn(
+                "oracle",
+                [PY, ROOT / "02_label_ui.py", "-d", DEMO["db"], "--oracle", "100000", *oracle],
+                logs / "oracle.log",
+            )
+        )
+        procs.append(spawn("trainer", [PY, ROOT / "03_reward_train.py", *trainer, DEMO["db"]], logs / "trainer.log"))
+        wait_for(f"reward model {stable}", stable.exists, procs, deadline - time.time())
+        switch_step = _last_step(DEMO["save"])
+    finally:
+        codes.update(stop_all(procs))
+    # phase 2: the reloading agent learns from each new version; the oracle labels its own clips
+    log(f"phase 2: {stable} exists after {time.time() - t0:.0f} s: the reloading A2C starts from {DEMO['save']}")
+    rl = [PY, ROOT / "01_a2c.py", "-n", "demo-live-rl", "-m", DEMO["save"] / "last.pt", "-r", stable, "--reward-reload"]
+    procs = [spawn("a2c-reload", [*rl, "--db-path", DEMO["db_rl"], *a2c], logs / "a2c-reload.log")]
+    try:
+        wait_for("first clip", lambda: any(DEMO["db_rl"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
+        procs.append(
+            spawn(
+                "oracle-rl",
+                [PY, ROOT / "02_label_ui.py", "-d", DEMO["db_rl"], "--oracle", "100000", *oracle],
+                logs / "oracle-rl.log",
+            )
+        )
+        procs.append(
+            spawn(
+                "trainer", [PY, ROOT / "03_reward_train.py", *trainer, DEMO["db"], DEMO["db_rl"]], logs / "trainer.log"
+            )
+        )
+        while time.time() < deadline:
+            for p in procs:
+                if not p.running():
+                    raise UserError(f"{p.name} ended (exit {p.popen.returncode}) before the demo's end:\n{p.tail()}")
+            time.sleep(2)
+    finally:
+        codes.update({f"{k} (phase 2)" if k in codes else k: v for k, v in stop_all(procs).items()})
+    return demo_report(args, codes, switch_step, time.time() - t0)
+
+
+def _last_step(save: Path) -> int:
+    from experiments.round import a2c_progress
+
+    return a2c_progress(save) or 0
+
+
+def demo_report(args: argparse.Namespace, codes: dict[str, int], switch_step: int, seconds: float) -> int:
+    """What the demo made: versions, labels, the true score over time (printed and a PNG)."""
+    from experiments.round import tb_scalars
+
+    versions = read_versions(DEMO["reward"] / "reward-demo-live-versions.jsonl")
+    print(f"\n== demo-live done in {seconds / 60:.1f} min")
+    print(f"versions made: {len(versions)} ({sum(bool(v.get('installed')) for v in versions)} installed)")
+    print(versions_table(versions))
+    print(f"labels: {count_labels(DEMO['db'])} in {DEMO['db']}, {count_labels(DEMO['db_rl'])} in {DEMO['db_rl']}")
+    runs = Path(args.runs_dir)
+    rec = tb_scalars(runs, "demo-live", "charts/episode_score")
+    rl = tb_scalars(runs, "demo-live-rl", "charts/episode_score")
+    ver = tb_scalars(runs, "demo-live-rl", "reward_model/version")
+    rec = ([s for s in rec[0] if s <= switch_step], rec[1][: sum(s <= switch_step for s in rec[0])])
+    rl = ([s + switch_step for s in rl[0]], rl[1])
+    print("true score over time (games ended, agent steps):")
+    for name, (xs, ys) in (("recording A2C (true score)", rec), ("reloading A2C (learned reward)", rl)):
+        for lo in range(0, len(xs), max(1, len(xs) // 6)):
+            chunk = ys[lo : lo + max(1, len(xs) // 6)]
+            print(f"  {name}: step {xs[lo]:>8,}  mean score of {len(chunk)} games {sum(chunk) / len(chunk):7.1f}")
+    png = DEMO["save_rl"] / "score_over_time.png"
+    plot_demo(png, rec, rl, ([s + switch_step for s in ver[0]], ver[1]))
+    print(f"plot: {png}")
+    bad = {k: v for k, v in codes.items() if v not in (0, 130)}
+    print("stopped: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()))
+    if bad:
+        print(f"not stopped cleanly: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def plot_demo(path: Path, rec: tuple[list, list], rl: tuple[list, list], ver: tuple[list, list]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(*rec, ".", color="tab:grey", label="recording A2C (true score)")
+    ax.plot(*rl, ".", color="tab:red", label="reloading A2C (learned reward)")
+    for i, (x, v) in enumerate(zip(*ver, strict=True)):
+        if i == 0 or v != ver[1][i - 1]:
+            ax.axvline(x, color="tab:red", alpha=0.3)
+            ax.text(x, ax.get_ylim()[1], f" v{v:g}", fontsize=7, va="top")
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel("true game score")
+    ax.set_title("make demo-live: the true score while the reward model is retrained (lines: version switches)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return demo(build_parser().parse_args(argv))
+
+
+def cli() -> None:
+    try:
+        run_cli(main)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    cli()
