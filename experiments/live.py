@@ -371,13 +371,18 @@ def plot_live(path: Path, res: dict[str, Any], staged: dict[str, tuple[list, lis
 
 # --- make demo-live ----------------------------------------------------------------------------
 
-DEMO = {
-    "db": Path("db/demo-live"),  # the recording A2C's clips (true score)
-    "db_rl": Path("db/demo-live-rl"),  # the reloading A2C's clips (learned reward)
-    "save": Path("saves/demo-live"),
-    "save_rl": Path("saves/demo-live-rl"),
-    "reward": Path("saves/demo-live-reward"),
-}
+
+def demo_paths(root: Path) -> dict[str, Path]:
+    """Where the demo's files go under ``root`` (the repository for make demo-live)."""
+    return {
+        "db": root / "db/demo-live",  # the recording A2C's clips (true score)
+        "db_rl": root / "db/demo-live-rl",  # the reloading A2C's clips (learned reward)
+        "save": root / "saves/demo-live",
+        "save_rl": root / "saves/demo-live-rl",
+        "reward": root / "saves/demo-live-reward",
+        "logs": root / "saves/demo-live-logs",
+        "runs": root / "runs",
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -386,18 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="make demo-live: the four live processes together for a few minutes, from nothing. A recording "
         "A2C on the true score makes the first clips; a following oracle labels them as they appear; a following "
         "trainer makes reward model v1; then the recording A2C is stopped and a reloading A2C starts from its "
-        "policy, learning from each new version while the oracle labels its own clips. Everything is stopped "
-        "cleanly at the end. Files: db/demo-live*, saves/demo-live*, runs/ (the previous demo's are removed).",
+        "policy, learning from each new version while the oracle labels its own clips and the trainer goes on. "
+        "At the end every process is stopped with Ctrl-C (SIGINT). Files: db/demo-live*, saves/demo-live*, "
+        "runs/demo-live* (the previous demo's are removed first).",
     )
     p.add_argument("--minutes", type=float, default=5.0, help="how long the whole demo runs (default 5)")
-    p.add_argument(
-        "--teacher", choices=TEACHERS, default="score", help="the oracle's teacher (lib/teachers.py; default score)"
-    )
+    p.add_argument("--teacher", choices=TEACHERS, default="score", help="the oracle's teacher (default score)")
     p.add_argument("--envs", type=int, default=8, help="envs of each A2C (default 8: 2 cores run four processes)")
     p.add_argument("--label-rate", type=float, default=2.0, help="oracle labels per 1,000 agent steps (default 2)")
     p.add_argument("--retrain-every", type=int, default=10, help="new labels between reward-model versions")
     p.add_argument("--seed", type=int, default=0, help="seed of every process")
-    p.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
+    p.add_argument("--dir", type=Path, default=Path("."), help="where db/, saves/ and runs/ are (default: here)")
     return p
 
 
@@ -407,70 +411,58 @@ def demo(args: argparse.Namespace) -> int:
         raise UserError(f"--minutes must be in 1..600, got {args.minutes:g}")
     if args.envs < 1 or args.retrain_every < 1 or not args.label_rate > 0:
         raise UserError("--envs and --retrain-every must be at least 1, --label-rate above 0")
-    for path in DEMO.values():
-        shutil.rmtree(path, ignore_errors=True)
+    where = demo_paths(args.dir.resolve())
+    for key, path in where.items():
+        if key != "runs":
+            shutil.rmtree(path, ignore_errors=True)
+    for old in where["runs"].glob("demo-live*"):
+        shutil.rmtree(old, ignore_errors=True)
     deadline = time.time() + 60 * args.minutes
-    logs = DEMO["save"].parent / "demo-live-logs"
-    shutil.rmtree(logs, ignore_errors=True)
-    seed = ["--seed", str(args.seed)]
+    logs, seed = where["logs"], ["--seed", str(args.seed)]
     a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.003", "--no-progress", *seed]
-    a2c += ["--test-every", "100000000", "--runs-dir", args.runs_dir]
-    oracle = ["--follow", "--teacher", args.teacher, "--schedule", "constant", "--label-rate", str(args.label_rate)]
-    oracle += ["--poll", "2", *seed]
-    trainer = ["-n", "demo-live", "-o", DEMO["reward"], "--follow", "--retrain-every", str(args.retrain_every)]
-    trainer += ["--poll", "2", "--epochs", "30", "--no-progress", "--runs-dir", args.runs_dir, *seed]
-    stable = DEMO["reward"] / "reward-demo-live.pt"
-    codes: dict[str, int] = {}
+    a2c += ["--test-every", "100000000", "--runs-dir", where["runs"]]
+    oracle = ["--oracle", "100000", "--follow", "--teacher", args.teacher, "--schedule", "constant"]
+    oracle += ["--label-rate", str(args.label_rate), "--poll", "2", *seed]
+    trainer = [PY, ROOT / "03_reward_train.py", "-n", "demo-live", "-o", where["reward"], "--follow"]
+    trainer += ["--retrain-every", str(args.retrain_every), "--poll", "2", "--epochs", "30", "--no-progress"]
+    trainer += ["--runs-dir", where["runs"], *seed]
+    stable = where["reward"] / "reward-demo-live.pt"
     t0 = time.time()
-    log(f"demo-live: {args.minutes:g} minutes; logs in {logs}/")
+    log(f"demo-live: {args.minutes:g} minutes; every process's output is in {logs}/")
+
     # phase 1: clips of an agent learning the true score, labels as they appear, the first reward model
-    procs = [
-        spawn(
-            "a2c-record",
-            [PY, ROOT / "01_a2c.py", "-n", "demo-live", "--db-path", DEMO["db"], *a2c],
-            logs / "a2c-record.log",
-        )
-    ]
+    record = [PY, ROOT / "01_a2c.py", "-n", "demo-live", "--save", where["save"], "--db-path", where["db"], *a2c]
+    procs = [spawn("a2c-record", record, logs / "a2c-record.log")]
     try:
-        wait_for("first clip", lambda: any(DEMO["db"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
-        procs.append(
-            spawn(
-                "oracle",
-                [PY, ROOT / "02_label_ui.py", "-d", DEMO["db"], "--oracle", "100000", *oracle],
-                logs / "oracle.log",
-            )
-        )
-        procs.append(spawn("trainer", [PY, ROOT / "03_reward_train.py", *trainer, DEMO["db"]], logs / "trainer.log"))
+        wait_for("first clip", lambda: any(where["db"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
+        procs.append(spawn("oracle", [PY, ROOT / "02_label_ui.py", "-d", where["db"], *oracle], logs / "oracle.log"))
+        procs.append(spawn("trainer", [*trainer, where["db"]], logs / "trainer.log"))
         wait_for(f"reward model {stable}", stable.exists, procs, deadline - time.time())
-        switch_step = _last_step(DEMO["save"])
     finally:
-        codes.update(stop_all(procs))
+        codes = stop_all(procs)
+    switch_step = _last_step(where["save"])
+
     # phase 2: the reloading agent learns from each new version; the oracle labels its own clips
-    log(f"phase 2: {stable} exists after {time.time() - t0:.0f} s: the reloading A2C starts from {DEMO['save']}")
-    rl = [PY, ROOT / "01_a2c.py", "-n", "demo-live-rl", "-m", DEMO["save"] / "last.pt", "-r", stable, "--reward-reload"]
-    procs = [spawn("a2c-reload", [*rl, "--db-path", DEMO["db_rl"], *a2c], logs / "a2c-reload.log")]
+    log(
+        f"phase 2 after {time.time() - t0:.0f} s: the reloading A2C starts from {where['save']} at step {switch_step:,}"
+    )
+    reload = [PY, ROOT / "01_a2c.py", "-n", "demo-live-rl", "--save", where["save_rl"], "-m", where["save"] / "last.pt"]
+    reload += ["-r", stable, "--reward-reload", "--db-path", where["db_rl"], *a2c]
+    procs = [spawn("a2c-reload", reload, logs / "a2c-reload.log")]
     try:
-        wait_for("first clip", lambda: any(DEMO["db_rl"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
+        wait_for("first clip", lambda: any(where["db_rl"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
         procs.append(
-            spawn(
-                "oracle-rl",
-                [PY, ROOT / "02_label_ui.py", "-d", DEMO["db_rl"], "--oracle", "100000", *oracle],
-                logs / "oracle-rl.log",
-            )
+            spawn("oracle-rl", [PY, ROOT / "02_label_ui.py", "-d", where["db_rl"], *oracle], logs / "oracle-rl.log")
         )
-        procs.append(
-            spawn(
-                "trainer", [PY, ROOT / "03_reward_train.py", *trainer, DEMO["db"], DEMO["db_rl"]], logs / "trainer.log"
-            )
-        )
+        procs.append(spawn("trainer-2", [*trainer, where["db"], where["db_rl"]], logs / "trainer.log"))
         while time.time() < deadline:
             for p in procs:
                 if not p.running():
                     raise UserError(f"{p.name} ended (exit {p.popen.returncode}) before the demo's end:\n{p.tail()}")
             time.sleep(2)
     finally:
-        codes.update({f"{k} (phase 2)" if k in codes else k: v for k, v in stop_all(procs).items()})
-    return demo_report(args, codes, switch_step, time.time() - t0)
+        codes.update(stop_all(procs))
+    return demo_report(where, codes, switch_step, time.time() - t0)
 
 
 def _last_step(save: Path) -> int:
@@ -479,38 +471,47 @@ def _last_step(save: Path) -> int:
     return a2c_progress(save) or 0
 
 
-def demo_report(args: argparse.Namespace, codes: dict[str, int], switch_step: int, seconds: float) -> int:
+def demo_report(where: dict[str, Path], codes: dict[str, int], switch_step: int, seconds: float) -> int:
     """What the demo made: versions, labels, the true score over time (printed and a PNG)."""
     from experiments.round import tb_scalars
 
-    versions = read_versions(DEMO["reward"] / "reward-demo-live-versions.jsonl")
+    versions = read_versions(where["reward"] / "reward-demo-live-versions.jsonl")
     print(f"\n== demo-live done in {seconds / 60:.1f} min")
     print(f"versions made: {len(versions)} ({sum(bool(v.get('installed')) for v in versions)} installed)")
     print(versions_table(versions))
-    print(f"labels: {count_labels(DEMO['db'])} in {DEMO['db']}, {count_labels(DEMO['db_rl'])} in {DEMO['db_rl']}")
-    runs = Path(args.runs_dir)
-    rec = tb_scalars(runs, "demo-live", "charts/episode_score")
-    rl = tb_scalars(runs, "demo-live-rl", "charts/episode_score")
-    ver = tb_scalars(runs, "demo-live-rl", "reward_model/version")
-    rec = ([s for s in rec[0] if s <= switch_step], rec[1][: sum(s <= switch_step for s in rec[0])])
+    print(f"labels: {count_labels(where['db'])} in {where['db']}, {count_labels(where['db_rl'])} in {where['db_rl']}")
+    rec = tb_scalars(where["runs"], "demo-live", "charts/episode_score")
+    rl = tb_scalars(where["runs"], "demo-live-rl", "charts/episode_score")
+    ver = tb_scalars(where["runs"], "demo-live-rl", "reward_model/version")
     rl = ([s + switch_step for s in rl[0]], rl[1])
-    print("true score over time (games ended, agent steps):")
-    for name, (xs, ys) in (("recording A2C (true score)", rec), ("reloading A2C (learned reward)", rl)):
-        for lo in range(0, len(xs), max(1, len(xs) // 6)):
-            chunk = ys[lo : lo + max(1, len(xs) // 6)]
-            print(f"  {name}: step {xs[lo]:>8,}  mean score of {len(chunk)} games {sum(chunk) / len(chunk):7.1f}")
-    png = DEMO["save_rl"] / "score_over_time.png"
-    plot_demo(png, rec, rl, ([s + switch_step for s in ver[0]], ver[1]))
+    ver = ([s + switch_step for s in ver[0]], ver[1])
+    print("true score over time (mean of the games that ended in each stretch of agent steps):")
+    for name, (xs, ys) in (("recording A2C, true score", rec), ("reloading A2C, learned reward", rl)):
+        for lo, hi, mean, n in score_stretches(xs, ys):
+            print(f"  {name}: steps {lo:>9,} - {hi:>9,}: {mean:7.1f} ({n} games)")
+    png = where["save_rl"] / "score_over_time.png"
+    plot_demo(png, rec, rl, ver)
     print(f"plot: {png}")
-    bad = {k: v for k, v in codes.items() if v not in (0, 130)}
     print("stopped: " + ", ".join(f"{k} exit {v}" for k, v in codes.items()))
+    bad = {k: v for k, v in codes.items() if v not in (0, 130)}
     if bad:
         print(f"not stopped cleanly: {bad}", file=sys.stderr)
         return 1
     return 0
 
 
+def score_stretches(xs: list[int], ys: list[float], n: int = 5) -> list[tuple[int, int, float, int]]:
+    """(first step, last step, mean score, games) of ``n`` consecutive stretches of the games."""
+    out = []
+    size = max(1, math.ceil(len(xs) / n))
+    for i in range(0, len(xs), size):
+        chunk = ys[i : i + size]
+        out.append((xs[i], xs[min(i + size, len(xs)) - 1], sum(chunk) / len(chunk), len(chunk)))
+    return out
+
+
 def plot_demo(path: Path, rec: tuple[list, list], rl: tuple[list, list], ver: tuple[list, list]) -> None:
+    """score_over_time.png: every game's true score against agent steps; a line per version switch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -520,13 +521,16 @@ def plot_demo(path: Path, rec: tuple[list, list], rl: tuple[list, list], ver: tu
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.plot(*rec, ".", color="tab:grey", label="recording A2C (true score)")
     ax.plot(*rl, ".", color="tab:red", label="reloading A2C (learned reward)")
+    top = max([*rec[1], *rl[1], 1.0])
     for i, (x, v) in enumerate(zip(*ver, strict=True)):
         if i == 0 or v != ver[1][i - 1]:
             ax.axvline(x, color="tab:red", alpha=0.3)
-            ax.text(x, ax.get_ylim()[1], f" v{v:g}", fontsize=7, va="top")
+            ax.text(x, top, f" v{v:g}", fontsize=7, va="bottom")
     ax.set_xlabel("agent steps")
     ax.set_ylabel("true game score")
-    ax.set_title("make demo-live: the true score while the reward model is retrained (lines: version switches)")
+    ax.set_title(
+        "make demo-live: true score while the reward model is retrained (lines: the agent switched)", fontsize=9
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -542,7 +546,7 @@ def cli() -> None:
     try:
         run_cli(main)
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print("\ninterrupted: every process was stopped with Ctrl-C", file=sys.stderr)
         raise SystemExit(130) from None
 
 
