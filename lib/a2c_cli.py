@@ -93,6 +93,14 @@ def _add_record_args(g: argparse._ArgumentGroup) -> None:
         help="with an ensemble reward model (-r, --ensemble K): learn from mean - L * std of the members' "
         "normalised predictions, lower where they disagree (default 0: the mean)",
     )
+    g.add_argument(
+        "--reward-reload",
+        action="store_true",
+        help="live rounds: keep watching the -r file (a stat about once a second) and switch to each new version "
+        "between two steps, without stopping (03_reward_train.py --follow installs them); its normalisation "
+        "restarts from the new model's stored stats; a broken or wrong-game file is skipped with one warning; "
+        "TensorBoard's reward_model/version names the version in use",
+    )
     g.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
     g.add_argument(
         "--record-prob",

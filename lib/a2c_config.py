@@ -39,6 +39,7 @@ class A2CConfig:
     finetune: bool = False
     reward: str | None = None
     reward_penalty: float = 0.0
+    reward_reload: bool = False
     save: str | None = None
     db_path: str | None = None
     envs: int = 16
@@ -80,6 +81,7 @@ class A2CConfig:
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (not 0 <= self.reward_penalty < math.inf, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
+            (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
             (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),

@@ -307,8 +307,34 @@ def make_env_stack(
     if cfg.reward:
         from lib.reward_wrapper import RewardModelWrapper
 
-        env = RewardModelWrapper(env, cfg.reward, device=device, penalty=cfg.reward_penalty)
+        env = RewardModelWrapper(
+            env,
+            cfg.reward,
+            device=device,
+            penalty=cfg.reward_penalty,
+            reload=cfg.reward_reload,
+            verbose=dist.is_main,
+        )
     return env, recorder
+
+
+def note_reward_versions(reward_env: Any, writer: Any, progress: Progress, recorder: Any | None) -> None:
+    """Which reward model version the learner uses, from now on and at each switch (-r, and
+    --reward-reload's switches): the scalar ``reward_model/version`` at this step and at each switch
+    (``ProgressLog`` adds it at each log point too), a ``reward_model/switches`` text line per
+    switch, and ``reward_version`` in the ``meta`` of each segment recorded from then on (the
+    version in use when the segment's last step was taken)."""
+
+    def note(version: int, path: str | None) -> None:
+        writer.add_scalar("reward_model/version", version, progress.step)
+        if path is not None:
+            line = f"step {progress.step:,}: switched to v{version} ({path})"
+            writer.add_text("reward_model/switches", line, progress.step)
+        if recorder is not None:
+            recorder.meta["reward_version"] = version
+
+    note(reward_env.version, None)
+    reward_env.on_switch = note
 
 
 def _policy(cfg: A2CConfig, resume_ck: dict[str, Any] | None, env: Any) -> tuple[AtariA2C, bool, Progress]:
@@ -403,6 +429,10 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
             print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
         extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
         writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
+    if cfg.reward:
+        note_reward_versions(env, writer, progress, recorder)
+        if cfg.reward_reload and dist.is_main:
+            print(f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True)
     return Run(
         cfg,
         device,

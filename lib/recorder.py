@@ -146,6 +146,9 @@ class EpisodeRecorderWrapper:
         if step_counters is not None:
             self.env_steps = np.maximum(self.env_steps, np.asarray(step_counters, dtype=np.int64))
         self.checkpoint = checkpoint
+        # plain extra fields (str / int / float / bool / None) for each segment's ``meta`` from now
+        # on: 01_a2c.py -r puts the reward model's version there
+        self.meta: dict[str, Any] = {}
         self.writer = SegmentWriter(self.db_path)
         self.recording = np.zeros(n, dtype=bool)
         self._buf: list[dict[str, list]] = [self._empty() for _ in range(n)]
@@ -224,6 +227,7 @@ class EpisodeRecorderWrapper:
             step=int(self.env_steps[i]),
             checkpoint=self.checkpoint,
             time=time.time(),
+            meta=dict(self.meta),
         )
         self.writer.put(seg)
         self._buf[i] = self._empty()

@@ -43,6 +43,26 @@ better a step is -- the one thing the preferences taught the model. Normalised p
 already on the scale sign-clipped scores have (unit variance); the ±5 bound only stops rare
 outliers from dominating a batch (as SB3's VecNormalize clips rewards). The learner must not
 sign-clip ``rewards`` again.
+
+Live rounds (``01_a2c.py -r PATH --reward-reload``): before each agent step the wrapper may look
+at PATH (a ``stat``: mtime_ns, size, inode, at most every ``poll_s`` = 1 s) and, when the file has
+changed and then held still for one more look (so a plain ``cp`` caught mid-copy is not read),
+loads it with the same safe loader and checks as at the start (game, action count, frame shape,
+an ensemble where --reward-penalty needs one, finite weights; and the env id of the model it
+replaces). A good file is swapped in between two steps; a missing, truncated, corrupt, non-finite
+or wrong-game file is skipped with ONE warning per state of the file (a later change is looked at
+again) and the old model stays. The version is the checkpoint's ``metrics["version"]`` (stage 3's
+``--follow`` writes it), else the count of files loaded (1 = the one at the start).
+
+Normalisation across a switch: Bradley-Terry leaves a model's offset free, so a new model's raw
+predictions have their own offset and scale, and a window of the old model's predictions would
+mix the two (a new model shifted by +100 would be paid +100/std, clipped to +5, on every step
+until the window turned over). So a switch restarts the running norm (and each member's, with a
+penalty) from the new checkpoint's stored mean and std, with the usual warm-up of
+``norm_window // 10`` predictions: the learner's reward stays centred and unit-scaled across the
+switch, as at the start of a run. A checkpoint without stored stats starts on its own window. A
+diff model's forward that is still pending when the switch happens (``VecStep.complete()``) runs on
+the model and norm of the step it belongs to.
 """
 
 from __future__ import annotations
@@ -50,18 +70,22 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from lib.errors import UserError
+from lib.checkpoints import state_is_finite
+from lib.errors import UserError, warn
 from lib.model import resolve_device
 from lib.reward_model import RewardPredictor, load_reward_model, step_next_frames
 
 DEFAULT_NORM_WINDOW = 10_000
 DEFAULT_CLIP = 5.0
 MIN_STD = 1e-6
+RELOAD_POLL_S = 1.0  # --reward-reload: seconds between two looks (a stat) at the reward model file
 
 
 class RunningNorm:
@@ -136,6 +160,24 @@ def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> 
     return (z.mean(0) - pen).astype(np.float32), pen
 
 
+def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """What ``--reward-reload`` compares between two looks at a file: (mtime_ns, size, inode), one
+    ``stat``; None when it cannot be stat'ed (missing). An atomic install (temp + rename) always
+    gives a new inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def model_version(model: RewardPredictor, loaded: int) -> int:
+    """A reward model's version: ``metrics["version"]`` of its checkpoint when that is an int >= 1
+    (``03_reward_train.py --follow`` writes it), else ``loaded``, the files loaded so far."""
+    v = model.metrics.get("version")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded
+
+
 class RewardModelWrapper:
     """A vector env whose ``rewards`` come from a reward model (see the module docstring).
 
@@ -152,38 +194,99 @@ class RewardModelWrapper:
         clip: float | None = DEFAULT_CLIP,
         infer_threads: int | None = 1,
         penalty: float = 0.0,
+        reload: bool = False,
+        poll_s: float = RELOAD_POLL_S,
+        verbose: bool = True,
     ):
+        """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
+        docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch."""
         self.env = env
-        self.model: RewardPredictor = load_reward_model(
-            model_path, game=env.game, n_actions=env.n_actions, device=resolve_device(device)
-        )
-        frame_shape = tuple(np.shape(env.frames)[1:])
-        if frame_shape != self.model.frame_shape:
-            raise UserError(
-                f"reward model {model_path} takes frames {self.model.frame_shape}, the env gives {frame_shape}"
-            )
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
         if penalty < 0 or not math.isfinite(penalty):
             raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
-        if penalty > 0 and self.model.ensemble < 2:
-            raise UserError(
-                f"--reward-penalty needs an ensemble reward model (03_reward_train.py --ensemble K); "
-                f"{model_path} has one member"
-            )
-        prior = norm_prior(self.model)
-        self.norm = RunningNorm(norm_window, prior=prior)
+        self.path = Path(model_path)
+        self.device = resolve_device(device)
+        self.norm_window = norm_window
         self.penalty = float(penalty)
-        # with a penalty: one window per member (their scales differ), mean - L * std across them
-        members = self.model.ensemble if penalty else 0
-        self.member_norms = [RunningNorm(norm_window, prior=prior) for _ in range(members)]
         self.clip = clip
+        self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
+        self._state = file_state(self.path)  # before reading: a change while it loads is seen later
+        self._seen = self._state  # the state of the last look
+        self._next_look = time.monotonic() + poll_s
+        self.loaded = 1  # files loaded: the version of a checkpoint that names none
+        self.on_switch: Callable[[int, str], None] | None = None  # (version, path) after each switch
+        self._use(self._checked(self.path))
         self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
         self._pending: torch.Tensor | None = None
         self._before: tuple[torch.Tensor, torch.Tensor] | None = None  # a diff model's step input
         self._last: dict[str, float] = {}
         self._infer_s = 0.0
         self._steps = 0
+
+    def _checked(self, path: Path) -> RewardPredictor:
+        """The reward model at ``path``, loaded safely and checked against what this wrapper needs;
+        UserError with one line otherwise."""
+        model = load_reward_model(path, game=self.env.game, n_actions=self.env.n_actions, device=self.device)
+        frame_shape = tuple(np.shape(self.env.frames)[1:])
+        if frame_shape != model.frame_shape:
+            raise UserError(f"reward model {path} takes frames {model.frame_shape}, the env gives {frame_shape}")
+        if self.penalty > 0 and model.ensemble < 2:
+            raise UserError(
+                f"--reward-penalty needs an ensemble reward model (03_reward_train.py --ensemble K); "
+                f"{path} has one member"
+            )
+        if not all(state_is_finite(net.state_dict()) for net in model.nets):
+            raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
+        return model
+
+    def _use(self, model: RewardPredictor) -> None:
+        """Learn from ``model`` from the next step on, its running norms started afresh from its
+        stored stats (the module docstring says why)."""
+        self.model = model
+        self.version = model_version(model, self.loaded)
+        prior = norm_prior(model)
+        self.norm = RunningNorm(self.norm_window, prior=prior)
+        # with a penalty: one window per member (their scales differ), mean - L * std across them
+        members = model.ensemble if self.penalty else 0
+        self.member_norms = [RunningNorm(self.norm_window, prior=prior) for _ in range(members)]
+
+    def poll(self) -> bool:
+        """--reward-reload: look at the file (at most every ``poll_s``) and switch to it when it has
+        changed, held still since the last look, and loads and checks; a file that does not is
+        skipped with one warning, until it changes again. Returns whether it switched."""
+        now = time.monotonic()
+        if not self.reload or now < self._next_look:
+            return False
+        self._next_look = now + self.poll_s
+        state, seen = file_state(self.path), self._seen
+        self._seen = state
+        if state == self._state or state != seen:
+            return False  # unchanged, or still changing: look again next time
+        self._state = state  # this state is dealt with now, switched to or warned about once
+        if state is None:
+            warn(f"reward model {self.path} is gone: still learning from v{self.version}")
+            return False
+        try:
+            model = self._checked(self.path)
+        except UserError as e:
+            warn(f"{e}; still learning from v{self.version}")
+            return False
+        if self.model.env_id and model.env_id and model.env_id != self.model.env_id:
+            warn(
+                f"reward model {self.path} was trained on {model.env_id}, v{self.version} on "
+                f"{self.model.env_id}: still learning from v{self.version}"
+            )
+            return False
+        if file_state(self.path) != state:
+            return False  # replaced while it was read: the newer file is taken at a later look
+        self.loaded += 1
+        self._use(model)
+        if self.verbose:
+            print(f"reward model: switched to v{self.version} ({self.path})", flush=True)
+        if self.on_switch is not None:
+            self.on_switch(self.version, str(self.path))
+        return True
 
     def __getattr__(self, name: str) -> Any:
         # Only called for attributes not found on the wrapper: forward them to the inner env.
@@ -220,7 +323,9 @@ class RewardModelWrapper:
 
     def step_async(self, actions: np.ndarray) -> None:
         """Start the env step, then run the reward model on the frames the actions were taken on
-        while the env's threads step (the input is copied before the env can replace ``frames``)."""
+        while the env's threads step (the input is copied before the env can replace ``frames``).
+        With --reward-reload a new version is switched to first (``poll``), between two steps."""
+        self.poll()
         t0 = time.perf_counter()
         frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
         acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
@@ -230,20 +335,22 @@ class RewardModelWrapper:
             self._before = (frames, acts)
             self._infer_s += time.perf_counter() - t0
             return
-        self._pending = self._forward(frames, acts, None)  # (K, N)
+        self._pending = self._forward(self.model, frames, acts, None)  # (K, N)
         self._infer_s += time.perf_counter() - t0
 
-    def _forward(self, frames: torch.Tensor, acts: torch.Tensor, after: np.ndarray | None) -> torch.Tensor:
-        """The members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the env's
+    def _forward(
+        self, model: RewardPredictor, frames: torch.Tensor, acts: torch.Tensor, after: np.ndarray | None
+    ) -> torch.Tensor:
+        """``model``'s members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the env's
         C++ threads are busy stepping, or spin-waiting for the next step, and a forward on all
         cores would only fight them (OpenMP threads spin-wait too; measured 3-5x slower than one
         thread)."""
         if self.infer_threads is None:
-            return self.model.predict_members(frames, acts, after)
+            return model.predict_members(frames, acts, after)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.infer_threads)
         try:
-            return self.model.predict_members(frames, acts, after)
+            return model.predict_members(frames, acts, after)
         finally:
             torch.set_num_threads(threads)
 
@@ -260,7 +367,7 @@ class RewardModelWrapper:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
         if self._before is None:
-            self._predicted(st, self._pending)
+            self._predicted(st, self._pending, self.norm, self.member_norms)
             self._pending = None
             return st
         frames, acts = self._before
@@ -268,25 +375,30 @@ class RewardModelWrapper:
         # the env hands out new frame arrays at each step_wait, so these stay this step's while the
         # next step runs (tests/test_reward_wrapper.py sends it before the forward)
         after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
+        # this step's model and norms: a switch before complete() (the next step_async) is the next step's
+        model, norm, member_norms = self.model, self.norm, self.member_norms
 
         def forward() -> None:
             t0 = time.perf_counter()
-            members = self._forward(frames, acts, after)
+            members = self._forward(model, frames, acts, after)
             self._infer_s += time.perf_counter() - t0
-            self._predicted(st, members)
+            self._predicted(st, members, norm, member_norms)
 
         st.pending = forward
         return st
 
-    def _predicted(self, st: Any, members_t: torch.Tensor | None) -> None:
-        """Put the members' predictions (K, N) into ``st``: raw mean, normalised and clipped."""
+    def _predicted(
+        self, st: Any, members_t: torch.Tensor | None, norm: RunningNorm, member_norms: list[RunningNorm]
+    ) -> None:
+        """Put the members' predictions (K, N) into ``st``: raw mean, normalised (on ``norm``, or with
+        a penalty on ``member_norms``) and clipped."""
         assert members_t is not None
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
-        rewards = self.norm.normalise(raw)
+        rewards = norm.normalise(raw)
         penalty = None
         if self.penalty:
-            rewards, pen = penalised(members, self.member_norms, self.penalty)
+            rewards, pen = penalised(members, member_norms, self.penalty)
             penalty = float(pen.mean())
         clipped = 0.0
         if self.clip is not None:
@@ -307,9 +419,10 @@ class RewardModelWrapper:
     def stats(self) -> dict[str, float]:
         """Scalars for TensorBoard: the running normalisation mean/median/std, the last step's raw
         prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
-        members, 0 for one model), with --reward-penalty the mean penalty subtracted, and the
-        reward model's milliseconds per agent step."""
+        members, 0 for one model), with --reward-penalty the mean penalty subtracted, the reward
+        model's milliseconds per agent step, and the version learned from (``version``)."""
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
+        out["version"] = self.version
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

@@ -16,7 +16,7 @@ FLAGS = {
     "01_a2c.py": [
         "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "-m", "--model",
         "--finetune", "--lr", "--lr-decay-steps", "--resume", "--force", "-r", "--reward", "--reward-penalty",
-        "--db-path", "--record-prob", "--segment-steps", "--save", "--test-every", "--test-episodes",
+        "--reward-reload", "--db-path", "--record-prob", "--segment-steps", "--save", "--test-every", "--test-episodes",
         "--runs-dir", "--bf16", "--threads", "--env-threads",
     ],
     "02_label_ui.py": [
