@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: setup demo test test-fast bench bench-quality bench-round bench-sampling lint format clean-demo
+.PHONY: setup demo demo-live test test-fast bench bench-quality bench-round bench-sampling lint format clean-demo
 
 setup: $(VENV_STAMP)
 
@@ -14,6 +14,11 @@ $(VENV_STAMP): requirements.txt
 
 demo: $(VENV_STAMP)
 	bash scripts/demo.sh
+
+# The live loop for a few minutes (experiments/live.py): a recording A2C, a following oracle, a
+# following trainer, then the reloading A2C; prints versions, labels and the true score over time.
+demo-live: $(VENV_STAMP)
+	$(PY) -m experiments.live --minutes 5
 
 # The browser tests need Debian's chromium + chromium-driver: installed as root, else one line and exit 2.
 test: $(VENV_STAMP)
@@ -52,4 +57,4 @@ format: $(VENV_STAMP)
 	$(PY) -m ruff check --fix .
 
 clean-demo:
-	rm -rf db/demo saves/demo saves/demo-* runs/*demo* videos/demo
+	rm -rf db/demo db/demo-* saves/demo saves/demo-* runs/*demo* videos/demo
