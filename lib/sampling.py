@@ -15,6 +15,12 @@
   low, red gauge with divers aboard, a sub at the surface) is what a person's label on it is
   worth most for, and random pairs spend most labels on the common case.
 
+``recent`` (``--recent N``, with any mode) draws pairs only from the N newest segments of a DB,
+newest by the step counter in the name (``NN/SSSSSSSS.dat``: the env's agent steps when the segment
+ended; ties by env index): what the agent does now, while it trains and records. The counter is in
+the name, so no file is opened or stat-ed for it, and it survives a copy of the DB (an mtime would
+not). Labels of pairs outside the window do not count against it.
+
 The predicted preference of a pair is the Bradley-Terry probability the reward model is trained
 on: P(a > b) = sigmoid(R_a - R_b), with R the sum of a member's per-step predictions over the
 segment; ``uncertain`` uses the members' mean probability.
@@ -23,6 +29,7 @@ segment; ``uncertain`` uses the members' mean probability.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +39,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import pair_key, sample_unlabeled_pairs
-from lib.segments import SegmentError, read_segment
+from lib.segments import SegmentError, read_segment, segment_env_step
 
 if TYPE_CHECKING:  # torch is imported only where a model is loaded
     from lib.reward_model import RewardPredictor
@@ -128,40 +135,105 @@ def exploit_ranking(views: dict[str, SegmentView]) -> list[tuple[str, float]]:
 
 class SegmentLooks:
     """``rare``'s view of one DB: each readable segment's look (its mean frame over blocks of
-    ``LOOK_BLOCK`` pixels) and rarity, computed once for the segments asked about."""
+    ``LOOK_BLOCK`` pixels) and rarity, computed once for the segments asked about.
+
+    Every segment asked about is folded in once (``fold``): its look, its distances to the looks
+    before it, and each segment's ``RARE_NEIGHBOURS`` nearest distances, kept up to date. A segment
+    that appears while a page runs costs a read and one row of distances, not the whole matrix
+    again. Thread-safe (a page folds new segments off its event loop)."""
 
     def __init__(self, root: str | os.PathLike, warn: Callable[[str], None] = warn):
         self.root = Path(root)
         self.warn = warn
         self.looks: dict[str, np.ndarray | None] = {}
+        self._groups: dict[tuple[int, ...], _Neighbours] = {}  # by the look's shape
+        self._folded: set[str] = set()
+        self._lock = threading.RLock()
 
     def look(self, rel: str) -> np.ndarray | None:
-        if rel not in self.looks:
-            try:
-                frames = read_segment(self.root, rel).frames
-            except SegmentError as e:
-                self.warn(f"skipped: {e}")
-                frames = None
-            self.looks[rel] = None if frames is None else block_mean(frames.mean(0, dtype=np.float32))
-        return self.looks[rel]
+        with self._lock:
+            if rel not in self.looks:
+                try:
+                    frames = read_segment(self.root, rel).frames
+                except SegmentError as e:
+                    self.warn(f"skipped: {e}")
+                    frames = None
+                self.looks[rel] = None if frames is None else block_mean(frames.mean(0, dtype=np.float32))
+            return self.looks[rel]
+
+    def fold(self, segments: list[str]) -> None:
+        """Read the looks of the segments not seen yet and fold them into the nearest distances."""
+        with self._lock:
+            new: dict[tuple[int, ...], list[str]] = {}
+            for rel in segments:
+                if rel in self._folded:
+                    continue
+                self._folded.add(rel)
+                if (v := self.look(rel)) is not None:
+                    new.setdefault(v.shape, []).append(rel)
+            for shape, rels in new.items():
+                group = self._groups.setdefault(shape, _Neighbours())
+                group.add(rels, np.stack([self.looks[r].ravel() for r in rels]))
 
     def rarity(self, segments: list[str]) -> dict[str, float]:
         """Each readable segment's mean distance to its nearest looks (of the same shape) among
-        ``segments``: larger is rarer."""
-        looks = {rel: v for rel in segments if (v := self.look(rel)) is not None}
-        by_shape: dict[tuple[int, ...], list[str]] = {}
-        for rel, v in looks.items():
-            by_shape.setdefault(v.shape, []).append(rel)
-        out: dict[str, float] = {}
-        for rels in by_shape.values():
-            x = np.stack([looks[r].ravel() for r in rels]).astype(np.float64)
-            sq = (x * x).sum(1)
-            d = np.sqrt(np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0))
-            np.fill_diagonal(d, np.inf)
-            k = min(RARE_NEIGHBOURS, len(rels) - 1)
-            near = np.sort(d, axis=1)[:, :k].mean(1) if k > 0 else np.zeros(len(rels))
-            out.update(zip(rels, near.tolist(), strict=True))
-        return out
+        ``segments``: larger is rarer. Every segment folded in so far: from the kept distances;
+        a part of them (``--recent``): computed over that part."""
+        with self._lock:
+            self.fold(segments)
+            asked = {rel for rel in segments if self.looks.get(rel) is not None}
+            if sum(len(g.rels) for g in self._groups.values()) == len(asked):
+                return {rel: r for g in self._groups.values() for rel, r in g.rarity().items()}
+            by_shape: dict[tuple[int, ...], list[str]] = {}
+            for rel in sorted(asked):
+                by_shape.setdefault(self.looks[rel].shape, []).append(rel)
+            out: dict[str, float] = {}
+            for rels in by_shape.values():
+                part = _Neighbours()
+                part.add(rels, np.stack([self.looks[r].ravel() for r in rels]))
+                out.update(part.rarity())
+            return out
+
+
+class _Neighbours:
+    """Looks of one shape and, for each, its ``RARE_NEIGHBOURS`` smallest distances to the others,
+    kept as looks are added (in chunks, so a thousand new looks never make a 1000 x n matrix at
+    once)."""
+
+    CHUNK = 256
+
+    def __init__(self) -> None:
+        self.rels: list[str] = []
+        self.x = np.zeros((0, 0), dtype=np.float64)  # (n, d) the looks, one per row
+        self.sq = np.zeros(0, dtype=np.float64)  # (n,) their squared norms
+        self.near = np.zeros((0, RARE_NEIGHBOURS), dtype=np.float64)  # (n, k) ascending, inf-padded
+
+    def add(self, rels: list[str], looks: np.ndarray) -> None:
+        """Add ``looks`` (m, d) of segments ``rels``."""
+        for i in range(0, len(rels), self.CHUNK):
+            self._add(rels[i : i + self.CHUNK], looks[i : i + self.CHUNK].astype(np.float64))
+
+    def _add(self, rels: list[str], x: np.ndarray) -> None:
+        n, m = len(self.rels), len(rels)
+        self.x = x if n == 0 else np.concatenate([self.x, x])
+        sq = (x * x).sum(1)
+        self.sq = np.concatenate([self.sq, sq])
+        # distances of the new looks to every look, themselves included: (m, n + m)
+        d = np.sqrt(np.maximum(sq[:, None] + self.sq[None, :] - 2 * x @ self.x.T, 0.0))
+        d[np.arange(m), n + np.arange(m)] = np.inf
+        k = RARE_NEIGHBOURS
+        old = np.sort(np.concatenate([self.near, d[:, :n].T], axis=1), axis=1)[:, :k]
+        new = np.sort(d, axis=1)[:, :k]
+        if new.shape[1] < k:
+            new = np.pad(new, ((0, 0), (0, k - new.shape[1])), constant_values=np.inf)
+        self.near = np.concatenate([old, new])
+        self.rels += rels
+
+    def rarity(self) -> dict[str, float]:
+        """Mean of each look's nearest distances (as many as there are others, at most k)."""
+        k = min(RARE_NEIGHBOURS, len(self.rels) - 1)
+        near = self.near[:, :k].mean(1) if k > 0 else np.zeros(len(self.rels))
+        return dict(zip(self.rels, near.tolist(), strict=True))
 
 
 def block_mean(frame: np.ndarray, block: int = LOOK_BLOCK) -> np.ndarray:
@@ -181,12 +253,16 @@ def choose_pairs(
     beliefs: SegmentBeliefs | None = None,
     pool: int | None = None,
     looks: SegmentLooks | None = None,
+    recent: int | None = None,
 ) -> list[Pair]:
     """Up to ``count`` unlabeled pairs of ``segments`` (none in ``taken``), picked by ``mode``;
     the order within a pair is random. ``beliefs`` is needed for the model modes, ``looks`` for
-    rare."""
+    rare. ``recent``: only pairs of the ``recent`` newest segments (``recent_segments``)."""
     if mode not in SAMPLING_MODES:
         raise ValueError(f"unknown sampling mode {mode!r}")
+    if recent and recent < len(segments):
+        segments = recent_segments(segments, recent)
+        taken = pairs_within(taken, segments)
     if mode == "random" or count <= 0:
         return sample_unlabeled_pairs(segments, taken, count, rng)
     if mode == "rare":
@@ -211,6 +287,21 @@ def choose_pairs(
         scored.append((key, (a, b)))
     scored.sort(key=lambda kv: kv[0])  # stable: equal keys keep the pool's random order
     return [pair for _, pair in scored[:count]]
+
+
+def recent_segments(segments: list[str], n: int | None) -> list[str]:
+    """The ``n`` newest of ``segments`` (names ``NN/SSSSSSSS.dat``), newest by the step counter
+    SSSSSSSS, ties by env index, in the order given; all of them when ``n`` is 0 or None."""
+    if not n or n >= len(segments):
+        return segments
+    newest = set(sorted(segments, key=lambda rel: segment_env_step(rel)[::-1])[-n:])
+    return [rel for rel in segments if rel in newest]
+
+
+def pairs_within(pairs: set[tuple[str, str]], segments: list[str]) -> set[tuple[str, str]]:
+    """The pairs whose two segments are both in ``segments``."""
+    inside = set(segments)
+    return {p for p in pairs if p[0] in inside and p[1] in inside}
 
 
 def _exploit_pairs(

@@ -30,6 +30,7 @@ import pickle
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -614,39 +615,121 @@ def scan_db(db_root: str | os.PathLike) -> DbListing:
     if not root.is_dir():
         return listing
     real_root = os.path.realpath(root)
+    for d in _env_dirs(root, listing):
+        _scan_env_dir(d, real_root, listing)
+    return listing
+
+
+def _env_dirs(root: Path, listing: DbListing) -> list[os.DirEntry]:
+    """The DB's env directories (``NN``), sorted; a name ``NN`` that cannot be looked at is in
+    ``listing.ignored``."""
+    out = []
     for d in sorted(os.scandir(root), key=lambda e: e.name):
         if not re.fullmatch(r"[0-9]{2,3}", d.name):
             continue  # db.json, labels, other files of the DB: not segments, not worth a warning
         try:
-            if not d.is_dir():
-                continue
+            if d.is_dir():
+                out.append(d)
         except OSError as e:  # a symlink loop (07 -> 07)
             listing.ignored[d.name] = e.strerror or "unreadable"
+    return out
+
+
+def _scan_env_dir(d: os.DirEntry, real_root: str, listing: DbListing) -> None:
+    """``scan_db`` for one env directory: its segments appended to ``listing`` in name order."""
+    try:
+        entries = sorted(os.scandir(d.path), key=lambda e: e.name)
+    except OSError as e:
+        listing.ignored[d.name] = e.strerror or "unreadable directory"
+        return
+    for f in entries:
+        rel = f"{d.name}/{f.name}"
+        if f.name.startswith("."):
+            continue  # a writer's temp file
+        if not SEGMENT_NAME.fullmatch(rel):
+            listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = "not named NN/SSSSSSSS.dat"
             continue
         try:
-            entries = sorted(os.scandir(d.path), key=lambda e: e.name)
+            if (d.is_symlink() or f.is_symlink()) and not inside(real_root, f.path):
+                listing.ignored[rel] = "symlink leading outside the DB"
+                continue
+            if not f.is_file():  # follows an inside symlink; FIFOs, devices, dirs are not files
+                listing.ignored[rel] = "not a regular file"
+                continue
         except OSError as e:
-            listing.ignored[d.name] = e.strerror or "unreadable directory"
+            listing.ignored[rel] = e.strerror or "unreadable"
             continue
-        for f in entries:
-            rel = f"{d.name}/{f.name}"
-            if f.name.startswith("."):
-                continue  # a writer's temp file
-            if not SEGMENT_NAME.fullmatch(rel):
-                listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = "not named NN/SSSSSSSS.dat"
-                continue
+        listing.segments.append(rel)
+
+
+def segment_env_step(rel: str) -> tuple[int, int]:
+    """(env index NN, step counter SSSSSSSS) of a segment name ``NN/SSSSSSSS.dat``."""
+    env, step = rel.removesuffix(".dat").split("/")
+    return int(env), int(step)
+
+
+RACY_NS = 2_000_000_000  # a directory changed this close to a scan is listed again next time
+
+
+class SegmentWatch:
+    """A DB's segment names kept current while a recorder adds to it, cheaply: ``refresh`` lists
+    again only the env directories whose modification time changed (a segment is renamed into its
+    directory, which changes the directory's time), never opens a segment, and says only what it
+    has not said before. Temp files (``NN/.SSSSSSSS.dat.*.tmp``) are never listed (``scan_db``), so a
+    segment shows once it is whole. A directory changed within ``RACY_NS`` of a scan is listed again
+    at the next one (a rename in the same clock tick leaves the time as it was). Thread-safe."""
+
+    def __init__(self, db_root: str | os.PathLike, warn: Warn | None = warn) -> None:
+        self.root = Path(db_root)
+        self.warn = warn
+        self.segments: list[str] = []  # sorted, as ``list_segments``
+        self._dirs: dict[str, tuple[int, bool, list[str]]] = {}  # NN -> (mtime_ns, racy, names)
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> list[str]:
+        """List again what changed; returns the names that are new since the last call (sorted)."""
+        with self._lock:
+            listing = DbListing([])
+            dirs: dict[str, tuple[int, bool, list[str]]] = {}
+            real_root = os.path.realpath(self.root)
+            now = time.time_ns()
             try:
-                if (d.is_symlink() or f.is_symlink()) and not inside(real_root, f.path):
-                    listing.ignored[rel] = "symlink leading outside the DB"
-                    continue
-                if not f.is_file():  # follows an inside symlink; FIFOs, devices, dirs are not files
-                    listing.ignored[rel] = "not a regular file"
-                    continue
+                found = _env_dirs(self.root, listing) if self.root.is_dir() else []
             except OSError as e:
-                listing.ignored[rel] = e.strerror or "unreadable"
-                continue
-            listing.segments.append(rel)
-    return listing
+                found = []
+                listing.ignored[str(self.root)] = e.strerror or "unreadable"
+            for d in found:
+                try:
+                    mtime = d.stat().st_mtime_ns
+                except OSError:
+                    mtime = -1
+                kept = self._dirs.get(d.name)
+                if kept is not None and kept[0] == mtime and not kept[1]:
+                    dirs[d.name] = kept
+                    continue
+                one = DbListing([])
+                _scan_env_dir(d, real_root, one)
+                listing.ignored.update(one.ignored)
+                dirs[d.name] = (mtime, mtime < 0 or now - mtime < RACY_NS, one.segments)
+            old = set(self.segments)
+            self._dirs = dirs
+            self.segments = [rel for name in sorted(dirs) for rel in dirs[name][2]]
+            fresh = {k: v for k, v in listing.ignored.items() if k not in self._said}
+            self._said.update(fresh)
+            line = DbListing([], fresh).warning(self.root)
+            if line and self.warn is not None:
+                self.warn(line)
+            return [rel for rel in self.segments if rel not in old]
+
+    def agent_steps(self) -> int:
+        """The agent steps the DB's segments tell of: the sum over env directories of the largest
+        step counter in their segment names (each env's counter is the steps it had taken when its
+        newest segment ended). Never more than the steps taken; behind by what each env played
+        since its newest segment."""
+        with self._lock:
+            return sum(max(segment_env_step(r)[1] for r in v[2]) for v in self._dirs.values() if v[2])
 
 
 def list_segments(db_root: str | os.PathLike, warn: Warn | None = warn) -> list[str]:
