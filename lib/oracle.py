@@ -1,10 +1,16 @@
-"""Synthetic labels for a DB: a teacher (``lib.teachers``) answers new random pairs."""
+"""Synthetic labels for a DB: a teacher (``lib.teachers``) answers new pairs (``--oracle N``), or,
+following a DB while the agent trains, new pairs of the clips as they appear, at a schedule of
+labels per agent step (``--oracle N --follow``, ``oracle_follow``)."""
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,10 +20,13 @@ from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
 from lib.sampling import MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
-from lib.segments import SegmentError, db_game, list_segments, read_segment
+from lib.segments import SegmentError, SegmentWatch, db_game, list_segments, read_segment
 from lib.teachers import GAUGE_TEACHERS, SegmentFacts, Teacher, segment_facts
 
 BATCH = 100  # labels appended at a time: a full disk keeps the batches written before
+SCHEDULES = ("constant", "paper")  # --follow: labels owed by agent step T (``labels_due``)
+PAPER_HORIZON = 5e6  # Christiano et al. 2017, Atari: the label rate falls as 5e6 / (T + 5e6)
+MAX_LABEL_RATE = 1000.0  # --label-rate: at most one label per agent step
 
 
 @dataclass
@@ -90,6 +99,128 @@ def label_extra(
     return extra
 
 
+def labels_due(schedule: str, rate: float, steps: int) -> int:
+    """Labels a schedule owes by agent step ``steps`` (``--schedule``, ``--label-rate`` R per 1,000
+    agent steps): ``constant`` R/1000 * T; ``paper`` Christiano et al. 2017's rate, proportional to
+    H/(T + H) with H = ``PAPER_HORIZON`` and R per 1,000 steps at the start, so R/1000 * H * ln(1 + T/H)
+    by step T."""
+    per_step = rate / 1000.0
+    if schedule == "constant":
+        due = per_step * steps
+    elif schedule == "paper":
+        due = per_step * PAPER_HORIZON * math.log1p(steps / PAPER_HORIZON)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}: choose from {', '.join(SCHEDULES)}")
+    return int(math.floor(due + 1e-9))  # 1e-9: 0.009 * 3000 is 26.999999999999996
+
+
+@dataclass(frozen=True)
+class OracleSettings:
+    """How an oracle labels: the teacher (``lib.teachers``: ``teacher``, ``noise`` share of random
+    answers, ``ties`` equal|skip) and how pairs are picked (``lib.sampling``: ``sampling`` mode,
+    ``reward`` model, ``pool`` of candidates, only the ``recent`` newest segments)."""
+
+    teacher: str = "score"
+    noise: float = 0.0
+    ties: str = "equal"
+    sampling: str = "random"
+    reward: str | os.PathLike | None = None
+    pool: int | None = None
+    recent: int = 0
+
+
+class _Labeler:
+    """One DB's synthetic labeler: the teacher, how pairs are picked (``lib.sampling``), each
+    segment's facts read once. Kept between the batches of ``oracle_follow``."""
+
+    def __init__(self, root: Path, rng: np.random.Generator, s: OracleSettings) -> None:
+        try:
+            self.judge = Teacher(s.teacher, s.noise, s.ties, rng)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.root, self.rng, self.teacher, self.noise = root, rng, s.teacher, s.noise
+        self.sampling, self.pool, self.recent = s.sampling, s.pool, s.recent
+        known = db_game(root)
+        self.beliefs = _beliefs(root, known[0] if known else None, s.sampling, s.reward)
+        self.looks = SegmentLooks(root) if s.sampling == "rare" else None
+        self.facts_of = _FactsCache(root, None)
+        self.game_checked = False
+
+    def check_game(self) -> bool:
+        """Read the DB's game (db.json, else a segment) before the first label: UserError when the
+        teacher cannot read it; False while the DB names no game yet (no db.json, no segment)."""
+        if self.game_checked:
+            return True
+        known = db_game(self.root, warn=None)
+        if known is None and self.teacher in GAUGE_TEACHERS and not list_segments(self.root, warn=None):
+            return False
+        game = known[0] if known else None
+        if self.teacher in GAUGE_TEACHERS and game not in OXYGEN_GAMES:
+            held = game or "an unknown game"
+            raise UserError(f"the {self.teacher} teacher reads SeaQuest's oxygen gauge; DB {self.root} holds {held}")
+        self.facts_of.game, self.game_checked = game, True
+        return True
+
+    def readable(self, segments: list[str]) -> list[str]:
+        """``segments`` but those found unreadable."""
+        bad = self.facts_of.facts
+        return [s for s in segments if s not in bad or bad[s] is not None]
+
+    def labels(
+        self, segments: list[str], taken: set[tuple[str, str]], want: int, stop: Callable[[], bool] = lambda: False
+    ) -> Iterator[Label]:
+        """Up to ``want`` labels of new pairs of ``segments`` (none in ``taken``, which grows with
+        each pair picked): fewer when the pairs run out, none more once ``stop()``."""
+        got = 0
+        while got < want and not stop():
+            pairs = choose_pairs(
+                segments, taken, want - got, self.rng, self.sampling, self.beliefs, self.pool, self.looks, self.recent
+            )
+            if not pairs:
+                return
+            for a, b in pairs:
+                if stop():
+                    return
+                taken.add(pair_key(a, b))
+                fa, fb = self.facts_of(a), self.facts_of(b)
+                if fa is None or fb is None:
+                    continue
+                answer, rule = self.judge.answer_rule(fa, fb)
+                extra = label_extra(fa, fb, rule, self.teacher, self.noise, self.sampling)
+                yield Label(a, b, answer, time=time.time(), source="oracle", extra=extra)
+                got += 1
+
+
+class _Appender:
+    """Labels appended to ``<db>/labels.jsonl`` in batches of ``BATCH``: a full disk keeps the
+    batches written before, and nothing torn (``append_labels``)."""
+
+    def __init__(self, root: Path, on_flush: Callable[[int], None] | None = None) -> None:
+        self.root, self.on_flush = root, on_flush
+        self.labels: list[Label] = []
+        self.kept = 0
+
+    def add(self, label: Label) -> None:
+        self.labels.append(label)
+        if len(self.labels) - self.kept >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        new = self.labels[self.kept :]
+        if not new:
+            return
+        try:
+            append_labels(self.root, new)
+        except OSError as e:
+            raise UserError(
+                f"cannot write {self.root / LABELS_FILE} ({e.strerror or e}): kept {self.kept} of the "
+                f"{len(self.labels)} oracle labels of this run, nothing torn; free some space and run again"
+            ) from None
+        self.kept = len(self.labels)
+        if self.on_flush is not None:
+            self.on_flush(len(new))
+
+
 def oracle_label_db(
     db_root: str | os.PathLike,
     n_pairs: int,
@@ -100,73 +231,177 @@ def oracle_label_db(
     sampling: str = "random",
     reward: str | os.PathLike | None = None,
     pool: int | None = None,
+    recent: int = 0,
 ) -> OracleSummary:
     """Label ``n_pairs`` new pairs of a DB with a synthetic teacher (``lib.teachers``: ``score``,
     ``oxygen`` or ``surface``, ``noise`` share of random answers, ``ties`` equal|skip), the pairs
     picked as the label page would pick them (``lib.sampling``: ``sampling`` mode, ``reward``
-    model, ``pool`` of candidates). Each label records source "oracle", the teacher, the rule that
-    decided (``rule``: ``lib.teachers``' rule names, "noise" for a random answer) and what it saw:
-    ``returns``, and for SeaQuest ``oxygen_deaths``, ``refills``, ``climb`` (rows climbed with a
-    low gauge), ``idle`` (steps at the surface with a full gauge), each a [#1, #2] pair.
-    UserError for a DB without true rewards (the book's) or a teacher that cannot read the DB's
-    game."""
+    model, ``pool`` of candidates, only the ``recent`` newest segments). Each label records source
+    "oracle", the teacher, the rule that decided (``rule``: ``lib.teachers``' rule names, "noise"
+    for a random answer) and what it saw: ``returns``, and for SeaQuest ``oxygen_deaths``,
+    ``refills``, ``climb`` (rows climbed with a low gauge), ``idle`` (steps at the surface with a
+    full gauge), each a [#1, #2] pair. UserError for a DB without true rewards (the book's) or a
+    teacher that cannot read the DB's game."""
     t0 = time.time()
     root = Path(db_root)
     if not root.is_dir():
         raise UserError(f"DB not found: {root}")
-    rng = np.random.default_rng(seed)
-    try:
-        judge = Teacher(teacher, noise, ties, rng)
-    except ValueError as e:
-        raise UserError(str(e)) from None
     segs = list_segments(root)
+    settings = OracleSettings(teacher, noise, ties, sampling, reward, pool, recent)
+    labeler = _Labeler(root, np.random.default_rng(seed), settings)
     if len(segs) < 2:
         raise UserError(f"DB {root} has {len(segs)} segment(s): at least 2 are needed to make a pair")
-    game = (db_game(root) or (None, None))[0]
-    if teacher in GAUGE_TEACHERS and game not in OXYGEN_GAMES:
-        held = game or "an unknown game"
-        raise UserError(f"the {teacher} teacher reads SeaQuest's oxygen gauge; DB {root} holds {held}")
-    beliefs = _beliefs(root, game, sampling, reward)
-    looks = SegmentLooks(root) if sampling == "rare" else None
-    facts_of = _FactsCache(root, game)
-    labels: list[Label] = []
-    kept = 0
-
-    def flush() -> None:
-        nonlocal kept
-        try:
-            append_labels(root, labels[kept:])
-        except OSError as e:
-            raise UserError(
-                f"cannot write {root / LABELS_FILE} ({e.strerror or e}): kept {kept} of the {len(labels)} oracle "
-                "labels of this run, nothing torn; free some space and run again"
-            ) from None
-        kept = len(labels)
-
+    labeler.check_game()
+    out = _Appender(root)
     # Concurrent oracles: the labels on disk are read, pairs picked and answers appended under one
     # lock, so a second run picks only pairs the first did not label.
     with labeling_lock(root, on_wait=lambda: warn(f"another labeler holds {root / LOCK_FILE}: waiting for it")):
-        taken = set(load_labels(root))
-        while len(labels) < n_pairs:
-            pairs = choose_pairs(segs, taken, n_pairs - len(labels), rng, sampling, beliefs, pool, looks)
-            if not pairs:
-                break
-            for a, b in pairs:
-                taken.add(pair_key(a, b))
-                fa, fb = facts_of(a), facts_of(b)
-                if fa is None or fb is None:
-                    continue
-                answer, rule = judge.answer_rule(fa, fb)
-                extra = label_extra(fa, fb, rule, teacher, noise, sampling)
-                labels.append(Label(a, b, answer, time=time.time(), source="oracle", extra=extra))
-                if len(labels) - kept >= BATCH:
-                    flush()
-        flush()
+        for label in labeler.labels(segs, set(load_labels(root)), n_pairs):
+            out.add(label)
+        out.flush()
+    return _summary(root, n_pairs, out.labels, labeler, time.time() - t0)
+
+
+def _summary(root: Path, requested: int, labels: list[Label], labeler: _Labeler, seconds: float) -> OracleSummary:
     return OracleSummary(
         db=str(root),
-        requested=n_pairs,
+        requested=requested,
         labeled=len(labels),
         counts=dict(Counter(lab.label for lab in labels)),
-        skipped_unreadable=facts_of.bad,
-        seconds=time.time() - t0,
+        skipped_unreadable=labeler.facts_of.bad,
+        seconds=seconds,
     )
+
+
+# --- following a DB while the agent trains ---------------------------------------------------
+
+
+@dataclass
+class FollowSettings:
+    """``--oracle N --follow``: N labels per DB, the schedule (``labels_due``), the poll interval."""
+
+    n_labels: int
+    schedule: str = "constant"
+    rate: float = 1.0
+    poll: float = 2.0
+
+
+class SignalStop:
+    """While entered: SIGINT and SIGTERM set ``event`` (and ``signal``, the first one's name), so a
+    loop can finish its label and write its batch; a second signal raises KeyboardInterrupt (a
+    wait that hangs, e.g. on another labeler's lock). Outside the main thread: signals untouched."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: str | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> SignalStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        self.event.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+
+@dataclass
+class _Follower:
+    """One followed DB: its segments (``SegmentWatch``), its labeler and what this run wrote."""
+
+    root: Path
+    labeler: _Labeler
+    watch: SegmentWatch
+    at_start: int  # the DB's labels when following began: they count toward the schedule
+    labels: list[Label] = field(default_factory=list)
+    waiting: str = ""  # the last waiting line said (said again only when it changes)
+
+
+def oracle_follow(
+    dbs: list[Path],
+    follow: FollowSettings,
+    settings: OracleSettings = OracleSettings(),
+    seed: int | None = None,
+    stop: SignalStop | None = None,
+    log: Callable[[str], None] = print,
+) -> list[OracleSummary]:
+    """``--oracle N --follow``: label new pairs of each DB as a synthetic teacher (``settings``, as
+    ``oracle_label_db``) while a recorder adds segments, at a schedule: every ``follow.poll`` s the
+    DB's new segment names are read (``SegmentWatch``: no old segment is opened again), T = its
+    ``agent_steps``, and the labels due by T (``labels_due``) less the DB's labels at start and this
+    run's are labelled, from every segment so far (or the ``recent`` newest). A DB is done at
+    ``follow.n_labels`` labels; when the schedule owes labels and no unlabelled pair is left, it
+    waits for new clips. One line per batch of labels written. Stops when every DB is done or at
+    ``stop`` (SIGINT/SIGTERM): every label is written whole before it returns."""
+    t0 = time.time()
+    rng = np.random.default_rng(seed)
+    followers = []
+    for root in dbs:
+        labeler = _Labeler(root, rng, settings)
+        followers.append(_Follower(root, labeler, SegmentWatch(root), len(load_labels(root))))
+    stop = stop or SignalStop()
+    rule = f"{follow.rate:g} labels / 1,000 agent steps" + (" at the start" if follow.schedule == "paper" else "")
+    log(
+        f"following {', '.join(map(str, dbs))}: {follow.n_labels} labels each, schedule {follow.schedule} ({rule}), "
+        f"a look every {follow.poll:g} s; Ctrl-C stops (labels written so far stay)"
+    )
+    while not stop():
+        for f in followers:
+            if len(f.labels) < follow.n_labels and not stop():
+                _follow_step(f, follow, stop, log)
+        if all(len(f.labels) >= follow.n_labels for f in followers):
+            break
+        stop.event.wait(follow.poll)
+    return [_summary(f.root, follow.n_labels, f.labels, f.labeler, time.time() - t0) for f in followers]
+
+
+def _follow_step(f: _Follower, follow: FollowSettings, stop: Callable[[], bool], log: Callable[[str], None]) -> None:
+    """One look at a followed DB: its new segments, T, and the labels the schedule owes now."""
+    f.watch.refresh()
+    steps = f.watch.agent_steps()
+    segs = f.labeler.readable(f.watch.segments)
+    due = min(labels_due(follow.schedule, follow.rate, steps) - f.at_start, follow.n_labels)
+    if len(segs) < 2:
+        _say_once(f, f"{len(segs)} readable segment(s), at least 2 make a pair: waiting for clips", log)
+        return
+    if due <= len(f.labels) or not f.labeler.check_game():
+        f.waiting = ""
+        return
+    root = f.root
+
+    def progress(n: int) -> None:
+        done = f"{len(f.labels)}/{follow.n_labels} labels (+{n})"
+        log(f"{root}: {done}, T {steps:,} agent steps, {len(segs)} segments seen")
+
+    out = _Appender(root, on_flush=progress)
+    out.labels, out.kept = f.labels, len(f.labels)
+    with labeling_lock(root, on_wait=lambda: warn(f"another labeler holds {root / LOCK_FILE}: waiting for it")):
+        for label in f.labeler.labels(segs, set(load_labels(root)), due - len(f.labels), stop):
+            out.add(label)
+        out.flush()
+    short = due - len(f.labels)
+    if short > 0 and not stop():
+        recent = f.labeler.recent
+        which = f"the {recent} newest of {len(segs)}" if 0 < recent < len(segs) else f"the {len(segs)}"
+        line = f"T {steps:,}: {short} label(s) owed, every pair of {which} readable segments is labelled"
+        _say_once(f, f"{line}: waiting for new clips", log)
+    else:
+        f.waiting = ""
+
+
+def _say_once(f: _Follower, line: str, log: Callable[[str], None]) -> None:
+    """A waiting line, said when it differs from the last one said for this DB."""
+    if line != f.waiting:
+        log(f"{f.root}: {line}")
+    f.waiting = line

@@ -22,7 +22,8 @@ FLAGS = {
     "02_label_ui.py": [
         "-h", "--help", "-d", "--db", "--seed", "--labeler", "--host", "--port", "--token", "--token-file",
         "--no-token", "--public-host", "--fps", "--cache-dir", "--pairs", "--reward", "--sampling", "--pool",
-        "--control-rate", "--oracle", "--teacher", "--teacher-noise", "--teacher-ties",
+        "--control-rate", "--recent", "--oracle", "--teacher", "--teacher-noise", "--teacher-ties", "--follow",
+        "--schedule", "--label-rate", "--poll",
     ],
     "03_reward_train.py": [
         "-h", "--help", "--evaluate", "--dev", "--epochs", "--batch", "--lr", "--seed", "--test-ratio",

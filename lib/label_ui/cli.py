@@ -1,13 +1,18 @@
-"""``02_label_ui.py``'s main: parse arguments, then oracle-label and exit, or serve the page.
+"""``02_label_ui.py``'s main: parse arguments, then oracle-label and exit (or follow the DBs), or serve the page.
 
 Kept free of NiceGUI imports so that bad input and ``--oracle`` answer at once."""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import asdict
+
 from lib.errors import UserError, fail
 from lib.label_ui.config import LabelConfig, parse_config
 from lib.labels import LABEL_NAMES
-from lib.oracle import oracle_label_db
+from lib.oracle import FollowSettings, OracleSettings, OracleSummary, SignalStop, oracle_follow, oracle_label_db
+
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as 03_reward_train.py: a script chain stops there
 
 
 def run_oracle(cfg: LabelConfig) -> None:
@@ -15,29 +20,50 @@ def run_oracle(cfg: LabelConfig) -> None:
     teacher; print a summary."""
     assert cfg.oracle is not None
     for db in cfg.dbs:
-        s = oracle_label_db(
-            db,
-            cfg.oracle,
-            cfg.seed,
-            cfg.teacher,
-            cfg.teacher_noise,
-            cfg.teacher_ties,
-            sampling=cfg.sampling,
-            reward=cfg.reward,
-            pool=cfg.pool,
-        )
-        counts = ", ".join(f"{LABEL_NAMES[v]} {s.counts.get(v, 0)}" for v in (1, 2, 0, -1))
+        s = oracle_label_db(db, cfg.oracle, cfg.seed, **asdict(_oracle_settings(cfg)))
         short = f" (only {s.labeled} unlabeled pairs were left)" if s.labeled < s.requested else ""
-        bad = f"; skipped {s.skipped_unreadable} unreadable segment(s)" if s.skipped_unreadable else ""
-        how = f", {cfg.sampling} pairs" if cfg.sampling != "random" else ""
-        got = f"{s.labeled} oracle labels ({cfg.teacher} teacher{how}) in {s.seconds:.1f} s{short}"
-        print(f"{db}: {got}: {counts}{bad} -> {db}/labels.jsonl")
+        print(_summary_line(cfg, s, short))
+
+
+def _oracle_settings(cfg: LabelConfig) -> OracleSettings:
+    return OracleSettings(
+        cfg.teacher, cfg.teacher_noise, cfg.teacher_ties, cfg.sampling, cfg.reward, cfg.pool, cfg.recent
+    )
+
+
+def _summary_line(cfg: LabelConfig, s: OracleSummary, short: str) -> str:
+    counts = ", ".join(f"{LABEL_NAMES[v]} {s.counts.get(v, 0)}" for v in (1, 2, 0, -1))
+    bad = f"; skipped {s.skipped_unreadable} unreadable segment(s)" if s.skipped_unreadable else ""
+    how = f", {cfg.sampling} pairs" if cfg.sampling != "random" else ""
+    how += f", {cfg.recent} newest segments" if cfg.recent else ""
+    got = f"{s.labeled} oracle labels ({cfg.teacher} teacher{how}) in {s.seconds:.1f} s{short}"
+    return f"{s.db}: {got}: {counts}{bad} -> {s.db}/labels.jsonl"
+
+
+def run_follow(cfg: LabelConfig) -> int:
+    """``--oracle N --follow``: label as clips appear until N labels per DB, Ctrl-C or SIGTERM.
+    Returns the exit status: 0 when done or stopped by SIGTERM, 130 after Ctrl-C."""
+    assert cfg.oracle is not None
+    follow = FollowSettings(cfg.oracle, cfg.schedule, cfg.label_rate, cfg.poll)
+    with SignalStop() as stop:
+        summaries = oracle_follow(
+            list(cfg.dbs), follow, _oracle_settings(cfg), cfg.seed, stop, log=lambda line: print(line, flush=True)
+        )
+    ended = f" (stopped by {stop.signal})" if stop.signal else ""
+    for s in summaries:
+        print(_summary_line(cfg, s, ended), flush=True)
+    return EXIT_INTERRUPTED if stop.signal == "SIGINT" else 0
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point; a UserError ends in ``error: <message>`` and exit status 2."""
     try:
         cfg = parse_config(argv)
+        if cfg.oracle is not None and cfg.follow:
+            code = run_follow(cfg)
+            if code:
+                raise SystemExit(code)
+            return
         if cfg.oracle is not None:
             run_oracle(cfg)
             return
@@ -46,3 +72,6 @@ def main(argv: list[str] | None = None) -> None:
         serve(cfg)
     except UserError as e:
         fail(str(e))
+    except KeyboardInterrupt:  # a second Ctrl-C while following: every label written is whole
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(EXIT_INTERRUPTED) from None

@@ -14,6 +14,7 @@ from typing import NoReturn
 from lib.errors import UserError, warn
 from lib.files import read_regular
 from lib.labels import LABELS_FILE
+from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES
 from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
 from lib.seeds import check_seed
 from lib.segments import check_same_game
@@ -23,6 +24,8 @@ TOKEN_ENV = "RLHF_LABEL_TOKEN"
 MAX_PAIRS = 10_000  # one tab's list
 MAX_ORACLE = 10_000_000
 MAX_POOL = 10_000_000
+MAX_RECENT = 10_000_000
+MIN_POLL, MAX_POLL = 0.05, 3600.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "clips"
 
@@ -50,6 +53,11 @@ class LabelConfig:
     sampling: str = "random"
     pool: int | None = None
     control_rate: float = 0.05
+    recent: int = 0  # 0: pairs from every segment; N: from the N newest of each DB
+    follow: bool = False  # --oracle N --follow: label as clips appear, at a schedule
+    schedule: str = "constant"
+    label_rate: float = 1.0  # labels per 1,000 agent steps (paper: at the start)
+    poll: float = 2.0  # seconds between looks at the DB(s) when following
 
     def allowed_hosts(self) -> set[str]:
         """Host names the server answers to: its address, loopback names, and --public-host."""
@@ -92,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_page_args(p.add_argument_group("page: the server, its access and the clips"))
     _add_pair_args(p.add_argument_group("labels: which pairs to ask"))
     _add_oracle_args(p.add_argument_group("oracle: labels from a synthetic teacher, no server"))
+    _add_follow_args(p.add_argument_group("follow: --oracle N --follow labels while the agent trains"))
     return p
 
 
@@ -150,7 +159,7 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="N",
         help="label N new pairs of each DB (random, or as --sampling picks) with a synthetic teacher "
-        "(--teacher), print a summary and exit",
+        "(--teacher), print a summary and exit (with --follow: as the clips appear)",
     )
     p.add_argument(
         "--teacher",
@@ -173,6 +182,41 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
         choices=TIE_RULES,
         default=d.teacher_ties,
         help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
+    )
+
+
+def _add_follow_args(p: argparse._ArgumentGroup) -> None:
+    """--follow and its schedule (given without --follow they are an error, not ignored)."""
+    d = LabelConfig
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="with --oracle N: keep running, look for new segments every --poll seconds, label new pairs as "
+        "the schedule owes them, stop once N labels are written per DB (or at Ctrl-C / SIGTERM: every label "
+        "so far is whole in labels.jsonl); the agent's steps T are the sum over env directories of the largest "
+        "step counter in their segment names",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help=f"with --follow: labels owed by agent step T, the DB's labels at start included: 'constant', "
+        f"--label-rate R per 1,000 steps (R/1000 * T labels); 'paper', Christiano et al.'s rate falling as "
+        f"H/(T + H), H = {PAPER_HORIZON:,.0f} steps (R/1000 * H * ln(1 + T/H) labels) (default {d.schedule})",
+    )
+    p.add_argument(
+        "--label-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help=f"with --follow: labels per 1,000 agent steps (for 'paper' at the start) (default {d.label_rate:g})",
+    )
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"with --follow: how often to look for new segments (default {d.poll:g})",
     )
 
 
@@ -204,6 +248,15 @@ def _add_pair_args(p: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="N",
         help=f"random candidate pairs that uncertain / disagree choose from (default {POOL_FACTOR}x the pairs wanted)",
+    )
+    p.add_argument(
+        "--recent",
+        type=int,
+        default=d.recent,
+        metavar="N",
+        help="draw pairs only from the N newest segments of each DB, newest by the step counter in the name "
+        "(NN/SSSSSSSS.dat), with any --sampling, the page and --oracle alike: what the agent does now "
+        "(default 0 = every segment)",
     )
     p.add_argument(
         "--control-rate",
@@ -298,6 +351,27 @@ def _check_values(args: argparse.Namespace) -> None:
         raise UserError(f"--pool must be {what}, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
+    if not 0 <= args.recent <= MAX_RECENT:
+        raise UserError(f"--recent must be between 0 (every segment) and {MAX_RECENT:,} segments, got {args.recent}")
+    _check_follow(args)
+
+
+def _check_follow(args: argparse.Namespace) -> None:
+    """--follow needs --oracle; its schedule flags need --follow; then the defaults fill in."""
+    if args.follow and args.oracle is None:
+        raise UserError("--follow needs --oracle N (the label page picks up new segments by itself)")
+    for flag in ("schedule", "label_rate", "poll"):
+        if getattr(args, flag) is not None and not args.follow:
+            raise UserError(f"--{flag.replace('_', '-')} is for --oracle N --follow: add --follow")
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(LabelConfig, flag))
+    if not (0 < args.label_rate <= MAX_LABEL_RATE):  # also refuses nan
+        raise UserError(
+            f"--label-rate must be more than 0 and at most {MAX_LABEL_RATE:g} labels per 1,000 agent steps, "
+            f"got {args.label_rate:g}"
+        )
+    if not MIN_POLL <= args.poll <= MAX_POLL:
+        raise UserError(f"--poll must be in [{MIN_POLL:g}, {MAX_POLL:g}] seconds, got {args.poll:g}")
 
 
 def _access_token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> tuple[str | None, bool]:
