@@ -34,12 +34,13 @@ def clip_error(err: BaseException) -> str:
 
 
 async def refresh_dbs(state: AppState, rescan: bool = False) -> None:
-    """Read labels other tabs or processes appended (and, with ``rescan``, new segments), off the loop."""
+    """Read labels other tabs or processes appended (and, with ``rescan``, segments a recorder
+    added, ``AppState.rescan``), off the loop."""
 
     def work() -> None:
         for d in state.dbs:
             d.labels.refresh()
-            if rescan:
-                d.rescan()
+        if rescan:
+            state.rescan()
 
     await run.io_bound(work)

@@ -180,9 +180,11 @@ class LabelPage:
             tab.show_seq += 1
             seq = tab.show_seq
             if tab.item is None and tab.items and not any(it.status == "open" for it in tab.items):
-                n = tab.resample()  # the list is done: carry on with a new one
-                self.build_list()
-                ui.notify(f"New list of {n} pairs" if n else "No unlabeled pairs left")
+                await refresh_dbs(self.state, rescan=True)  # segments recorded meanwhile
+                if tab.item is None and not any(it.status == "open" for it in tab.items):  # still, after the wait
+                    n = tab.resample()  # the list is done: carry on with a new one
+                    self.build_list()
+                    ui.notify(f"New list of {n} pairs" if n else "No unlabeled pairs left")
             self.update_view()
             item = tab.item
             if item is None:

@@ -62,7 +62,7 @@ def make_root(state: AppState) -> Callable[[], None]:
 
 
 async def overview_page(state: AppState) -> None:
-    await refresh_dbs(state)  # the new lines of labels.jsonl, read off the event loop
+    await refresh_dbs(state, rescan=True)  # new lines of labels.jsonl, new segments: off the event loop
     ui.label("Overview").classes("text-h5")
     for d in state.dbs:
         _db_card(d, d.stats())  # kept counts (``LabelTallies``): no walk over the labels
@@ -76,7 +76,8 @@ def _db_card(d: DbState, s: dict) -> None:
     with ui.card().classes("w-full max-w-3xl").mark(f"db-{d.index}"):
         ui.label(d.name).classes("text-h6 font-mono")
         bad = f" ({s['unreadable']} unreadable)" if s["unreadable"] else ""
-        ui.label(f"{s['segments']} segments{bad}")
+        window = f" — pairs from the {s['recent']} newest (--recent)" if s["recent"] else ""
+        ui.label(f"{s['segments']} segments{bad}{window}").mark(f"segments-{d.index}")
         answers = ", ".join(f"{LABEL_NAMES[v]}: {by_answer.get(v, 0)}" for v in ANSWERS)
         ui.label(f"{s['labels']} labels — {answers}")
         sources = ", ".join(f"{src}: {n}" for src, n in sorted(by_source.items())) or "none yet"

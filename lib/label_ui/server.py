@@ -52,7 +52,7 @@ def rare_view(dbs: list[DbState]) -> list[SegmentLooks]:
 
 def build_app(cfg: LabelConfig) -> AppState:
     """Open the DBs, register the clip route (and the token middleware); returns the state."""
-    dbs = [DbState.open(i, path) for i, path in enumerate(cfg.dbs)]
+    dbs = [DbState.open(i, path, recent=cfg.recent) for i, path in enumerate(cfg.dbs)]
     beliefs = model_view(cfg, dbs) if cfg.reward is not None else None
     looks = rare_view(dbs) if cfg.sampling == "rare" else None
     state = AppState(
@@ -107,7 +107,8 @@ def serve(cfg: LabelConfig) -> None:
         gc.freeze()
         total = sum(len(d.segments) for d in state.dbs)
         shown = "localhost" if cfg.host in ("127.0.0.1", "::1") else cfg.host
-        print(f"Labeling {total} segments of {', '.join(d.name for d in state.dbs)}", flush=True)
+        window = f" (pairs from the {cfg.recent} newest of each DB)" if cfg.recent else ""
+        print(f"Labeling {total} segments of {', '.join(d.name for d in state.dbs)}{window}", flush=True)
         if cfg.token_generated:  # only this terminal sees it: other accounts of the machine cannot label
             print(f"Open http://{shown}:{cfg.port}/label?token={cfg.token}  (this run's token; --no-token: none)")
         else:

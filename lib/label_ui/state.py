@@ -37,8 +37,16 @@ from lib.labels import (
     parse_label_lines,
     read_label_log,
 )
-from lib.sampling import SegmentBeliefs, SegmentLooks, SegmentView, choose_pairs, preference
-from lib.segments import list_segments, segment_path
+from lib.sampling import (
+    MODEL_MODES,
+    SegmentBeliefs,
+    SegmentLooks,
+    SegmentView,
+    choose_pairs,
+    preference,
+    recent_segments,
+)
+from lib.segments import SegmentWatch, segment_path
 
 PairKey = tuple[str, str]
 
@@ -109,6 +117,7 @@ class LabelIndex:
         self.labels: dict[PairKey, Label] = self.tracker.current
         self.warnings: list[str] = []
         self._offset = 0
+        self.version = 0  # changes whenever the current labels do
         self._lock = threading.Lock()  # guards the labels while they change
         self._read_lock = threading.Lock()  # one reader of the file at a time
         self.load()
@@ -126,12 +135,14 @@ class LabelIndex:
         tallies = LabelTallies(tracker.current)
         with self._lock:
             self.tracker, self.labels, self.tallies, self._offset = tracker, tracker.current, tallies, size
+            self.version += 1
 
     def _feed(self, lab: Label) -> None:
         """One new line (under ``_lock``): the current labels, the consistency and the tallies."""
         before = self.labels.get(lab.key)
         self.tracker.feed(lab)
         after = self.labels.get(lab.key)
+        self.version += 1
         if after is not before:
             if before is not None:
                 self.tallies.remove(before)
@@ -187,6 +198,16 @@ class LabelIndex:
         with self._lock:
             return sum(1 for s in segments if s not in self.tallies.touched)
 
+    def count_within(self, segments: list[str]) -> int:
+        """How many current labels are of pairs of two of ``segments``: a walk over the labels or
+        over the pairs of ``segments``, whichever is shorter."""
+        inside = set(segments)
+        with self._lock:
+            if len(self.labels) <= len(inside) * (len(inside) - 1) // 2:
+                return sum(1 for a, b in self.labels if a in inside and b in inside)
+            ordered = sorted(inside)
+            return sum(1 for i, a in enumerate(ordered) for b in ordered[i + 1 :] if pair_key(a, b) in self.labels)
+
     def newest_first(self) -> Iterator[tuple[float, int, Label]]:
         """The current labels as ``(time, -seq, label)``, newest first (``LabelTallies.order``), as
         they were when called: other threads may append meanwhile."""
@@ -202,27 +223,37 @@ class DbState:
     index: int
     path: Path  # as the user gave it (shown in the page)
     root: Path  # resolved
-    segments: list[str]
+    watch: SegmentWatch  # its segment names, kept current as a recorder adds to the DB
     labels: LabelIndex
     bad: dict[str, str] = field(default_factory=dict)  # unreadable segment -> reason
+    recent: int = 0  # --recent: pairs from the newest N segments only (0: all)
     _segment_set: set[str] = field(default_factory=set, init=False, repr=False)
+    _free: tuple[tuple[int, ...], int] | None = field(default=None, init=False, repr=False)
+    _scans: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.segments = self.watch.segments
         self._segment_set = set(self.segments)
 
     @classmethod
-    def open(cls, index: int, path: Path) -> DbState:
+    def open(cls, index: int, path: Path, recent: int = 0) -> DbState:
         root = path.resolve()
-        return cls(index=index, path=path, root=root, segments=list_segments(root), labels=LabelIndex(root))
+        return cls(index=index, path=path, root=root, watch=SegmentWatch(root), labels=LabelIndex(root), recent=recent)
 
     @property
     def name(self) -> str:
         return str(self.path)
 
-    def rescan(self) -> None:
-        """Pick up segments written since start (a training run may still be recording)."""
-        self.segments = list_segments(self.root, warn=None)  # ignored entries were said at start
-        self._segment_set = set(self.segments)
+    def rescan(self) -> list[str]:
+        """Pick up segments written since the last look (a training run may still be recording):
+        only env directories that changed are listed again, no segment is opened. Returns the new
+        ones. Blocking: the pages call it off the event loop (``common.refresh_dbs``)."""
+        new = self.watch.refresh()  # what it ignores it says once (on stderr)
+        segments = self.watch.segments
+        self._segment_set = set(segments)
+        self.segments = segments  # one assignment: the event loop sees the old list or the new one
+        self._scans += 1
+        return new
 
     def has_segment(self, rel: str) -> bool:
         """Whether ``rel`` is one of this DB's segments: the only files the server makes clips of."""
@@ -238,9 +269,19 @@ class DbState:
 
     def free_pairs(self) -> int:
         """Pairs of readable segments without a current label (approximately: labels of pairs
-        with unreadable segments are still subtracted)."""
-        n = len(self.usable_segments())
-        return max(n * (n - 1) // 2 - len(self.labels.labels), 0)
+        with unreadable segments are still subtracted). With ``recent``: pairs of the newest
+        ``recent`` segments, less their labels (counted again only when the segments or the
+        labels changed)."""
+        segs = self.usable_segments()
+        if not self.recent or self.recent >= len(segs):
+            n = len(segs)
+            return max(n * (n - 1) // 2 - len(self.labels.labels), 0)
+        window = recent_segments(segs, self.recent)
+        key = (self._scans, len(self.bad), self.labels.version)
+        if self._free is None or self._free[0] != key:
+            n = len(window)
+            self._free = (key, n * (n - 1) // 2 - self.labels.count_within(window))
+        return max(self._free[1], 0)
 
     def why_no_pairs(self) -> str:
         """A sentence for the page when this DB offers no pair."""
@@ -250,6 +291,11 @@ class DbState:
         if n - bad < 2:
             extra = f" ({bad} unreadable)" if bad else ""
             return f"{self.name} has {n} segment(s){extra}: at least 2 readable ones are needed to make a pair."
+        if 0 < self.recent < n - bad:
+            return (
+                f"every pair of the {self.recent} newest segments of {self.name} (--recent) is labeled already: "
+                "new clips bring new pairs (Resample)."
+            )
         return f"every pair of the {n - bad} segments of {self.name} is labeled already."
 
     def stats(self) -> dict[str, object]:
@@ -270,6 +316,7 @@ class DbState:
             "untouched": self.labels.untouched(self.segments),
             "free_pairs": self.free_pairs(),
             "consistency": self.labels.consistency(),
+            "recent": min(self.recent, len(self.segments)) if self.recent else 0,
         }
 
 
@@ -316,10 +363,25 @@ class AppState:
         self.seed_rng = np.random.default_rng(seed)
         self.reserved: dict[tuple[int, PairKey], str] = {}  # (db, pair) -> tab id
         self.notices: list[str] = []  # server-wide, e.g. unreadable segments
+        self.generation = 0  # grows when a rescan finds new segments: lists prepared before are stale
         self.clips = None  # set by the server: a lib.label_ui.clips.ClipStore
 
     def new_rng(self) -> np.random.Generator:
         return np.random.default_rng(self.seed_rng.integers(2**63))
+
+    def rescan(self) -> None:
+        """Every DB's new segments (``DbState.rescan``), folded into the rare looks and the reward
+        model's views at once, so that picking the next list never waits on them. Blocking: the
+        pages call it off the event loop (``common.refresh_dbs``)."""
+        for d in self.dbs:
+            new = d.rescan()
+            if not new:
+                continue
+            self.generation += 1
+            if self.looks is not None:
+                self.looks[d.index].fold(new)
+            if self.beliefs is not None and self.sampling in MODEL_MODES:
+                self.beliefs[d.index].all(new)
 
     def mark_bad(self, db: int, rel: str, reason: str) -> None:
         d = self.dbs[db]
@@ -351,7 +413,7 @@ class AppState:
             beliefs = self.beliefs[d.index] if self.beliefs is not None else None
             looks = self.looks[d.index] if self.looks is not None else None
             segs = d.usable_segments()
-            for a, b in choose_pairs(segs, taken, int(k), rng, self.sampling, beliefs, self.pool, looks):
+            for a, b in choose_pairs(segs, taken, int(k), rng, self.sampling, beliefs, self.pool, looks, d.recent):
                 out.append(PairItem(d.index, a, b))
         if self.sampling == "random":  # the model's modes keep their order: most informative first
             order = rng.permutation(len(out))
@@ -424,6 +486,7 @@ class TabSession:
         self.current: int | None = None
         self.history: list[Answer] = []
         self.prepared: list[PairItem] | None = None  # the next list, made near the end of this one
+        self.prepared_at = 0  # ``app.generation`` when it was made
         self.seen: set[tuple[int, PairKey]] = set()  # every pair this tab was given
         self.show_seq = 0
 
@@ -433,8 +496,13 @@ class TabSession:
         """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool.
 
         The new list is the one ``upcoming`` prepared (and prefetched) near the end of the old
-        one, when there is one: the first pair of a new list then shows as fast as any other."""
+        one, when there is one and no segment came since: the first pair of a new list then shows
+        as fast as any other."""
         self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
+        if self.prepared is not None and self.prepared_at != self.app.generation:
+            self.app.release(self.tab_id, self.prepared)  # made before new segments came: pick again
+            self.seen.difference_update((it.db, it.key) for it in self.prepared)
+            self.prepared = None
         if self.prepared is not None:
             self.items, self.prepared = self.prepared, None
         else:
@@ -512,7 +580,7 @@ class TabSession:
                 if len(out) == n:
                     return out
         if self.prepared is None:
-            self.prepared = self._sample()
+            self.prepared, self.prepared_at = self._sample(), self.app.generation
         return out + self.prepared[: n - len(out)]
 
     # --- answers ----------------------------------------------------------------------------
