@@ -321,6 +321,46 @@ def test_a_list_prepared_before_new_segments_came_is_made_again(seaquest: Path, 
     assert all(new in (it.a, it.b) for it in tab.items)
 
 
+def test_a_rescan_gives_new_segments_the_models_view_off_the_event_loop(tmp_path: Path) -> None:
+    """--reward with a model's mode: a segment found by a rescan (run off the event loop by the
+    pages) gets the model's view there, so picking the next list never waits on the model."""
+    from bench.dbs import SEAQUEST, action_model, synthetic_frames, write_action_db
+    from lib.label_ui.state import AppState, DbState
+    from lib.reward_model import load_reward_model
+    from lib.sampling import SegmentBeliefs
+    from lib.segments import Segment
+
+    db = tmp_path / "db"
+    write_action_db(db, [(0, 0.0), (1, 0.0), (4, 0.0)], 10, 64)
+    rm = load_reward_model(action_model(64, tmp_path / "m.pt", [{0: 0.0, 1: 0.05, 4: 1.0, 5: 1.6}]))
+    d = DbState.open(0, db)
+    beliefs = SegmentBeliefs(rm, db)
+    beliefs.all(d.segments)
+    app = AppState([d], pairs=3, seed=0, sampling="uncertain", beliefs=[beliefs])
+    z = np.zeros(10)
+    seg = Segment(synthetic_frames(10, 64, 64, 9), np.full(10, 5), z.astype(np.float32), z.astype(bool),
+                  z.astype(bool), np.full(10, 3, dtype=np.int32), env_id=SEAQUEST, env_index=1, step=1000)  # fmt: skip
+    new = save_segment(db, seg, fsync=False).relative_to(db).as_posix()
+    app.rescan()
+    assert beliefs.views[new].member_returns.tolist() == pytest.approx([16.0], abs=1e-3)
+
+
+def test_a_rescan_folds_new_segments_into_the_rare_looks(seaquest: Path, tmp_path: Path) -> None:
+    """--sampling rare: a segment found by a rescan is read and folded in there (off the event
+    loop), not when the next list is picked; the rarity then equals one computed afresh."""
+    from lib.label_ui.server import rare_view
+    from lib.label_ui.state import AppState, DbState
+
+    db = db_of(seaquest, tmp_path / "db")
+    d = DbState.open(0, db)
+    app = AppState([d], pairs=2, seed=0, sampling="rare", looks=rare_view([d]))
+    new = record(db, seaquest, "00/00000150.dat", 0, 5000)
+    app.rescan()
+    assert new in app.looks[0].looks
+    got, fresh = app.looks[0].rarity(d.segments), SegmentLooks(db).rarity(d.segments)
+    assert np.allclose([got[r] for r in d.segments], [fresh[r] for r in d.segments])
+
+
 # --- --oracle N --follow --------------------------------------------------------------------------
 
 
