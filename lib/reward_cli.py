@@ -1,17 +1,20 @@
-"""``03_reward_train.py``'s command line: the flags, grouped (core / model / labels / output /
-baselines), each taking its default from ``TrainConfig``; and ``main``, which trains a reward model
-or, with ``--evaluate``, scores one. Imports no torch until it runs: ``--help`` stays fast."""
+"""``03_reward_train.py``'s command line: the flags, grouped (core / follow / model / labels /
+output / baselines), each taking its default from ``TrainConfig`` or ``FollowConfig``; and ``main``,
+which trains a reward model, with ``--follow`` retrains it as labels arrive (``lib/reward_follow.py``),
+or with ``--evaluate`` scores one. Imports no torch until it runs: ``--help`` stays fast."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from lib.errors import UserError
-from lib.reward_config import ARCHS, INPUTS, TrainConfig
+from lib.reward_config import ARCHS, INPUTS, FollowConfig, TrainConfig
 
 D = TrainConfig  # the defaults live in one place
+FD = FollowConfig
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C (128 + SIGINT): a script chain stops there
 
 
@@ -36,7 +39,13 @@ def _core_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=int, default=D.batch, help="labeled pairs per optimiser step (the book: 64)")
     g.add_argument("--lr", type=float, default=D.lr, help="Adam learning rate (the book: 1e-4)")
     g.add_argument("--seed", type=int, default=D.seed, help="seed of the train/test split, shuffling and weights")
-    g.add_argument("--test-ratio", type=float, default=D.test_ratio, help="share of the labels held out for testing")
+    g.add_argument(
+        "--test-ratio",
+        type=float,
+        default=D.test_ratio,
+        help="share of the labels held out for testing (--follow: about this share, chosen by a hash of the pair "
+        "and --seed, so that a label held out for one version stays held out)",
+    )
     g.add_argument(
         "--patience",
         type=int,
@@ -49,6 +58,39 @@ def _core_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=D.micro_frames,
         help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
+    )
+
+
+def _follow_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "follow",
+        "keep running and retrain as labels arrive (live rounds: label while the agent trains, the agent "
+        "picks up each new model with 01_a2c.py -r OUTDIR/reward-NAME.pt --reward-reload)",
+    )
+    g.add_argument(
+        "--follow",
+        action="store_true",
+        help="stay running: train a new version whenever --retrain-every new labels have arrived in the DBs' "
+        "labels.jsonl (a new pair's answer or an edited one; can't-tell and retracted lines do not count), "
+        "starting from the installed model's weights; keep each as OUTDIR/reward-NAME-vK.pt, log it in "
+        "OUTDIR/reward-NAME-versions.jsonl, and install it as OUTDIR/reward-NAME.pt only when its held-out "
+        "loss is not higher than the installed model's on the same held-out labels (held out by a hash of "
+        "the pair: a label held out once stays held out). The first version installs when there is no "
+        "model. Ctrl-C or SIGTERM stops it (a training in progress is dropped; exit code 130)",
+    )
+    g.add_argument(
+        "--retrain-every",
+        type=int,
+        default=argparse.SUPPRESS,  # given or not: it applies to --follow only
+        metavar="K",
+        help=f"--follow: new labels between two versions (default: {FD.retrain_every})",
+    )
+    g.add_argument(
+        "--poll",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help=f"--follow: how often to look at the label files (default: {FD.poll:g})",
     )
 
 
@@ -128,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    for add in (_core_args, _model_args, _label_args, _output_args, _baseline_args):
+    for add in (_core_args, _follow_args, _model_args, _label_args, _output_args, _baseline_args):
         add(p)
     return p
 
@@ -138,6 +180,17 @@ def config_from_args(args: argparse.Namespace, device: str) -> TrainConfig:
     ``--input`` and ``device`` the resolved ``--dev``."""
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     return TrainConfig(**given, downscale=INPUTS[args.input], device=device)
+
+
+def follow_config_from_args(args: argparse.Namespace) -> FollowConfig:
+    """The FollowConfig of parsed flags (their defaults where not given); UserError for --retrain-every
+    or --poll without --follow, and for --follow with --evaluate."""
+    given = {k: getattr(args, k) for k in ("retrain_every", "poll") if hasattr(args, k)}
+    if args.follow and args.evaluate:
+        raise UserError("--follow trains and --evaluate only scores a model: give one of them")
+    if given and not args.follow:
+        raise UserError(f"--{next(iter(given)).replace('_', '-')} applies to --follow only")
+    return FollowConfig(**given)
 
 
 def check_name(name: str) -> None:
@@ -164,21 +217,14 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def train(args: argparse.Namespace) -> int:
-    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir.
-    Exit 130 when stopped by Ctrl-C: the model is installed, but it is not a finished training."""
+def tb_writer(args: argparse.Namespace, game: str) -> Any:
+    """The run's TensorBoard writer (``lib/tb.py``'s run directory) with the flags as its
+    hyper-parameter table; UserError with one line when --runs-dir cannot be written."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from lib.model import resolve_device
-    from lib.reward_data import load_preferences
-    from lib.reward_train import check_config, summary_lines, train_reward_model
     from lib.tb import hparams_table, run_dir
 
-    device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
-    cfg = config_from_args(args, str(device))
-    check_config(cfg)  # every flag in range before the DBs are read
-    data = load_preferences(args.dbs, env=args.env)
-    log_dir = run_dir(args.runs_dir, args.name, "reward", data.game, args.seed)
+    log_dir = run_dir(args.runs_dir, args.name, "reward", game, args.seed)
     try:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         writer = SummaryWriter(log_dir=str(log_dir))
@@ -187,6 +233,50 @@ def train(args: argparse.Namespace) -> int:
             f"cannot write TensorBoard logs to {log_dir}: {e.strerror or e} (pass another --runs-dir)"
         ) from None
     writer.add_text("hyperparameters", hparams_table({**vars(args), "dbs": " ".join(args.dbs)}))
+    return writer
+
+
+def follow(args: argparse.Namespace, fcfg: FollowConfig) -> int:
+    """``--follow``: retrain as labels arrive until Ctrl-C / SIGTERM (exit 130, or 2 on a mistake)."""
+    from lib.envs import DEFAULT_ENV, rom_name
+    from lib.model import resolve_device
+    from lib.reward_follow import Follower, check_follow_config
+    from lib.reward_train import _output_paths, check_config
+    from lib.segments import check_same_game
+
+    device = resolve_device(args.dev)
+    cfg = config_from_args(args, str(device))
+    check_config(cfg)
+    check_follow_config(fcfg)
+    for db in args.dbs:
+        if not Path(db).is_dir():
+            raise UserError(f"DB not found: {db}")
+    game = check_same_game(args.dbs, "--follow got") or rom_name(args.env or DEFAULT_ENV)
+    out_dir = _output_paths(Path(args.out) / f"reward-{args.name}.pt")[0].parent
+    writer = tb_writer(args, game)
+    try:
+        follower = Follower(args.dbs, cfg, fcfg, out_dir, args.name, args.env, writer, not args.no_progress, _say)
+        return follower.run()
+    finally:
+        writer.close()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # a follower runs for hours, its output often goes to a log file
+
+
+def train(args: argparse.Namespace) -> int:
+    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir.
+    Exit 130 when stopped by Ctrl-C: the model is installed, but it is not a finished training."""
+    from lib.model import resolve_device
+    from lib.reward_data import load_preferences
+    from lib.reward_train import check_config, summary_lines, train_reward_model
+
+    device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
+    cfg = config_from_args(args, str(device))
+    check_config(cfg)  # every flag in range before the DBs are read
+    data = load_preferences(args.dbs, env=args.env)
+    writer = tb_writer(args, data.game)
     try:
         res = train_reward_model(
             data, cfg, Path(args.out) / f"reward-{args.name}.pt", writer=writer, progress=not args.no_progress
@@ -201,9 +291,10 @@ def train(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
+    fcfg = follow_config_from_args(args)
     if args.evaluate:
         return evaluate(args)
     if not args.name or not args.out:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
     check_name(args.name)
-    return train(args)
+    return follow(args, fcfg) if args.follow else train(args)

@@ -43,3 +43,15 @@ class TrainConfig:
     arch: str = ARCHS[0]
     mask_rows: int = 0
     diff_block: tuple[int, int] = DIFF_BLOCK
+
+
+@dataclass
+class FollowConfig:
+    """``--follow``'s settings (``lib/reward_follow.py``). 20 labels a version: a few minutes of a
+    person's labelling, and about 4 more held-out pairs to judge it by at the default --test-ratio."""
+
+    retrain_every: int = 20  # --retrain-every: new labels (new or edited answers) between versions
+    poll: float = 5.0  # --poll: seconds between looks at the label files
+
+
+MAX_POLL = 3600.0

@@ -29,7 +29,7 @@ import torch
 
 from lib.envs import DEFAULT_ENV, game_of, grey84, rom_name
 from lib.errors import UserError, warn
-from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, load_labels
+from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, load_labels
 from lib.reward_model import INPUT_CHUNK, DiffRewardModel
 from lib.segments import (
     SegmentError,
@@ -53,6 +53,7 @@ class PreferenceData:
     true_returns: (S,) float64  sum of true rewards; NaN where the segment has none (legacy DB)
     first/second: (P,) int64    segment index of a pair's sample1 / sample2
     mu:           (P,) float32  P(sample1 better): 1.0, 0.0 or 0.5 (tie)
+    pair_labels:  P (db index into ``dbs``, sample1, sample2) as labelled: which pair each is
     """
 
     blobs: list[bytes]
@@ -69,6 +70,7 @@ class PreferenceData:
     frame_shape: tuple[int, int, int]
     dbs: list[str]
     skipped: dict[str, int] = field(default_factory=dict)
+    pair_labels: list[tuple[int, str, str]] = field(default_factory=list)
     # the diff net's input per segment, made on first use (``_grey_steps``): 350 KB a 50-step
     # segment, against decoding 5 MB and resizing it again every epoch
     grey_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
@@ -121,13 +123,14 @@ class _SegmentTable:
     max_action: int = -1
     legacy: int = 0
     bad_files: dict[str, int] = field(default_factory=lambda: {"missing": 0, "unreadable": 0})
+    warn: Warn = warn  # where a broken segment's one line goes
 
     def row(self, di: int, root: Path, rel: str) -> int | str:
         """The row of segment ``rel`` of DB number ``di`` (read on first use), or "missing" /
         "unreadable"."""
         key = (di, rel)
         if key not in self.index:
-            got = _read_segment(root, rel)
+            got = _read_segment(root, rel, self.warn)
             if isinstance(got, str):
                 self.bad_files[got] += 1
                 self.index[key] = got
@@ -161,6 +164,7 @@ class _Pairs:
     first: list[int] = field(default_factory=list)
     second: list[int] = field(default_factory=list)
     mu: list[float] = field(default_factory=list)
+    labels: list[tuple[int, str, str]] = field(default_factory=list)  # (db index, sample1, sample2)
     counts: Counter[str] = field(default_factory=Counter)
 
 
@@ -168,7 +172,7 @@ def _read_db_pairs(di: int, root: Path, table: _SegmentTable, pairs: _Pairs, log
     """Add the usable labels of one DB to ``pairs`` and log one line about it."""
     if not (root / LABELS_FILE).is_file() and not (root / LEGACY_LABELS_FILE).is_file():
         raise UserError(f"DB {root} has no labels ({LABELS_FILE}): label pairs with 02_label_ui.py first")
-    labels = load_labels(root)
+    labels = load_labels(root, warn=table.warn)
     counts: Counter[str] = Counter(labels=len(labels))
     for lab in labels.values():
         pref = lab.preference
@@ -182,6 +186,7 @@ def _read_db_pairs(di: int, root: Path, table: _SegmentTable, pairs: _Pairs, log
         pairs.first.append(a)
         pairs.second.append(b)
         pairs.mu.append(pref)
+        pairs.labels.append((di, lab.sample1, lab.sample2))
     pairs.counts.update(counts)
     left_out = {
         "cant_tell": "can't tell left out",
@@ -236,12 +241,16 @@ def _resolve_game(table: _SegmentTable, env: str | None, log: Log) -> tuple[str,
     return env_id, game, meanings
 
 
-def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print) -> PreferenceData:
+def load_preferences(
+    dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print, warn: Warn = warn
+) -> PreferenceData:
     """Read the usable labels of every DB and their segments (kept compressed).
 
     ``env``: the game of segments that do not name one (legacy DBs from the book); default
     SeaQuest, the book's game. Segments that name their env must all be of one game (and of
-    ``env`` when given). Raises UserError with one line when nothing usable is left.
+    ``env`` when given). Raises UserError with one line when nothing usable is left. ``warn``
+    takes the line of each bad label line or broken segment skipped (a reader that loads the
+    same DBs again and again passes one that says each only once).
     """
     if env is not None:
         rom_name(env)  # an unknown --env fails here, before any reading
@@ -249,7 +258,7 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
         if not Path(db).is_dir():
             raise UserError(f"DB not found: {db}")
     check_same_game(list(dbs), "training on")
-    table, pairs = _SegmentTable(), _Pairs()
+    table, pairs = _SegmentTable(warn=warn), _Pairs()
     for di, db in enumerate(dbs):
         _read_db_pairs(di, Path(db), table, pairs, log)
     _check_usable(pairs, table, ", ".join(str(d) for d in dbs))
@@ -272,10 +281,11 @@ def load_preferences(dbs: Sequence[str | os.PathLike], env: str | None = None, l
         frame_shape=table.frame_shape,
         dbs=[str(d) for d in dbs],
         skipped={k: pairs.counts[k] for k in ("cant_tell", "missing", "unreadable")},
+        pair_labels=pairs.labels,
     )
 
 
-def _read_segment(root: Path, rel: str) -> tuple[bytes, dict[str, Any]] | str:
+def _read_segment(root: Path, rel: str, warn: Warn = warn) -> tuple[bytes, dict[str, Any]] | str:
     """Read one segment file: (compressed bytes, metadata), or "missing" / "unreadable". Decodes it
     once to check it and read its metadata; keeps only the compressed bytes."""
     if not os.path.lexists(root / rel):

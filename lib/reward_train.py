@@ -18,6 +18,7 @@ with true segment returns.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import os
 import resource
@@ -33,6 +34,7 @@ import torch
 from lib.checkpoints import state_is_finite
 from lib.errors import UserError
 from lib.files import remove_stale_temps
+from lib.labels import pair_key
 from lib.reward_config import ARCHS, DIFF_BLOCK, PATIENCE, TrainConfig
 from lib.reward_data import Log, PreferenceData, model_inputs, step_features
 from lib.reward_eval import norm_stats, pair_metrics
@@ -105,6 +107,25 @@ def split_pairs(n: int, test_ratio: float, rng: np.random.Generator) -> tuple[np
     perm = rng.permutation(n)
     n_test = min(max(1, round(n * test_ratio)), n - 1)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def held_out(sample1: str, sample2: str, seed: int, test_ratio: float) -> bool:
+    """Whether the pair (sample1, sample2) is a test pair of ``--follow``'s split: a seeded hash of
+    the order-free pair key below ``test_ratio``. It depends on the pair alone, so a label held out
+    for one version stays held out for every later one however many labels arrive (``split_pairs``'
+    permutation of n reshuffles when n grows). About ``test_ratio`` of the pairs, not exactly."""
+    a, b = pair_key(sample1, sample2)
+    h = hashlib.blake2b(f"{seed}\n{a}\n{b}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") < test_ratio * 2**64
+
+
+def split_by_pair(
+    labels: Sequence[tuple[int, str, str]], seed: int, test_ratio: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices of labelled pairs ``labels`` ((db, sample1, sample2) each, as
+    ``PreferenceData.pair_labels``) by ``held_out``; either side may be empty."""
+    test = np.array([held_out(a, b, seed, test_ratio) for _, a, b in labels], dtype=bool)
+    return np.flatnonzero(~test), np.flatnonzero(test)
 
 
 def micro_batches(data: PreferenceData, pairs: np.ndarray, micro_frames: int) -> list[np.ndarray]:
@@ -258,7 +279,15 @@ class _Fit:
         return len(self.members[0])
 
 
-def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
+def _build_fit(
+    data: PreferenceData,
+    cfg: TrainConfig,
+    split: tuple[np.ndarray, np.ndarray] | None = None,
+    init: Sequence[dict[str, torch.Tensor]] | None = None,
+) -> _Fit:
+    """The models, optimisers and pairs of one training run. ``split``: its (train, test) pair
+    indices (default: ``split_pairs``' seeded permutation); ``init``: a state dict per ensemble
+    member to start from (a warm start: the diff net keeps the input scale it was trained with)."""
     from lib.model import resolve_device
 
     device = resolve_device(cfg.device)
@@ -268,7 +297,7 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
     keep_freed_memory()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng)
+    train, test = split_pairs(data.n_pairs, cfg.test_ratio, rng) if split is None else split
     if (data.mu[train] == 0.5).all():
         raise UserError(
             f"all {len(train)} training labels are ties: nothing to learn an order from; "
@@ -278,9 +307,15 @@ def _build_fit(data: PreferenceData, cfg: TrainConfig) -> _Fit:
         new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block)
         for _ in range(cfg.ensemble)
     ]
+    if init is not None:
+        if len(init) != len(models):
+            raise UserError(f"the model to start from has {len(init)} members, --ensemble is {cfg.ensemble}")
+        for m, sd in zip(models, init, strict=True):
+            m.load_state_dict(sd)
     for m in models:
         m.to(device, memory_format=torch.channels_last).train()
-    _fit_input_scale(models, data, train, rng, device)
+    if init is None:
+        _fit_input_scale(models, data, train, rng, device)
     members = [train] if cfg.ensemble == 1 else [rng.choice(train, size=len(train)) for _ in range(cfg.ensemble)]
     return _Fit(
         data,
@@ -489,11 +524,18 @@ class _Progress:
 
 
 def _run_epochs(
-    fit: _Fit, meta: dict[str, Any], partial_path: Path, writer: Any | None, progress: bool, log: Log
+    fit: _Fit,
+    meta: dict[str, Any],
+    partial_path: Path | None,
+    writer: Any | None,
+    progress: bool,
+    log: Log,
+    keep_on_interrupt: bool = True,
 ) -> _Progress:
     """Train up to ``cfg.epochs`` epochs, evaluating and logging each. Every new best (lowest test
-    loss) is kept in memory and written to ``partial_path``, never over the model already installed.
-    Stops early after ``cfg.patience`` epochs without a better test loss, and at Ctrl-C."""
+    loss) is kept in memory and written to ``partial_path`` (unless None), never over the model
+    already installed. Stops early after ``cfg.patience`` epochs without a better test loss, and at
+    Ctrl-C; with ``keep_on_interrupt`` False the KeyboardInterrupt goes on up (the run is abandoned)."""
     cfg, run = fit.cfg, _Progress()
     try:
         for epoch in range(cfg.epochs):
@@ -509,7 +551,7 @@ def _run_epochs(
             if improved:
                 run.keep(em, fit.models)  # before its line: a Ctrl-C after a "*" line keeps that epoch
             _report_epoch(fit, em, improved, writer, log)
-            if improved:
+            if improved and partial_path is not None:
                 ck = reward_checkpoint(
                     fit.models,
                     norm_mean=ev["step_mean"],
@@ -521,10 +563,12 @@ def _run_epochs(
                     stopped="in progress",
                 )
                 save_reward_checkpoint(ck, partial_path)
-            elif epoch - run.best.epoch >= cfg.patience:
+            elif not improved and epoch - run.best.epoch >= cfg.patience:
                 run.stopped = f"early stop: test loss not better for {cfg.patience} epochs"
                 break
     except KeyboardInterrupt:
+        if not keep_on_interrupt:
+            raise
         run.stopped = STOPPED_BY_HAND
         log("interrupted: keeping the best model so far, marked as stopped early by hand")
     return run
@@ -564,17 +608,12 @@ def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, 
     writer.add_scalar("charts/s_per_pair", em.s_per_pair, step)
 
 
-def _install_best(
-    fit: _Fit,
-    best: EpochMetrics,
-    states: list[dict[str, torch.Tensor]],
-    meta: dict[str, Any],
-    out_path: Path,
-    log: Log,
-) -> tuple[float, float]:
-    """Put the best weights back, measure their per-step prediction stats over a sample of up to
-    256 labeled segments (what the wrapper and 04_play.py normalise with until their own running
-    window fills), and install the checkpoint. Returns (mean, std)."""
+def best_checkpoint(
+    fit: _Fit, best: EpochMetrics, states: list[dict[str, torch.Tensor]], meta: dict[str, Any]
+) -> tuple[dict[str, Any], float, float]:
+    """Put the best weights back into ``fit.models``, measure their per-step prediction stats over
+    a sample of up to 256 labeled segments (what the wrapper and 04_play.py normalise with until
+    their own running window fills), and make the checkpoint. Returns (checkpoint, mean, std)."""
     for m, sd in zip(fit.models, states, strict=True):
         m.load_state_dict(sd)
     data = fit.data
@@ -584,6 +623,19 @@ def _install_best(
     if not (math.isfinite(mean) and math.isfinite(std)):
         raise Diverged(best.epoch, f"the per-step prediction mean {mean} / std {std} is not finite")
     ck = reward_checkpoint(fit.models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch, **meta)
+    return ck, mean, std
+
+
+def _install_best(
+    fit: _Fit,
+    best: EpochMetrics,
+    states: list[dict[str, torch.Tensor]],
+    meta: dict[str, Any],
+    out_path: Path,
+    log: Log,
+) -> tuple[float, float]:
+    """``best_checkpoint``, installed at ``out_path``. Returns (mean, std)."""
+    ck, mean, std = best_checkpoint(fit, best, states, meta)
     prev = install_checkpoint(ck, out_path)
     if prev is not None:
         log(f"the previous {out_path.name} is kept as {prev}")
