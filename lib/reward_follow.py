@@ -522,7 +522,7 @@ class Follower:
         vlog: Log = lambda line: self.log(f"v{k} {line}")  # noqa: E731
         vlog(
             f"training on {fit.n_train} labels, {len(test)} held out"
-            + (f", starting from {inst.label}" if inst else ", from scratch (no model installed yet)")
+            + (f", warm from {inst.label}" if inst else ", from scratch (no model installed yet)")
         )
         run = _run_epochs(fit, meta, None, None, self.progress, vlog, keep_on_interrupt=False)
         assert run.best is not None  # --epochs >= 1

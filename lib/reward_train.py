@@ -7,7 +7,8 @@ accumulation (activation memory is bounded by ``micro_frames``, not by ``--batch
 ``pair_metrics`` measures the test pairs in eval mode with the BatchNorm-folded net under inference
 mode; ``_run_epochs`` stops early on test loss and writes every new best aside
 (``<stem>.partial.pt``); ``_install_best`` replaces the model at the end (the old one is kept as
-``<stem>.prev.pt``).
+``<stem>.prev.pt``). ``held_out`` / ``split_by_pair``: ``--follow``'s split (``lib/reward_follow.py``), by a
+seeded hash of each pair, so that a held-out label stays held out as labels arrive.
 
 Metrics per epoch: train and test loss, test accuracy on non-tie labels, and where segments carry
 true rewards the oracle agreement (share of test pairs with different true returns the model
