@@ -28,7 +28,8 @@ FLAGS = {
     "03_reward_train.py": [
         "-h", "--help", "--evaluate", "--dev", "--epochs", "--batch", "--lr", "--seed", "--test-ratio",
         "--patience", "--micro-frames", "--diff-block", "--arch", "--ensemble", "--noise", "--env", "-n",
-        "--name", "-o", "--out", "--runs-dir", "--no-progress", "--mask-rows", "--input",
+        "--name", "-o", "--out", "--runs-dir", "--no-progress", "--mask-rows", "--input", "--follow",
+        "--retrain-every", "--poll",
     ],
     "04_play.py": [
         "-h", "--help", "-m", "--model", "-e", "--env", "-n", "--episodes", "--dev", "--seed", "--greedy",
