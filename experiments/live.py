@@ -144,14 +144,24 @@ def count_labels(db: Path) -> int:
 
 
 def versions_table(versions: list[dict[str, Any]]) -> str:
-    """One row per version the trainer made: labels, held-out figures, installed or not."""
-    lines = ["| version | labels | held-out pairs | held-out acc | installed model's acc | oracle agr. | installed |"]
-    lines.append("|---:|---:|---:|---:|---:|---:|---|")
+    """One row per version the trainer made (its ``versions.jsonl``): labels, held-out figures, the
+    comparison with the model installed before it, the fresh evidence, installed or not and why."""
+    lines = [
+        "| version | labels | held-out pairs | held-out acc | vs installed: new / old acc (pairs) "
+        "| installed's acc on newer labels (pairs) | oracle agr. | installed |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for v in versions:
+        vs = "n/a"
+        if "compared_pairs" in v:
+            new, old = _pct(v.get("candidate_accuracy")), _pct(v.get("installed_heldout_accuracy"))
+            vs = f"{new} / {old} ({v['compared_pairs']})"
+        fresh = f"{_pct(v.get('fresh_accuracy'))} ({v.get('fresh_pairs', 0)})" if v.get("fresh_pairs") else "n/a"
+        verdict = "yes" if v.get("installed") else "no"
         lines.append(
             f"| v{v.get('version', '?')} | {v.get('labels', '?')} | {v.get('heldout_pairs', '?')} "
-            f"| {_pct(v.get('heldout_accuracy'))} | {_pct(v.get('installed_heldout_accuracy'))} "
-            f"| {_pct(v.get('oracle_agreement'))} | {'yes' if v.get('installed') else 'no: ' + str(v.get('why', ''))} |"
+            f"| {_pct(v.get('heldout_accuracy'))} | {vs} | {fresh} | {_pct(v.get('oracle_agreement'))} "
+            f"| {verdict}: {v.get('why', '')} |"
         )
     return "\n".join(lines)
 
@@ -162,7 +172,7 @@ def _pct(v: Any) -> str:
 
 # --- experiments.round --live ------------------------------------------------------------------
 
-LIVE_RETRAIN_EVERY = 25  # labels between the trainer's versions in a live round (8 versions for 200 labels)
+LIVE_VERSIONS = 8  # reward-model versions a live round aims at: a retrain every 1/8 of its labels (25 of 200)
 LIVE_RECENT = 200  # the teacher labels pairs of the agent's newest clips: what it does now
 
 
@@ -170,7 +180,8 @@ def live_plan(args: argparse.Namespace) -> dict[str, Any]:
     """The staged benchmark's budget, live: agent steps, labels after round 1's, their rate."""
     steps = int(args.ft_steps * args.scale) * args.rounds
     later = args.labels * (args.rounds - 1)
-    return {"steps": steps, "labels": later, "rate": 1000.0 * later / steps if steps else 0.0}
+    rate = 1000.0 * later / steps if steps else 0.0
+    return {"steps": steps, "labels": later, "rate": rate, "retrain_every": max(1, math.ceil(later / LIVE_VERSIONS))}
 
 
 def run_live(sr: Any) -> dict[str, Any]:
@@ -251,7 +262,7 @@ def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], rewa
             oracle += ["--schedule", "constant", "--label-rate", f"{plan['rate']:.6g}", "--seed", str(args.seed)]
             procs.append(spawn("oracle", oracle, logs / f"oracle-{ldir.parent.name}-live.log"))
         trainer = [PY, ROOT / "03_reward_train.py", "-n", "live", "-o", ldir, "--follow"]
-        trainer += ["--retrain-every", str(LIVE_RETRAIN_EVERY), "--dev", args.dev, "--seed", str(args.seed)]
+        trainer += ["--retrain-every", str(plan["retrain_every"]), "--dev", args.dev, "--seed", str(args.seed)]
         trainer += ["--runs-dir", args.out / "tb", "--no-progress", older, db]
         procs.append(spawn("trainer", trainer, logs / f"trainer-{ldir.parent.name}-live.log"))
         last = 0.0
@@ -398,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=5.0, help="how long the whole demo runs (default 5)")
     p.add_argument("--teacher", choices=TEACHERS, default="score", help="the oracle's teacher (default score)")
     p.add_argument("--envs", type=int, default=8, help="envs of each A2C (default 8: 2 cores run four processes)")
-    p.add_argument("--label-rate", type=float, default=2.0, help="oracle labels per 1,000 agent steps (default 2)")
+    p.add_argument("--label-rate", type=float, default=10.0, help="oracle labels per 1,000 agent steps (default 10)")
     p.add_argument("--retrain-every", type=int, default=10, help="new labels between reward-model versions")
     p.add_argument("--seed", type=int, default=0, help="seed of every process")
     p.add_argument("--dir", type=Path, default=Path("."), help="where db/, saves/ and runs/ are (default: here)")
@@ -419,7 +430,7 @@ def demo(args: argparse.Namespace) -> int:
         shutil.rmtree(old, ignore_errors=True)
     deadline = time.time() + 60 * args.minutes
     logs, seed = where["logs"], ["--seed", str(args.seed)]
-    a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.003", "--no-progress", *seed]
+    a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.003", *seed]
     a2c += ["--test-every", "100000000", "--runs-dir", where["runs"]]
     oracle = ["--oracle", "100000", "--follow", "--teacher", args.teacher, "--schedule", "constant"]
     oracle += ["--label-rate", str(args.label_rate), "--poll", "2", *seed]

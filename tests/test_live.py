@@ -28,7 +28,7 @@ def test_live_plan_is_the_staged_budget() -> None:
 
     plan = live_plan(_round_args(Path("x"), "--rounds", "3"))
     assert plan["steps"] == 1_500_000 and plan["labels"] == 200
-    assert plan["rate"] == pytest.approx(200 / 1500)
+    assert plan["rate"] == pytest.approx(200 / 1500) and plan["retrain_every"] == 25
     assert live_plan(_round_args(Path("x"), "--rounds", "2", "--scale", "0.01"))["steps"] == 10_000
 
 
@@ -56,13 +56,16 @@ def test_versions_file_is_read_past_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "reward-x-versions.jsonl"
     lines = [
         {"version": 1, "labels": 30, "heldout_pairs": 6, "heldout_accuracy": 0.5, "installed": True},
-        {"version": 2, "labels": 40, "heldout_pairs": 8, "heldout_accuracy": 0.25, "installed": False, "why": "worse"},
+        {"version": 2, "labels": 40, "heldout_pairs": 8, "heldout_accuracy": 0.25, "installed": False, "why": "worse"}
+        | {"compared_pairs": 8, "candidate_accuracy": 0.25, "installed_heldout_accuracy": 0.75}
+        | {"fresh_pairs": 3, "fresh_accuracy": 2 / 3},
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"version": 3, "lab')
     got = read_versions(path)
     assert [v["version"] for v in got] == [1, 2]
     text = versions_table(got)
-    assert "| v1 | 30 | 6 | 50% |" in text and "no: worse" in text
+    assert "| v1 | 30 | 6 | 50% | n/a | n/a |" in text
+    assert "| v2 | 40 | 8 | 25% | 25% / 75% (8) | 67% (3) | n/a | no: worse |" in text
     assert read_versions(tmp_path / "none.jsonl") == []
 
 
@@ -103,7 +106,10 @@ def test_stop_sends_ctrl_c_first_and_harder_only_when_ignored(tmp_path: Path) ->
     )
     stubborn = tmp_path / "stubborn.py"
     stubborn.write_text(
-        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+        "import signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
     )
     for script, want in ((polite, 7), (stubborn, -signal.SIGTERM)):
         p = spawn(script.stem, [sys.executable, script], tmp_path / f"{script.stem}.log")
