@@ -6,6 +6,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C (128 + SIGINT): a script chain stops there
+
 
 class UserError(Exception):
     """A mistake the user can fix (wrong path, wrong game, empty DB...). The message is one line

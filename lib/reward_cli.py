@@ -10,12 +10,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from lib.errors import UserError
+from lib.errors import EXIT_INTERRUPTED, UserError
 from lib.reward_config import ARCHS, INPUTS, FollowConfig, TrainConfig
 
 D = TrainConfig  # the defaults live in one place
 FD = FollowConfig
-EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C (128 + SIGINT): a script chain stops there
 
 
 def block_arg(text: str) -> tuple[int, int]:

@@ -415,7 +415,7 @@ class Follower:
 
     def run(self) -> int:
         """Follow the labels until Ctrl-C / SIGTERM; returns the exit code (130: stopped)."""
-        from lib.reward_cli import EXIT_INTERRUPTED
+        from lib.errors import EXIT_INTERRUPTED
 
         f = self.fcfg
         self.log(

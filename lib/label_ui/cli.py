@@ -7,12 +7,10 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
-from lib.errors import UserError, fail
+from lib.errors import EXIT_INTERRUPTED, UserError, fail
 from lib.label_ui.config import LabelConfig, parse_config
 from lib.labels import LABEL_NAMES
 from lib.oracle import FollowSettings, OracleSettings, OracleSummary, SignalStop, oracle_follow, oracle_label_db
-
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as 03_reward_train.py: a script chain stops there
 
 
 def run_oracle(cfg: LabelConfig) -> None:
