@@ -190,6 +190,7 @@ def run_live(sr: Any) -> dict[str, Any]:
     from lib.a2c_cli import to_argv
     from lib.a2c_config import A2CConfig
     from lib.files import atomic_write
+    from lib.segments import list_segments
 
     args = sr.args
     ldir = sr.tdir / "live"
@@ -232,6 +233,11 @@ def run_live(sr: Any) -> dict[str, Any]:
         {"reward": rnd.file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])},
     )
     row = rnd.summarise(rnd.evaluate_arm(save / "last.pt", ldir / "eval.json", args))
+    evidence = rnd.cached_json(
+        ldir / "evidence.json",
+        lambda: rnd.teacher_evidence(db, db, list_segments(db), args.teacher),
+        {"labels": rnd.file_digest(db / "labels.jsonl"), "teacher": args.teacher},
+    )
     return {
         "row": row,
         "plan": plan,
@@ -239,6 +245,7 @@ def run_live(sr: Any) -> dict[str, Any]:
         "versions": read_versions(ldir / "reward-live-versions.jsonl"),
         "reward_model": figs,
         "reward_model_r1": figures1["reward_model"],
+        "evidence": evidence,
         "curves": {tag: rnd.tb_scalars(args.out / "tb", name, tag) for tag in rnd.CURVE_TAGS},
         "version_steps": rnd.tb_scalars(args.out / "tb", name, "reward_model/version"),
     }
@@ -315,25 +322,18 @@ def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[
     print(f"the trainer's versions ({len(vs)} made, {sum(bool(v.get('installed')) for v in vs)} installed):\n")
     print(versions_table(vs) + "\n")
     print(f"labels written live: {res['labels']} (planned {plan['labels']})")
-    print("round 1's reward model (where live starts), on v0's held-out segments:")
-    rnd.print_reward_notes(1, {"reward_model": res["reward_model_r1"], "evidence": _no_evidence()})
-    print("the live run's final installed model, on the same held-out segments:")
-    rnd.print_reward_notes(1, {"reward_model": res["reward_model"], "evidence": _no_evidence()})
+    rnd.print_model_figures("round 1's reward model (where the live run starts)", res["reward_model_r1"])
+    rnd.print_model_figures("the live run's last installed model", res["reward_model"])
+    rnd.print_evidence(res["evidence"])
     plot_live(sr.tdir / "live.png", res, staged_curves(sr), f"{args.teacher} teacher: live vs staged, seed {args.seed}")
     report = {
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        **{k: res[k] for k in ("row", "plan", "labels", "versions", "reward_model")},
+        **{k: res[k] for k in ("row", "plan", "labels", "versions", "reward_model", "evidence")},
         "staged": staged,
     }
     atomic_write(sr.tdir / "live.json", json.dumps(report, indent=1).encode())
     print(f"\n{sr.tdir / 'live.png'}, {sr.tdir / 'live.json'} ({(time.time() - t0) / 60:.1f} min so far)")
     return rows
-
-
-def _no_evidence() -> dict[str, Any]:
-    """``print_reward_notes`` also prints the labels' evidence; the live labels' is not measured here."""
-    return {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0,
-            "segments": 0, "with_refill": 0, "with_oxygen_death": 0, "lives_lost": 0}  # fmt: skip
 
 
 def staged_curves(sr: Any) -> dict[str, tuple[list[int], list[float]]]:
@@ -383,6 +383,9 @@ def plot_live(path: Path, res: dict[str, Any], staged: dict[str, tuple[list, lis
 # --- make demo-live ----------------------------------------------------------------------------
 
 
+PHASE2_MIN_SHARE = 0.4  # the reloading phase runs at least this share of --minutes, however long phase 1 took
+
+
 def demo_paths(root: Path) -> dict[str, Path]:
     """Where the demo's files go under ``root`` (the repository for make demo-live)."""
     return {
@@ -430,7 +433,7 @@ def demo(args: argparse.Namespace) -> int:
         shutil.rmtree(old, ignore_errors=True)
     deadline = time.time() + 60 * args.minutes
     logs, seed = where["logs"], ["--seed", str(args.seed)]
-    a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.003", *seed]
+    a2c = ["--max-steps", "100000000", "--envs", str(args.envs), "--record-prob", "0.01", *seed]
     a2c += ["--test-every", "100000000", "--runs-dir", where["runs"]]
     oracle = ["--oracle", "100000", "--follow", "--teacher", args.teacher, "--schedule", "constant"]
     oracle += ["--label-rate", str(args.label_rate), "--poll", "2", *seed]
@@ -445,10 +448,11 @@ def demo(args: argparse.Namespace) -> int:
     record = [PY, ROOT / "01_a2c.py", "-n", "demo-live", "--save", where["save"], "--db-path", where["db"], *a2c]
     procs = [spawn("a2c-record", record, logs / "a2c-record.log")]
     try:
-        wait_for("first clip", lambda: any(where["db"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
+        wait_for("first clip", lambda: any(where["db"].glob("[0-9][0-9]/*.dat")), procs, 60 * args.minutes)
         procs.append(spawn("oracle", [PY, ROOT / "02_label_ui.py", "-d", where["db"], *oracle], logs / "oracle.log"))
         procs.append(spawn("trainer", [*trainer, where["db"]], logs / "trainer.log"))
-        wait_for(f"reward model {stable}", stable.exists, procs, deadline - time.time())
+        # on a busy machine phase 1 may take the whole budget: the demo then overruns rather than skip phase 2
+        wait_for(f"reward model {stable}", stable.exists, procs, max(deadline - time.time(), 60 * args.minutes))
     finally:
         codes = stop_all(procs)
     switch_step = _last_step(where["save"])
@@ -461,6 +465,7 @@ def demo(args: argparse.Namespace) -> int:
     reload += ["-r", stable, "--reward-reload", "--db-path", where["db_rl"], *a2c]
     procs = [spawn("a2c-reload", reload, logs / "a2c-reload.log")]
     try:
+        deadline = max(deadline, time.time() + PHASE2_MIN_SHARE * 60 * args.minutes)
         wait_for("first clip", lambda: any(where["db_rl"].glob("[0-9][0-9]/*.dat")), procs, deadline - time.time())
         procs.append(
             spawn("oracle-rl", [PY, ROOT / "02_label_ui.py", "-d", where["db_rl"], *oracle], logs / "oracle-rl.log")

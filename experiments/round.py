@@ -770,13 +770,11 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
     return {"rows": rows, **figures, "watch": watch, "curves": curves}
 
 
-def print_reward_notes(k: int, r: dict[str, Any]) -> None:
-    """The reward model's held-out figures (overall, per deciding rule, on low-gauge diver steps)
-    and how the round's labels were decided."""
-    rm, ev = r["reward_model"], r["evidence"]
+def print_model_figures(what: str, rm: dict[str, Any]) -> None:
+    """A reward model's held-out figures: overall, per deciding rule, on low-gauge diver steps."""
     during = rm.get("step_corr_finetune")
     print(
-        f"round {k}: reward model on {rm['heldout_segments']} never-seen segments of the round's DB: "
+        f"{what} on {rm['heldout_segments']} never-seen segments of the round's DB: "
         f"{100 * rm['teacher_agreement']:.1f}% agreement with the teacher ({rm['teacher_pairs']} pairs), "
         f"{100 * rm['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
         f"{rm['step_corr_heldout']:+.2f} (held out)"
@@ -791,6 +789,17 @@ def print_reward_notes(k: int, r: dict[str, Any]) -> None:
             f"{rm['diver_climb_z']:+.2f} ({rm['diver_climb_steps']} steps), not climbing "
             f"{rm['diver_still_z']:+.2f} ({rm['diver_still_steps']} steps)"
         )
+
+
+def print_reward_notes(k: int, r: dict[str, Any]) -> None:
+    """The reward model's held-out figures (overall, per deciding rule, on low-gauge diver steps)
+    and how the round's labels were decided."""
+    print_model_figures(f"round {k}: reward model", r["reward_model"])
+    print_evidence(r["evidence"])
+
+
+def print_evidence(ev: dict[str, Any]) -> None:
+    """How the labels were decided (``teacher_evidence``)."""
     rules = ", ".join(f"{n} {rule}" for rule, n in sorted(ev.get("rules", {}).items(), key=lambda x: -x[1]))
     print(
         f"  the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "

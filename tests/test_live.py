@@ -5,6 +5,7 @@ experiment's one-line mistakes. The whole loop with real processes is
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -128,3 +129,70 @@ def test_wait_for_names_a_process_that_died(tmp_path: Path) -> None:
     p = spawn("dies", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "dies.log")
     with pytest.raises(UserError, match=r"dies ended \(exit 3\)[\s\S]*boom"):
         wait_for("never", lambda: False, [p], timeout=30, poll=0.1)
+
+
+TINY = ["--v0-steps", "2000", "--ft-steps", "2000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.1"]
+TINY += ["--evals", "1", "--test-episodes", "1", "--teacher", "oxygen", "--rounds", "2"]
+
+
+def _no_temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith((".tmp", ".partial.pt"))]
+
+
+@pytest.mark.slow
+def test_live_round_runs_the_three_processes_and_continues(tmp_path: Path) -> None:
+    """experiments.round --live on a tiny budget: round 1's labels and model, then the agent with
+    --reward-reload, the following oracle and the following trainer side by side; the teacher
+    labels the agent's own clips, the trainer makes versions, the agent logs which it used; all
+    three stopped cleanly; run again, nothing trains twice."""
+    import subprocess
+
+    from experiments.round import tb_scalars
+    from lib.labels import read_label_log
+
+    out = tmp_path / "round"
+    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY, "--live"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "\n| 0 | v0 | " in p.stdout and "\n| 1-2 | live | " in p.stdout
+    ldir = out / "seed0" / "oxygen-15" / "live"
+    report = json.loads((ldir.parent / "live.json").read_text())
+    assert report["plan"] == {"steps": 4000, "labels": 15, "rate": 3.75, "retrain_every": 2}
+    labels = read_label_log(ldir / "rlhf-db")
+    assert 0 < len(labels) <= 15 and all(lab.extra["teacher"] == "oxygen" for lab in labels)
+    assert report["labels"] == len({lab.key for lab in labels})
+    versions = report["versions"]
+    assert versions and [v["version"] for v in versions] == list(range(1, len(versions) + 1))
+    assert all((ldir / f"reward-live-v{v['version']}.pt").exists() for v in versions)
+    steps, used = tb_scalars(out / "seed0" / "tb", "round-live-oxygen-15", "reward_model/version")
+    assert steps and used[0] == 1
+    logs = out / "seed0" / "logs"
+    assert "stopped by SIGINT" in (logs / "oracle-oxygen-15-live.log").read_text()
+    assert "stopped by SIGINT" in (logs / "trainer-oxygen-15-live.log").read_text()
+    assert not _no_temp_files(out)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 0 and "$ " not in again.stdout, again.stdout[-2000:]
+    assert json.loads((ldir.parent / "live.json").read_text())["row"] == report["row"]
+
+
+@pytest.mark.slow
+def test_demo_live_runs_and_stops_cleanly(tmp_path: Path) -> None:
+    """make demo-live for two minutes: both phases run, the reloading A2C logs the versions it
+    used, both DBs get labels, the plot is written, and every process ends on its Ctrl-C path."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "experiments.live", "--minutes", "2", "--dir", str(tmp_path), "--envs", "2"]
+    cmd += ["--label-rate", "20", "--retrain-every", "3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "phase 2 after" in p.stdout and "versions made: " in p.stdout
+    made = int(p.stdout.split("versions made: ")[1].split()[0])
+    assert made >= 1 and (tmp_path / "saves/demo-live-reward/reward-demo-live-v1.pt").exists()
+    stopped = p.stdout.split("stopped: ")[1].splitlines()[0]
+    assert stopped.count("exit") == 6 and all(c in ("0", "130") for c in re.findall(r"exit (-?\d+)", stopped))
+    assert "reloading A2C, learned reward: steps" in p.stdout
+    png = (tmp_path / "saves/demo-live-rl/score_over_time.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    for db in ("db/demo-live", "db/demo-live-rl"):
+        assert (tmp_path / db / "labels.jsonl").read_text().count("\n") >= 1, db
+    assert not _no_temp_files(tmp_path)
