@@ -1,9 +1,11 @@
 """Benchmark of the label page (02_label_ui.py): answer-to-next-pair latency in a real browser,
-clip encoding, start-up time and memory with a 10,000-segment DB, and how long another tab's
-requests wait while a tab opens the Overview or Existing labels of 300,000 labels. Also writes the
-README's screenshot (docs/label_ui.png). Prints a table: figure | value | unit | setting.
+clip encoding, start-up time and memory with a 10,000-segment DB, how long another tab's
+requests wait while a tab opens the Overview or Existing labels of 300,000 labels, and (``live``)
+the latency alone and with a live round's trainer (03_reward_train.py --follow) and recording A2C
+(01_a2c.py --db-path) running beside the page on the same DB. Also writes the README's screenshot
+(docs/label_ui.png). Prints a table: figure | value | unit | setting.
 
-    python -m bench.bench_label_ui [--answers 25] [--segments 60] [--no-screenshot] [--only busy]
+    python -m bench.bench_label_ui [--answers 25] [--segments 60] [--no-screenshot] [--only busy live]
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import tempfile
 import threading
@@ -21,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.dbs import make_atari_db
-from bench.label_harness import LabelServer, answer_and_wait, chromium, small_png, wait_shown
+from bench.label_harness import Beside, LabelServer, answer_and_wait, chromium, small_png, wait_shown
 from bench.table import print_table
 from lib.label_ui.clips import encode_clip_file
 from lib.labels import Label, append_labels
@@ -31,7 +34,7 @@ from lib.segments import list_segments
 ROOT = Path(__file__).resolve().parents[1]
 
 KEYS = "1201x"  # answers cycle through #1 better, #2 better, equal, #1 better, can't tell
-PARTS = ("encode", "latency", "startup", "busy")
+PARTS = ("encode", "latency", "startup", "busy", "live")
 Row = tuple[str, str, str, str]  # figure, value, unit, setting
 
 
@@ -39,12 +42,15 @@ def p95(xs: list[float]) -> float:
     return float(np.percentile(xs, 95))
 
 
-def latency(db: Path, cache: Path, answers: int, view_s: float, screenshot: Path | None) -> list[float]:
-    """Key press -> both clips of the next pair on screen, as the page measures it (ms)."""
+def latency(
+    db: Path, cache: Path, answers: int, view_s: float, screenshot: Path | None, pairs: int = 20
+) -> list[float]:
+    """Key press -> both clips of the next pair on screen, as the page measures it (ms); lists of
+    ``pairs`` pairs (at each list's end the page looks for new segments)."""
     out = []
     # Run where the DB is db/v0, as in the README, so the screenshot shows that path.
     cwd = db.parents[1]
-    args = ("-d", str(db.relative_to(cwd)), "--cache-dir", str(cache), "--pairs", "20", "--seed", "0")
+    args = ("-d", str(db.relative_to(cwd)), "--cache-dir", str(cache), "--pairs", str(pairs), "--seed", "0")
     with LabelServer(*args, cwd=cwd) as server, chromium(viewport=(1180, 740)) as page:
         page.goto(f"{server.url}/label")
         wait_shown(page, 1)
@@ -204,6 +210,87 @@ def latency_rows(db: Path, tmp: Path, answers: int, shot: Path | None) -> list[R
     ]
 
 
+LIVE_SEEDED = 10  # oracle labels before the start: the trainer's first version trains right away
+LIVE_PAIRS = 5  # the page's lists: it looks for the A2C's new segments at the end of each
+LIVE_ENVS, LIVE_RECORD_PROB, LIVE_RETRAIN_EVERY, LIVE_POLL_S = 8, 0.01, 5, 1.0
+TRAINING_LINE = re.compile(r"^v([0-9]+) training on ([0-9]+) labels", re.MULTILINE)  # stage 3 --follow
+
+
+def live_rows(src: Path, tmp: Path, answers: int) -> list[Row]:
+    """The answer-to-next-pair latency on one DB twice: alone, then with ``03_reward_train.py
+    --follow`` (retraining on the labels the answers write) and a recording ``01_a2c.py`` (new
+    segments into the DB) running beside the page as real processes, stopped by Ctrl-C afterwards.
+    Also the versions the trainer wrote and the agent steps the A2C took while the page was timed."""
+    work = tmp / "live"
+    db = work / "db" / "v0"
+    shutil.copytree(src, db)  # its own copy: the labels of the other parts' answers are not its
+    oracle_label_db(db, LIVE_SEEDED, seed=0)
+    n_segments = len(list_segments(db))
+    alone = latency(db, work / "cache-alone", answers, 1.0, None, pairs=LIVE_PAIRS)
+    with Beside(
+        db,
+        work / "beside",
+        envs=LIVE_ENVS,
+        record_prob=LIVE_RECORD_PROB,
+        retrain_every=LIVE_RETRAIN_EVERY,
+        poll=LIVE_POLL_S,
+    ) as beside:
+        # Timed once both are at work: the trainer has installed its first version (from the labels so
+        # far) and waits for the page's answers; the A2C's first progress line (every 10 s) says it steps.
+        beside.wait_for("first reward model version", lambda: beside.versions() != [], timeout=900)
+        beside.wait_for("progress line of the A2C", lambda: beside.a2c_logged_step() is not None, timeout=900)
+        step0, t0, segs0 = beside.a2c_logged_step() or 0, time.time(), len(list_segments(db))
+        mark = beside.log_size("trainer")
+        near = latency(db, work / "cache-beside", answers, 1.0, None, pairs=LIVE_PAIRS)
+        t1, segs1 = time.time(), len(list_segments(db))
+        started = TRAINING_LINE.findall(beside.log("trainer")[mark:])  # (version, labels) of each training begun
+        beside.check_running()  # both were running all along
+        codes = beside.stop()
+    step1 = beside.a2c_final_step() or step0
+    dropped = re.search(r"v([0-9]+)'s training abandoned", beside.log("trainer"))
+    made = [v for v in beside.versions() if t0 <= float(v.get("time", 0)) <= t1]
+    every = beside.versions()
+    secs = [float(v["seconds"]) for v in made if "seconds" in v]
+    stopped = ", ".join(f"{n} exit {codes[n]} on {beside.stopped_by.get(n, '-')}" for n in codes)
+    setting = (
+        f"{len(alone)} answers, 1 s viewing each, lists of {LIVE_PAIRS} pairs; {n_segments} real SeaQuest segments, "
+        f"{LIVE_SEEDED} oracle labels at start; headless Chromium, {os.cpu_count()} cores; each run's clip cache cold"
+    )
+    beside_how = (
+        f"03_reward_train.py --follow --retrain-every {LIVE_RETRAIN_EVERY} --poll {LIVE_POLL_S:g} and "
+        f"01_a2c.py --envs {LIVE_ENVS} --record-prob {LIVE_RECORD_PROB:g} --db-path (same DB) running"
+    )
+    return [
+        ("key -> next pair shown, median, alone", f"{statistics.median(alone):.0f}", "ms", setting),
+        ("key -> next pair shown, p95, alone", f"{p95(alone):.0f}", "ms", "same"),
+        ("key -> next pair shown, median, beside", f"{statistics.median(near):.0f}", "ms", beside_how),
+        ("key -> next pair shown, p95, beside", f"{p95(near):.0f}", "ms", "same, after the alone run (its labels too)"),
+        (
+            "trainer versions begun while timed",
+            str(len(started)),
+            "versions",
+            ", ".join(f"v{k} on {n} training labels" for k, n in started)
+            + f"; v1 before the timing ({len(every)} written in all)",
+        ),
+        (
+            "trainer versions written while timed",
+            str(len(made)),
+            "versions",
+            f"{sum(bool(v.get('installed')) for v in made)} installed"
+            + (f", {statistics.median(secs):.0f} s of training each (median)" if secs else "")
+            + (f"; v{dropped[1]}'s training dropped at the stop" if dropped else "; none training at the stop"),
+        ),
+        (
+            "A2C agent steps while timed",
+            f"{step1 - step0:,}",
+            "steps",
+            f"{(step1 - step0) / max(t1 - t0, 1e-6):.0f} steps/s over {t1 - t0:.0f} s (page start incl.); "
+            f"{segs1 - segs0} new segments in the DB",
+        ),
+        ("processes beside, stopped", str(sum(c in (0, 130) for c in codes.values())), f"of {len(codes)}", stopped),
+    ]
+
+
 def startup_rows(db: Path, tmp: Path, n_segments: int) -> list[Row]:
     big = tmp / "big"
     big_db(db, big, n_segments)
@@ -243,6 +330,8 @@ def main() -> None:
             rows += startup_rows(db, tmp, args.big)
         if "busy" in args.only:
             rows += busy_rows(db, tmp, args.busy_labels, args.busy_loads)
+        if "live" in args.only:
+            rows += live_rows(db, tmp, args.answers)
     print_table("bench_label_ui (stage 2: labeling)", rows)
     if shot is not None:
         print(f"\nscreenshot: {shot} ({shot.stat().st_size / 1024:.0f} KB)")

@@ -4,13 +4,16 @@
 until it answers; ``chromium`` launches Debian's Chromium through Playwright (never
 ``playwright install``: ``executable_path=/usr/bin/chromium``). The page's clip player
 (``player.js``) records in ``window.rlhfTiming`` when a key went down and when a new pair was on
-screen, which is what ``answer_and_wait`` reads.
+screen, which is what ``answer_and_wait`` reads. ``Beside`` runs the rest of a live round next to
+the page: ``03_reward_train.py --follow`` on the DB's labels and a recording ``01_a2c.py``.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +168,138 @@ def answer_and_wait(page: Any, key: str) -> float:
     page.keyboard.press(key)
     rec = wait_shown(page, n + 1)
     return float(rec["at"] - rec["keyAt"])
+
+
+BESIDE_NAME = "x"  # the run name of the trainer and the A2C beside the page
+A2C_STEP_LINE = re.compile(r"^step\s+([0-9,]+) \|", re.MULTILINE)
+
+
+class Beside:
+    """A live round's other stages as real subprocesses beside the label page, on the same DB:
+    ``03_reward_train.py -n x -o WORK/reward --follow`` (retrains as the page's answers arrive) and
+    ``01_a2c.py -n x --save WORK/a2c --db-path DB`` (records new segments into it). Each writes its
+    output to ``WORK/logs/NAME.log``; TensorBoard logs go to ``WORK/runs``. ``stop()`` sends Ctrl-C
+    (SIGINT) as a person would, then SIGTERM, then SIGKILL to what does not end."""
+
+    def __init__(
+        self,
+        db: Path,
+        work: Path,
+        envs: int = 8,
+        record_prob: float = 0.01,
+        retrain_every: int = 5,
+        poll: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.db, self.work = Path(db), Path(work)
+        self.out, self.save, self.runs, self.logs = (self.work / d for d in ("reward", "a2c", "runs", "logs"))
+        self.logs.mkdir(parents=True, exist_ok=True)
+        py = sys.executable
+        trainer = [py, REPO_ROOT / "03_reward_train.py", "-n", BESIDE_NAME, "-o", self.out, "--follow"]
+        trainer += ["--retrain-every", str(retrain_every), "--poll", f"{poll:g}", "--runs-dir", self.runs]
+        trainer += ["--no-progress", self.db]
+        a2c = [py, REPO_ROOT / "01_a2c.py", "-n", BESIDE_NAME, "--save", self.save, "--db-path", self.db]
+        a2c += ["--record-prob", f"{record_prob:g}", "--envs", str(envs), "--max-steps", "100000000"]
+        a2c += ["--test-every", "100000000", "--runs-dir", self.runs, "--seed", str(seed)]
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stopped_by: dict[str, str] = {}  # name -> the signal that ended it
+        try:
+            self.procs["trainer"] = self._spawn("trainer", trainer)
+            self.procs["a2c"] = self._spawn("a2c", a2c)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, cmd: list[Any]) -> subprocess.Popen:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "NICEGUI_USER_SIMULATION")}
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.logs / f"{name}.log", "w", encoding="utf-8") as log:
+            # Its own session: a Ctrl-C in the terminal reaches the caller, which stops each in turn.
+            argv = [str(c) for c in cmd]
+            return subprocess.Popen(
+                argv, cwd=self.work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def log(self, name: str) -> str:
+        try:
+            return (self.logs / f"{name}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def log_size(self, name: str) -> int:
+        """Where ``name``'s log ends now: ``log(name)[size:]`` later is what it printed since."""
+        return len(self.log(name))
+
+    def check_running(self) -> None:
+        """RuntimeError naming a process that ended (with its log's tail)."""
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = "\n".join(self.log(name).splitlines()[-15:])
+                raise RuntimeError(f"{name} beside the page ended (exit {p.returncode}):\n{tail}")
+
+    def wait_for(self, what: str, done: Any, timeout: float, poll: float = 0.2) -> None:
+        """Wait until ``done()``; a process ending meanwhile, or ``timeout`` s passing, is an error."""
+        end = time.monotonic() + timeout
+        while not done():
+            self.check_running()
+            if time.monotonic() > end:
+                raise TimeoutError(f"no {what} within {timeout:.0f} s; logs in {self.logs}")
+            time.sleep(poll)
+
+    def a2c_logged_step(self) -> int | None:
+        """The agent step of the A2C's newest progress line (one every 10 s), None before the first."""
+        steps = A2C_STEP_LINE.findall(self.log("a2c"))
+        return int(steps[-1].replace(",", "")) if steps else None
+
+    def a2c_final_step(self) -> int | None:
+        """Agent steps the stopped A2C saved in its ``last.pt`` (None when there is none)."""
+        from lib.checkpoints import read_checkpoint
+
+        last = self.save / "last.pt"
+        if not last.exists():
+            return None
+        return int(read_checkpoint(last, "model").get("progress", {}).get("step", 0))
+
+    @property
+    def versions_path(self) -> Path:
+        return self.out / f"reward-{BESIDE_NAME}-versions.jsonl"
+
+    def versions(self) -> list[dict[str, Any]]:
+        """The trainer's versions so far: the lines of ``reward-x-versions.jsonl`` (a torn one skipped)."""
+        try:
+            lines = self.versions_path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+    def stop(self, grace: float = 30.0) -> dict[str, int]:
+        """SIGINT to every process still running, then SIGTERM, then SIGKILL to those that do not
+        end within ``grace`` s (10 s for the harder ones); their exit codes. ``stopped_by`` says
+        which signal ended each."""
+        for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            running = {n: p for n, p in self.procs.items() if p.poll() is None}
+            for name, p in running.items():
+                p.send_signal(sig)
+                self.stopped_by[name] = sig.name
+            end = time.monotonic() + wait
+            for p in running.values():
+                with suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=max(0.0, end - time.monotonic()))
+        return {name: p.wait() for name, p in self.procs.items()}
+
+    def __enter__(self) -> Beside:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def small_png(png: bytes, colors: int = 128) -> bytes:
