@@ -547,7 +547,7 @@ def plot_demo(path: Path, rec: tuple[list, list], rl: tuple[list, list], ver: tu
     ax.set_title(
         "make demo-live: true score while the reward model is retrained (lines: the agent switched)", fontsize=9
     )
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # keeps the version labels readable
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
