@@ -11,7 +11,6 @@ the page: ``03_reward_train.py --follow`` on the DB's labels and a recording ``0
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import signal
@@ -262,23 +261,15 @@ class Beside:
 
     @property
     def versions_path(self) -> Path:
-        return self.out / f"reward-{BESIDE_NAME}-versions.jsonl"
+        from lib.reward_follow import versions_log
+
+        return versions_log(self.out, BESIDE_NAME)
 
     def versions(self) -> list[dict[str, Any]]:
-        """The trainer's versions so far: the lines of ``reward-x-versions.jsonl`` (a torn one skipped)."""
-        try:
-            lines = self.versions_path.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        """The trainer's versions so far (``lib.reward_follow.read_versions``)."""
+        from lib.reward_follow import read_versions
+
+        return read_versions(self.versions_path)
 
     def stop(self, grace: float = 30.0) -> dict[str, int]:
         """SIGINT to every process still running, then SIGTERM, then SIGKILL to those that do not

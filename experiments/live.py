@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.errors import UserError, run_cli
+from lib.reward_follow import read_versions, versions_log
 from lib.teachers import TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,23 +116,6 @@ def wait_for(what: str, done: Callable[[], bool], procs: list[Proc], timeout: fl
 
 
 # --- what the files say ---------------------------------------------------------------------------
-
-
-def read_versions(path: Path) -> list[dict[str, Any]]:
-    """The lines of a following trainer's ``reward-NAME-versions.jsonl`` (a torn last line skipped)."""
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def count_labels(db: Path) -> int:
@@ -242,7 +226,7 @@ def run_live(sr: Any) -> dict[str, Any]:
         "row": row,
         "plan": plan,
         "labels": count_labels(db),
-        "versions": read_versions(ldir / "reward-live-versions.jsonl"),
+        "versions": read_versions(versions_log(ldir, "live")),
         "reward_model": figs,
         "reward_model_r1": figures1["reward_model"],
         "evidence": evidence,
@@ -278,7 +262,7 @@ def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], rewa
                 if not p.running():
                     raise UserError(f"{p.name} ended (exit {p.popen.returncode}) before the agent:\n{p.tail()}")
             if time.time() - last > 300:
-                vs = read_versions(ldir / "reward-live-versions.jsonl")
+                vs = read_versions(versions_log(ldir, "live"))
                 log(f"agent: {procs[0].tail(1).strip()}")
                 installed = sum(bool(v.get("installed")) for v in vs)
                 log(f"labels {count_labels(db)}, versions {len(vs)} ({installed} installed)")
@@ -491,7 +475,7 @@ def demo_report(where: dict[str, Path], codes: dict[str, int], switch_step: int,
     """What the demo made: versions, labels, the true score over time (printed and a PNG)."""
     from experiments.round import tb_scalars
 
-    versions = read_versions(where["reward"] / "reward-demo-live-versions.jsonl")
+    versions = read_versions(versions_log(where["reward"], "demo-live"))
     print(f"\n== demo-live done in {seconds / 60:.1f} min")
     print(f"versions made: {len(versions)} ({sum(bool(v.get('installed')) for v in versions)} installed)")
     print(versions_table(versions))
