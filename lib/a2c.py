@@ -11,7 +11,6 @@ acts in every env (a step of SB3's ``collect_rollouts``). The settings (``A2CCon
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +41,7 @@ from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.model import (
     AtariA2C,
 )
+from lib.signals import SignalStop
 from lib.stats import StepCorrelation
 
 # How the run reports.
@@ -269,31 +269,6 @@ class ProgressLog:
 # --- the loop -----------------------------------------------------------------------------------
 
 
-class _Stopper:
-    """Ctrl-C / SIGTERM set a flag; the loop finishes its step and shuts down cleanly."""
-
-    def __init__(self, quiet: bool = False) -> None:
-        self.flag = [False]
-        self.quiet = quiet  # ranks other than 0 say nothing (torchrun sends the signal to all)
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Stopper:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.flag[0]:
-            raise KeyboardInterrupt  # second Ctrl-C: stop waiting
-        self.flag[0] = True
-        if not self.quiet:
-            print(f"\n{signal.Signals(signum).name}: finishing the current step and saving...", flush=True)
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> int:
     """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
 
@@ -313,7 +288,9 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     status, failure = "finished", None
     obs = run.env.reset()
     run.net.train()
-    with _Stopper(quiet=not run.dist.is_main) as stopper:
+    # ranks other than 0 say nothing (torchrun sends the signal to all)
+    message = "{signal}: finishing the current step and saving..." if run.dist.is_main else None
+    with SignalStop(message=message) as stopper:
         try:
             actions, values = act_step(run, obs)
             while True:
@@ -323,7 +300,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
                     if run.dist.is_main:
-                        log.skip(evaluate_and_save(run, stopper.flag))
+                        log.skip(evaluate_and_save(run, stopper))
                 done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
                 if not done:
                     actions, values = act_step(run, obs)  # the env steps from here while this thread works
@@ -337,7 +314,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 )
                 if done:
                     break
-                if learner.learn(values, stopper.flag[0]):  # all ranks stop on the same step
+                if learner.learn(values, stopper()):  # all ranks stop on the same step
                     run.env.step_wait()
                     status = "interrupted"
                     break

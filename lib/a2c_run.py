@@ -540,7 +540,7 @@ def evaluate(
     net: AtariA2C,
     env: Any,
     device: torch.device,
-    stop: list[bool] | None = None,
+    stop: Callable[[], bool] | None = None,
     bf16: bool = False,
     rng: np.random.Generator | None = None,
 ) -> dict[str, float] | None:
@@ -555,14 +555,13 @@ def evaluate(
 
     net.eval()
     try:
-        stopper = (lambda: stop[0]) if stop else None
-        results = play_games(env, policy, env.n_envs, observers=behaviour_observers(env), stop=stopper)
+        results = play_games(env, policy, env.n_envs, observers=behaviour_observers(env), stop=stop)
     finally:
         net.train()
     return None if results is None else {**score_stats(results), **behaviour_stats(results)}
 
 
-def evaluate_and_save(run: Run, stop: list[bool]) -> float:
+def evaluate_and_save(run: Run, stop: Callable[[], bool]) -> float:
     """An evaluation, the eval/* scalars, a best_*.pt when the mean score is the best so far, and
     last.pt. Returns the seconds it took."""
     t0 = time.time()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,6 +19,7 @@ from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lo
 from lib.sampling import MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, SegmentWatch, db_game, list_segments, read_segment
+from lib.signals import SignalStop
 from lib.teachers import GAUGE_TEACHERS, SegmentFacts, Teacher, segment_facts
 
 BATCH = 100  # labels appended at a time: a full disk keeps the batches written before
@@ -284,36 +283,6 @@ class FollowSettings:
     schedule: str = "constant"
     rate: float = 1.0
     poll: float = 2.0
-
-
-class SignalStop:
-    """While entered: SIGINT and SIGTERM set ``event`` (and ``signal``, the first one's name), so a
-    loop can finish its label and write its batch; a second signal raises KeyboardInterrupt (a
-    wait that hangs, e.g. on another labeler's lock). Outside the main thread: signals untouched."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signal: str | None = None
-        self._old: dict[int, object] = {}
-
-    def __enter__(self) -> SignalStop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.event.is_set():
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
-        self.event.set()
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def __call__(self) -> bool:
-        return self.event.is_set()
 
 
 @dataclass

@@ -24,7 +24,7 @@ train version K+1 (``Follower.train_version``):
   and ``OUTDIR/reward-NAME.pt`` (what ``01_a2c.py -r ... --reward-reload`` reads) is replaced
   atomically on install only.
 
-Ctrl-C and SIGTERM (``StopSignals``): a training in progress is abandoned (nothing of it is
+Ctrl-C and SIGTERM (``lib.signals.SignalStop``, ``at_once``): a training in progress is abandoned (nothing of it is
 written), a version being written is finished first, and the run ends with one line naming the
 installed version and exit code 130.
 """
@@ -36,9 +36,8 @@ import json
 import math
 import os
 import re
-import signal
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +61,7 @@ from lib.reward_train import (
     held_out,
     split_by_pair,
 )
+from lib.signals import SignalStop
 
 SPLIT = "pair-hash"  # metrics["split"] of a version: lib.reward_train.held_out
 MAX_VERSIONS_BYTES = 64 << 20
@@ -182,44 +182,6 @@ def shortfall(labels: Iterable[tuple[str, str, float]], cfg: TrainConfig) -> str
     if n_order == 0:
         return f"{n} label(s), no training label that is not a tie yet"
     return None
-
-
-class StopSignals:
-    """SIGINT and SIGTERM stop the follower: they raise KeyboardInterrupt where the program is,
-    except inside ``critical()`` (a version being written), which they let finish first."""
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self._depth = 0
-        self._pending = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.name = self.name or signal.Signals(signum).name
-        if self._depth:
-            self._pending = True
-        else:
-            raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def critical(self) -> Iterator[None]:
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if not self._depth and self._pending:
-                self._pending = False
-                raise KeyboardInterrupt
 
 
 @dataclass
@@ -349,7 +311,7 @@ class Follower:
         self.failed_on: dict[LabelKey, float] | None = None  # answers a version could not be made from
         self.k = next_version(out_dir, name)
         self.training: int | None = None  # the version in training, for the stop line
-        self.stop = StopSignals()
+        self.stop = SignalStop(at_once=True)
         self._said = ""
 
     # --- start ------------------------------------------------------------------------------
@@ -430,7 +392,7 @@ class Follower:
                     if not self.step():
                         time.sleep(f.poll)
             except KeyboardInterrupt:
-                self.log(self.stop_line(self.stop.name or "SIGINT"))
+                self.log(self.stop_line(self.stop.signal or "SIGINT"))
                 return EXIT_INTERRUPTED
 
     def stop_line(self, signame: str) -> str:

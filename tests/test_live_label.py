@@ -32,9 +32,10 @@ from lib.errors import UserError
 from lib.files import atomic_write
 from lib.label_ui.cli import main
 from lib.labels import Label, append_labels, pair_key, parse_label_line, read_label_log
-from lib.oracle import FollowSettings, SignalStop, labels_due, oracle_follow, oracle_label_db
+from lib.oracle import FollowSettings, labels_due, oracle_follow, oracle_label_db
 from lib.sampling import SegmentLooks, recent_segments
 from lib.segments import RACY_NS, SegmentWatch, load_segment, save_segment
+from lib.signals import SignalStop
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "02_label_ui.py"

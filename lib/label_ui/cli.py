@@ -10,7 +10,8 @@ from dataclasses import asdict
 from lib.errors import EXIT_INTERRUPTED, UserError, fail
 from lib.label_ui.config import LabelConfig, parse_config
 from lib.labels import LABEL_NAMES
-from lib.oracle import FollowSettings, OracleSettings, OracleSummary, SignalStop, oracle_follow, oracle_label_db
+from lib.oracle import FollowSettings, OracleSettings, OracleSummary, oracle_follow, oracle_label_db
+from lib.signals import SignalStop
 
 
 def run_oracle(cfg: LabelConfig) -> None:

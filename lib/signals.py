@@ -1,0 +1,73 @@
+"""Ctrl-C and SIGTERM for the long-running stages: one handler, two ways to stop.
+
+``SignalStop`` catches SIGINT and SIGTERM while entered (in the main thread only; elsewhere signals
+are left as they are) and keeps the first one's name in ``signal``:
+
+- by default a signal only sets ``event``: the loop polls ``stop()``, finishes the unit it is in (a
+  step, a label) and writes what it has; a second signal raises KeyboardInterrupt, for a wait that
+  hangs (another labeler's lock, a stuck emulator);
+- with ``at_once=True`` a signal raises KeyboardInterrupt where the program is (a training in
+  progress is abandoned), except inside ``critical()`` (a file being written), which finishes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class SignalStop:
+    """SIGINT / SIGTERM while entered; ``stop()`` says whether one came. ``message``: printed on the
+    first signal, ``{signal}`` replaced by its name (None: silent)."""
+
+    def __init__(self, at_once: bool = False, message: str | None = None) -> None:
+        self.at_once, self.message = at_once, message
+        self.event = threading.Event()
+        self.signal: str | None = None
+        self._old: dict[int, object] = {}
+        self._depth = 0
+        self._pending = False
+
+    def __enter__(self) -> SignalStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        again = self.event.is_set()
+        self.signal = self.signal or signal.Signals(signum).name
+        self.event.set()
+        if self.at_once:
+            if self._depth:
+                self._pending = True
+                return
+            raise KeyboardInterrupt
+        if again:
+            raise KeyboardInterrupt  # a second signal: stop waiting
+        if self.message is not None:
+            print("\n" + self.message.format(signal=self.signal), flush=True)
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        """With ``at_once``: a signal inside waits until the block is done, then raises."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth and self._pending:
+                self._pending = False
+                raise KeyboardInterrupt

@@ -1,0 +1,71 @@
+"""lib/signals.py: SIGINT/SIGTERM sent to this very process, both ways of stopping."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from lib.signals import SignalStop
+
+
+def test_first_signal_sets_the_flag_second_raises(capsys: pytest.CaptureFixture[str]) -> None:
+    with SignalStop(message="{signal}: saving...") as stop:
+        assert not stop()
+        signal.raise_signal(signal.SIGTERM)
+        assert stop() and stop.event.is_set() and stop.signal == "SIGTERM"
+        assert "SIGTERM: saving..." in capsys.readouterr().out
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert stop.signal == "SIGTERM"  # the first one's name is kept
+
+
+def test_silent_without_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with SignalStop() as stop:
+        signal.raise_signal(signal.SIGINT)
+    assert stop() and stop.signal == "SIGINT"
+    assert capsys.readouterr().out == ""
+
+
+def test_at_once_raises_where_the_program_is() -> None:
+    stop = SignalStop(at_once=True)
+    with pytest.raises(KeyboardInterrupt), stop:
+        signal.raise_signal(signal.SIGTERM)
+    assert stop.signal == "SIGTERM"
+
+
+def test_at_once_waits_for_a_critical_block() -> None:
+    done = []
+    with pytest.raises(KeyboardInterrupt), SignalStop(at_once=True) as stop, stop.critical():
+        with stop.critical():  # nested: only the outermost end raises
+            signal.raise_signal(signal.SIGINT)
+            done.append("inner")
+        done.append("outer")
+    assert done == ["inner", "outer"]
+    with SignalStop(at_once=True) as stop, stop.critical():
+        pass  # no signal: the block ends quietly
+    assert not stop()
+
+
+def test_handlers_are_restored() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with SignalStop() as stop:
+        assert signal.getsignal(signal.SIGINT) == stop._handle
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+def test_outside_the_main_thread_signals_are_left_alone() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    def body() -> None:
+        with SignalStop() as stop:
+            seen.append(signal.getsignal(signal.SIGINT))
+            seen.append(stop())
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == [before, False]
