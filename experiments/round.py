@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where each round's fine-tunes start: best = round k-1's best policy of the same arm (the book's "
         "way), v0 = v0's best policy every round",
     )
+    _add_label_args(p)
+    _add_finetune_args(p)
+    return p
+
+
+def _add_label_args(p: argparse.ArgumentParser) -> None:
+    """What gets recorded and labelled, and how the reward model is trained."""
     p.add_argument(
         "--record-prob",
         type=float,
@@ -140,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
         help='03_reward_train.py flags for every reward model of the round, e.g. "--ensemble 3" (disagree '
         "needs an ensemble); they name the round's directory, so that rounds with other flags never share one",
     )
+
+
+def _add_finetune_args(p: argparse.ArgumentParser) -> None:
+    """What the fine-tunes train and how they are watched; the modes that skip or replace them."""
     p.add_argument(
         "--ft-layers",
         choices=FT_LAYERS,
@@ -163,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
     p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
-    return p
 
 
 MAX_SCALE = 1000.0

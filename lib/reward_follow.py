@@ -24,9 +24,9 @@ train version K+1 (``Follower.train_version``):
   and ``OUTDIR/reward-NAME.pt`` (what ``01_a2c.py -r ... --reward-reload`` reads) is replaced
   atomically on install only.
 
-Ctrl-C and SIGTERM (``lib.signals.SignalStop``, ``at_once``): a training in progress is abandoned (nothing of it is
-written), a version being written is finished first, and the run ends with one line naming the
-installed version and exit code 130.
+Ctrl-C and SIGTERM (``lib.signals.SignalStop`` with ``at_once``): a training in progress is
+abandoned (nothing of it is written), a version being written is finished first, and the run ends
+with one line naming the installed version and exit code 130.
 """
 
 from __future__ import annotations
