@@ -6,6 +6,7 @@
 - ``inside``: whether a path, symlinks resolved, stays inside a directory (a DB).
 - ``open_append``: open a file for appending without following a symlink and only if it is a
   regular file (``labels.jsonl``: a symlink there would let a DB write wherever it points).
+- ``file_state``: what a follower compares between two looks at a file (mtime, size, inode).
 - ``atomic_write``: write a temp file with a unique name beside the target, fsync, rename, fsync
   the directory (``new_temp_beside`` and ``install`` are its two halves, for a writer that is
   not a Python function, e.g. ffmpeg writing a video to the temp file's descriptor). The file
@@ -103,6 +104,17 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
         raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "r+b")
+
+
+def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """What a follower compares between two looks at a file (``--reward-reload``'s checkpoint, a
+    trainer's ``labels.jsonl``): (mtime_ns, size, inode) from one ``stat``; None when it cannot be
+    stat'ed (missing). An atomic install (temp + rename) always gives a new inode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def new_temp_beside(path: Path) -> tuple[int, str]:

@@ -46,7 +46,7 @@ import numpy as np
 
 from lib.errors import UserError
 from lib.errors import warn as warn_line
-from lib.files import UnsafeFileError, open_append, read_regular
+from lib.files import UnsafeFileError, file_state, open_append, read_regular
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, is_control, load_labels, pair_key
 from lib.reward_config import MAX_POLL, FollowConfig, TrainConfig
 from lib.reward_data import Log, PreferenceData, load_preferences
@@ -117,7 +117,7 @@ def has_labels(db: str) -> bool:
 
 
 class LabelWatch:
-    """The DBs' current training labels, re-read only when a label file's size or mtime changed.
+    """The DBs' current training labels, re-read only when a label file changed (``lib.files.file_state``).
 
     ``read()`` -> {(db, first, second): (P(first better), label time or None)}: the last answer per
     pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out."""
@@ -126,21 +126,10 @@ class LabelWatch:
         self.dbs, self.warn = list(dbs), warn
         self._seen: dict[str, tuple[Any, dict[LabelKey, tuple[float, float | None]]]] = {}
 
-    @staticmethod
-    def _stamp(db: str) -> tuple[tuple[int, int] | None, ...]:
-        out = []
-        for p in _label_files(db):
-            try:
-                st = p.stat()
-                out.append((st.st_size, st.st_mtime_ns))
-            except OSError:
-                out.append(None)
-        return tuple(out)
-
     def read(self) -> dict[LabelKey, tuple[float, float | None]]:
         out: dict[LabelKey, tuple[float, float | None]] = {}
         for db in self.dbs:
-            stamp = self._stamp(db)
+            stamp = tuple(file_state(p) for p in _label_files(db))
             got = self._seen.get(db)
             if got is None or got[0] != stamp:
                 labels: dict[LabelKey, tuple[float, float | None]] = {}

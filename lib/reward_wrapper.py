@@ -79,6 +79,7 @@ import torch
 
 from lib.checkpoints import state_is_finite
 from lib.errors import UserError, warn
+from lib.files import file_state
 from lib.model import resolve_device
 from lib.reward_model import RewardPredictor, load_reward_model, step_next_frames
 
@@ -158,17 +159,6 @@ def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> 
     z = np.stack([norm.normalise(m) for norm, m in zip(norms, members, strict=True)]).astype(np.float64)
     pen = penalty * z.std(0)
     return (z.mean(0) - pen).astype(np.float32), pen
-
-
-def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
-    """What ``--reward-reload`` compares between two looks at a file: (mtime_ns, size, inode), one
-    ``stat``; None when it cannot be stat'ed (missing). An atomic install (temp + rename) always
-    gives a new inode."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def model_version(model: RewardPredictor, loaded: int) -> int:
