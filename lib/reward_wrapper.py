@@ -51,8 +51,10 @@ loads it with the same safe loader and checks as at the start (game, action coun
 an ensemble where --reward-penalty needs one, finite weights; and the env id of the model it
 replaces). A good file is swapped in between two steps; a missing, truncated, corrupt, non-finite
 or wrong-game file is skipped with ONE warning per state of the file (a later change is looked at
-again) and the old model stays. The version is the checkpoint's ``metrics["version"]`` (stage 3's
-``--follow`` writes it), else the count of files loaded (1 = the one at the start).
+again) and the old model stays. A file that holds the very model in use (a ``touch``, the same
+bytes installed again: ``RewardPredictor.same_as``) is no switch. The version is the
+checkpoint's ``metrics["version"]`` (stage 3's ``--follow`` writes it), else the count of files
+loaded (1 = the one at the start).
 
 Normalisation across a switch: Bradley-Terry leaves a model's offset free, so a new model's raw
 predictions have their own offset and scale, and a window of the old model's predictions would
@@ -270,6 +272,8 @@ class RewardModelWrapper:
             return False
         if file_state(self.path) != state:
             return False  # replaced while it was read: the newer file is taken at a later look
+        if model.same_as(self.model):
+            return False  # the same model (a touch, the same bytes installed again): nothing to restart
         self.loaded += 1
         self._use(model)
         if self.verbose:

@@ -5,6 +5,7 @@ at the file before every step), then 01_a2c.py as a real process on SeaQuest."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -112,6 +113,26 @@ def test_without_reload_the_file_is_never_looked_at_again(tmp_path):
     _variant(path, path, version=2)
     _steps(w, 4)
     assert w.version == 1
+
+
+def test_the_same_model_again_is_no_switch_and_keeps_the_norm(tmp_path):
+    """A touch, or the same checkpoint installed again (new inode, same bytes): no switch, no
+    version, the running norm goes on. A changed weight after it is a switch."""
+    path = _variant(_model_file(tmp_path, name="first.pt"), tmp_path / "r.pt", version=1)
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, reload=True, poll_s=0)
+    switches: list[tuple[int, str]] = []
+    w.on_switch = lambda v, p: switches.append((v, p))
+    _steps(w, 5)
+    norm = w.norm
+    before = w.stats()
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # touch
+    _steps(w, 3)
+    atomic_write(path, path.read_bytes())  # the same bytes, a new inode
+    _steps(w, 3)
+    assert not switches and w.loaded == 1 and w.norm is norm and w.stats()["version"] == before["version"]
+    _variant(path, path, version=1, shift=0.5)  # one changed weight, the same version number
+    _steps(w, 2)
+    assert switches == [(1, str(path))] and w.loaded == 2 and w.norm is not norm
 
 
 def test_a_file_replaced_while_it_is_read_waits_for_the_newer_one(tmp_path, monkeypatch):
