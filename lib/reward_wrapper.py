@@ -54,7 +54,7 @@ or wrong-game file is skipped with ONE warning per state of the file (a later ch
 again) and the old model stays. A file that holds the very model in use (a ``touch``, the same
 bytes installed again: ``RewardPredictor.same_as``) is no switch. The version is the
 checkpoint's ``metrics["version"]`` (stage 3's ``--follow`` writes it), else the count of files
-loaded (1 = the one at the start).
+loaded before it (0 = the one at the start).
 
 Normalisation across a switch: Bradley-Terry leaves a model's offset free, so a new model's raw
 predictions have their own offset and scale, and a window of the old model's predictions would
@@ -165,9 +165,11 @@ def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> 
 
 def model_version(model: RewardPredictor, loaded: int) -> int:
     """A reward model's version: ``metrics["version"]`` of its checkpoint when that is an int >= 1
-    (``03_reward_train.py --follow`` writes it), else ``loaded``, the files loaded so far."""
+    (``03_reward_train.py --follow`` writes it), else ``loaded - 1``, the files loaded before it: 0
+    for a file at the start that names none, so the follower's v1 is never read as the same
+    version as the model it replaces (a live round starts from round 1's unversioned model)."""
     v = model.metrics.get("version")
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded - 1
 
 
 class RewardModelWrapper:

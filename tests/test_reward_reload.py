@@ -81,19 +81,20 @@ def _steps(w: RewardModelWrapper, n: int, seed: int = 0) -> list:
 
 
 def test_a_new_file_is_switched_to_once_it_holds_still_and_named_by_its_version(tmp_path, capsys):
-    """metrics["version"] names the version; a file without one counts the files loaded (1, 2, ...)."""
+    """metrics["version"] names the version; a file without one counts the files loaded before it
+    (0 at the start, then 1, 2, ...): a follower's v1 is never read as the unversioned start."""
     first = _model_file(tmp_path, name="first.pt")
-    path = _variant(first, tmp_path / "r.pt")  # no version: the one at the start is v1
+    path = _variant(first, tmp_path / "r.pt")  # no version: the one at the start is v0
     w = RewardModelWrapper(FakeVec(n_envs=4), path, reload=True, poll_s=0)
     switches: list[tuple[int, str]] = []
     w.on_switch = lambda v, p: switches.append((v, p))
     _steps(w, 3)
-    assert w.version == 1 and w.stats()["version"] == 1.0 and not switches
+    assert w.version == 0 and w.stats()["version"] == 0.0 and not switches
     torch.manual_seed(1)
     other = reward_checkpoint([RewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
     atomic_torch_save({**other, "metrics": {"version": 7, "heldout_acc": 0.8}}, path)
     (st,) = _steps(w, 1)  # first look after the change: it may still be being written
-    assert w.version == 1
+    assert w.version == 0
     frames = w.env.frames.copy()
     acts = np.arange(4)
     st = w.step(acts)  # held still: switched before this step
@@ -104,7 +105,7 @@ def test_a_new_file_is_switched_to_once_it_holds_still_and_named_by_its_version(
     assert switches == [(7, str(path))]  # one switch per file, not one per step
     _variant(first, path)  # no version: the third file loaded
     _steps(w, 2)
-    assert w.version == 3 and w.loaded == 3 and w.stats()["version"] == 3.0
+    assert w.version == 2 and w.loaded == 3 and w.stats()["version"] == 2.0
 
 
 def test_without_reload_the_file_is_never_looked_at_again(tmp_path):
@@ -112,7 +113,7 @@ def test_without_reload_the_file_is_never_looked_at_again(tmp_path):
     w = RewardModelWrapper(FakeVec(), path, poll_s=0)
     _variant(path, path, version=2)
     _steps(w, 4)
-    assert w.version == 1
+    assert w.version == 0
 
 
 def test_the_same_model_again_is_no_switch_and_keeps_the_norm(tmp_path):
@@ -153,9 +154,9 @@ def test_a_file_replaced_while_it_is_read_waits_for_the_newer_one(tmp_path, monk
     _variant(path, path, version=2)
     monkeypatch.setattr(rw, "load_reward_model", load_then_v3_lands)
     _steps(w, 2)  # the second look reads v2, and v3 lands meanwhile
-    assert w.version == 1 and w.loaded == 1
+    assert w.version == 0 and w.loaded == 1
     _steps(w, 1)  # v3 seen: let it hold still
-    assert w.version == 1
+    assert w.version == 0
     _steps(w, 1)
     assert w.version == 3 and w.loaded == 2
 
@@ -189,7 +190,7 @@ def _garbage(src: Path, dst: Path) -> Path:
         (_nan_weights, "NaN or infinite"),
         (_negative_variance, "(BatchNorm folded in) are not finite"),
         (_wrong_game, "trained on BreakoutNoFrameskip-v4"),
-        (_other_env_id, "trained on ALE/Seaquest-v5, v1 on SeaquestNoFrameskip-v4"),
+        (_other_env_id, "trained on ALE/Seaquest-v5, v0 on SeaquestNoFrameskip-v4"),
         (_bigger_frames, "takes frames (64, 64, 3)"),
         (_gone, "is gone"),
         (_garbage, "reward model"),
@@ -205,8 +206,8 @@ def test_a_broken_file_is_skipped_with_one_warning_and_the_old_model_stays(tmp_p
     _steps(w, 10)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: ") and says in err[0], err
-    assert err[0].endswith("still learning from v1")
-    assert w.model is old and w.version == 1
+    assert err[0].endswith("still learning from v0")
+    assert w.model is old and w.version == 0
     frames, acts = w.env.frames.copy(), np.zeros(3, np.int64)
     np.testing.assert_allclose(w.step(acts).pred_rewards, old.predict(frames, acts), rtol=1e-5)
     _variant(good, path, version=2)  # a later good file is picked up
@@ -227,7 +228,7 @@ def test_each_new_broken_state_warns_once(tmp_path, capsys):
     _steps(w, 6)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "corrupt" in err[0] and "NaN" in err[1], err
-    assert w.version == 1
+    assert w.version == 0
 
 
 def test_a_switch_restarts_the_normalisation_from_the_new_models_stats(tmp_path):
