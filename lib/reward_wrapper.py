@@ -208,7 +208,7 @@ class RewardModelWrapper:
         self._state = file_state(self.path)  # before reading: a change while it loads is seen later
         self._seen = self._state  # the state of the last look
         self._next_look = time.monotonic() + poll_s
-        self.loaded = 1  # files loaded: the version of a checkpoint that names none
+        self.loaded = 1  # files loaded; a checkpoint that names no version is v(loaded - 1)
         self.on_switch: Callable[[int, str], None] | None = None  # (version, path) after each switch
         self._use(self._checked(self.path))
         self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
