@@ -510,13 +510,11 @@ class RewardPredictor:
         weights (folded), norm stats, metrics and env. ``--reward-reload`` keeps its normalisation
         when a file it looked at again holds the same model (a ``touch``, a copy of the same bytes)."""
         facts = ("arch", "frame_shape", "n_actions", "env_id", "game", "has_norm_stats", "norm_mean", "norm_std")
-        if any(getattr(self, k) != getattr(other, k) for k in facts) or self.metrics != other.metrics:
-            return False
-        if self.ensemble != other.ensemble:
+        if any(getattr(self, k) != getattr(other, k) for k in (*facts, "ensemble", "metrics")):
             return False
         for a, b in zip(self.nets, other.nets, strict=True):
             sa, sb = a.state_dict(), b.state_dict()
-            if sa.keys() != sb.keys() or not all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa):
+            if sa.keys() != sb.keys() or not all(torch.equal(sa[k], sb[k]) for k in sa):
                 return False
         return True
 
