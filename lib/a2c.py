@@ -36,11 +36,9 @@ from lib.a2c_run import (
     evaluate_and_save,
 )
 from lib.distributed import Dist, RankLost, env_uniforms
-from lib.envs import AtariVec
+from lib.envs import AtariVec, VecStep
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
-from lib.model import (
-    AtariA2C,
-)
+from lib.model import AtariA2C, StartPolicy, kl_to_start
 from lib.signals import SignalStop
 from lib.stats import StepCorrelation
 
@@ -60,20 +58,25 @@ def a2c_loss(
     entropy_beta: float,
     bf16: bool = False,
     weight: float = 1.0,
+    start: StartPolicy | None = None,
+    kl_beta: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """A2C loss on a batch of n-step transitions.
 
     target = returns + discount * V(s_boot) (boot_values are 0 where the episode terminated);
     boot_values: (B,) float32, computed without gradient. ``weight`` scales the returned loss (not
     the metrics): with K ranks, B / (all ranks' B), so the summed gradients are those of the mean
-    over every rank's transitions.
+    over every rank's transitions. ``start``: the policy a fine-tune started from; its KL is
+    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``).
     """
     states = torch.from_numpy(batch.obs).to(device)
     actions = torch.from_numpy(batch.actions).to(device)
     target = torch.from_numpy(batch.returns + batch.discount * boot_values).to(device)
 
     with autocast(device, bf16):
-        logits, values = net(states)
+        fx = net.features(states)
+        logits, values = net.heads(fx)
+        start_logits = None if start is None else start.logits(fx.detach(), states)
     logits, values = logits.float(), values.float()
     # Critic: regress V(s) on the n-step target.
     loss_value = F.mse_loss(values, target)
@@ -84,6 +87,13 @@ def a2c_loss(
     # Entropy bonus keeps the policy exploring (the book's beta 0.01).
     entropy = -(log_prob.exp() * log_prob).sum(dim=1).mean()
     loss = loss_policy + loss_value - entropy_beta * entropy
+    kl = None
+    if start_logits is not None:
+        # KL(pi || pi_start): a pull toward the start policy (--kl), the over-optimisation axis of
+        # Gao et al. 2022 (how far the policy went against what the proxy reward gave it)
+        kl = kl_to_start(log_prob, start_logits)
+        if kl_beta:
+            loss = loss + kl_beta * kl
     metrics = {
         "losses/policy": loss_policy.item(),
         "losses/value": loss_value.item(),
@@ -91,6 +101,8 @@ def a2c_loss(
         "losses/total": loss.item(),
         "losses/advantage": adv.mean().item(),
     }
+    if kl is not None:
+        metrics["finetune/kl_to_start"] = kl.item()
     return loss * weight, metrics
 
 
@@ -193,7 +205,9 @@ class Learner:
             batch, boot_all = Transitions.concat(self.ready), np.concatenate(self.ready_boot)
             self.ready, self.ready_boot = [], []
             weight = local * run.dist.world / total  # the mean over every rank's transitions
-            loss, m = a2c_loss(run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16, weight)
+            loss, m = a2c_loss(
+                run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16, weight, run.start, run.cfg.kl
+            )
             loss.backward()
         run.dist.sum_grads(self.params)
         if run.dist.active:
@@ -247,6 +261,8 @@ class ProgressLog:
             line += f" | games {run.progress.games:,}, score(last {len(games.recent)}) {np.mean(games.recent):7.1f}"
         if learner.metrics:
             line += f" | loss {learner.metrics['losses/total']:.3f} ent {learner.metrics['losses/entropy']:.2f}"
+            if (kl := learner.metrics.get("finetune/kl_to_start")) is not None:
+                line += f" kl {kl:.3f}"
         if run.recorder is not None:
             w.add_scalar("recorder/segments", run.recorder.segments_written, step)
             line += f" | segments {run.recorder.segments_written:,}"
@@ -281,7 +297,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     if run.dist.is_main:
         announce(run)
     collector = NStepCollector(cfg.envs, run.base_env.obs_shape, REWARD_STEPS, GAMMA)
-    learner, games, log = Learner(run), GameStats(cfg.envs), ProgressLog(run)
+    learner, games, log = Learner(run), GameStats(cfg.envs, finetune=run.start is not None), ProgressLog(run)
     clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
     test_every = cfg.test_every
     next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
@@ -310,7 +326,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                     log.tick(games, learner)
                 rewards = np.sign(st.rewards) if clip else st.rewards
                 learner.waiting = collector.add(
-                    prev_obs, prev_actions, rewards, st.terminated, st.truncated, st.obs, st.final_obs
+                    prev_obs, prev_actions, rewards, learner_terminal(st, cfg.terminal), st.truncated, st.obs, st.final_obs
                 )
                 if done:
                     break
@@ -339,6 +355,22 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     return 0
 
 
+def learner_terminal(st: VecStep, terminal: str) -> np.ndarray:
+    """(N,) bool: where the learner's episode ends (``--terminal``), no bootstrap past it. The game
+    resets as always; ``life``: at every lost life (DeepMind's); ``game``: at a game over; ``none``:
+    never, one continuous episode whose n-step returns run across a reset (Christiano et al. 2017
+    and Ibarz et al. 2018 send no life-loss or episode-end signal under a learned reward: with a
+    terminal and a centred reward, a stretch paid below the centre makes dying the way out).
+    A time-limit cut is a truncation in every mode (``st.truncated``, bootstrapped)."""
+    if terminal == "life":
+        return st.terminated
+    if terminal == "game":
+        return st.terminated & st.game_over
+    if terminal == "none":
+        return np.zeros_like(st.terminated)
+    raise ValueError(f"unknown terminal {terminal!r}")
+
+
 def act_step(run: Run, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Choose this vector step's actions (per-env random streams: ``env_uniforms``), start the env
     stepping with them, and return (actions, V(obs))."""
@@ -356,7 +388,11 @@ def announce(run: Run) -> None:
         + (f", finetune from {cfg.model}" if run.finetune and cfg.model else "")
         + (f", resumed at step {run.progress.step:,}" if run.resumed else "")
         + (f", reward model {cfg.reward}" if cfg.reward else "")
+        + (" (the true score through its path: --reward-oracle)" if cfg.reward_oracle else "")
         + (f" with penalty {cfg.reward_penalty:g} x ensemble std" if cfg.reward_penalty else "")
+        + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
+        + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
+        + (f", KL {cfg.kl:g} to the start policy" if cfg.kl else "")
         + (f", recording into {cfg.db_path} (p={cfg.record_prob})" if cfg.db_path else ""),
         flush=True,
     )

@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from lib.a2c_config import FINETUNE_LEARNING_RATE, LEARNING_RATE, LR_DECAY_STEPS, A2CConfig
+from lib.a2c_config import (
+    FINETUNE_LEARNING_RATE,
+    LEARNING_RATE,
+    LR_DECAY_STEPS,
+    REWARD_NORMS,
+    TERMINALS,
+    A2CConfig,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +73,22 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         help=f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
     )
     g.add_argument(
+        "--terminal",
+        choices=TERMINALS,
+        default=d.terminal,
+        help="what ends the learner's episode (the game resets as always): life = every lost life (DeepMind's), "
+        "game = a game over, none = nothing (the papers' one continuous episode under a learned reward: the "
+        "n-step return bootstraps across a reset; the time limit stays a truncation)",
+    )
+    g.add_argument(
+        "--kl",
+        type=float,
+        default=d.kl,
+        metavar="B",
+        help="add B * KL(pi || pi_start) to the loss, a pull toward the policy -m starts from "
+        "(finetune/kl_to_start in TensorBoard is logged for every run from -m)",
+    )
+    g.add_argument(
         "--resume",
         action="store_true",
         help="continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
@@ -100,6 +123,29 @@ def _add_record_args(g: argparse._ArgumentGroup) -> None:
         "between two steps, without stopping (03_reward_train.py --follow installs them); its normalisation "
         "restarts from the new model's stored stats; a broken or wrong-game file is skipped with one warning; "
         "TensorBoard's reward_model/version names the version in use",
+    )
+    g.add_argument(
+        "--reward-scale",
+        type=float,
+        default=d.reward_scale,
+        metavar="S",
+        help="-r: the std of the learned reward the learner gets (the papers: 0.05, near the clipped score's 0.11)",
+    )
+    g.add_argument(
+        "--reward-norm",
+        choices=REWARD_NORMS,
+        default=d.reward_norm,
+        help="-r: where the reward's centre and std come from: running = the agent's own last 10,000 predictions "
+        "(median-centred), labels = fixed, the mean and std over the labelled clips stored in the checkpoint "
+        "(each version's own under --reward-reload)",
+    )
+    g.add_argument(
+        "--reward-oracle",
+        action="store_true",
+        help="-r: learn from the game's true per-step score sent through the learned reward's path (its "
+        "--reward-norm, --reward-scale, clip and --terminal) instead of the model's prediction; with "
+        "--reward-norm labels the score's statistics over the same labelled clips, stored in -r's checkpoint "
+        "(experiments.round --oracle-arm: what the path costs apart from the model's errors)",
     )
     g.add_argument("--db-path", help="record segments into this DB directory (recording is off without it)")
     g.add_argument(

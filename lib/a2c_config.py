@@ -25,6 +25,8 @@ CLIP_GRAD = 0.1
 ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
+TERMINALS = ("life", "game", "none")  # --terminal: what ends the learner's episode
+REWARD_NORMS = ("running", "labels")  # --reward-norm: where the learned reward's statistics come from
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
@@ -40,6 +42,11 @@ class A2CConfig:
     reward: str | None = None
     reward_penalty: float = 0.0
     reward_reload: bool = False
+    reward_scale: float = 1.0
+    reward_norm: str = "running"
+    reward_oracle: bool = False
+    terminal: str = "life"
+    kl: float = 0.0
     save: str | None = None
     db_path: str | None = None
     envs: int = 16
@@ -82,6 +89,13 @@ class A2CConfig:
             (not 0 <= self.reward_penalty < math.inf, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
+            (self.terminal not in TERMINALS, f"--terminal must be one of {', '.join(TERMINALS)}, got {self.terminal!r}"),
+            (not 0 < self.reward_scale < 1e6, f"--reward-scale must be a number in (0, 1e6), got {self.reward_scale}"),
+            (self.reward_norm not in REWARD_NORMS, f"--reward-norm must be running or labels, got {self.reward_norm!r}"),
+            (self.reward_oracle and not self.reward, "--reward-oracle takes its statistics from a reward model: give -r MODEL"),
+            (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
+            (not 0 <= self.kl < 1e6, f"--kl must be a number in [0, 1e6), got {self.kl}"),
+            (self.kl > 0 and not (self.model or self.resume), "--kl pulls toward the policy the run starts from: give -m MODEL"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
             (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),

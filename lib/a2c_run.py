@@ -39,6 +39,7 @@ from lib.checkpoints import (
     check_fields,
     float_in,
     int_in,
+    is_dict,
     list_of,
     optional,
     read_checkpoint,
@@ -51,6 +52,7 @@ from lib.errors import UserError
 from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
+    StartPolicy,
     best_checkpoint_name,
     load_policy,
     policy_checkpoint,
@@ -109,6 +111,7 @@ RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, op
     "lr_decay_steps": (int_in(1, MAX_STEP_COUNT), False),
     "env_steps": (optional(list_of(int_in(0, MAX_ENV_STEP), max_len=4096)), False),
     "tb_dir": (optional(text(4096)), False),
+    "kl_start": (optional(is_dict), False),
 }
 PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "step": (int_in(0, MAX_STEP_COUNT), True),
@@ -219,6 +222,7 @@ class Run:
     resumed: bool
     eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     dist: Dist = field(default_factory=Dist)
+    start: StartPolicy | None = None  # a fine-tune's start policy (--kl, finetune/kl_to_start)
 
     @property
     def global_envs(self) -> int:
@@ -258,6 +262,7 @@ class Run:
             progress=self.progress.as_dict(),
             env_steps=self.recorder.env_steps.tolist() if self.recorder else None,
             tb_dir=str(self.tb_dir),
+            kl_start=self.start.state_dict() if self.start is not None else None,
         )
 
     def close(self) -> None:
@@ -314,6 +319,9 @@ def make_env_stack(
             penalty=cfg.reward_penalty,
             reload=cfg.reward_reload,
             verbose=dist.is_main,
+            scale=cfg.reward_scale,
+            norm=cfg.reward_norm,
+            oracle=cfg.reward_oracle,
         )
     return env, recorder
 
@@ -413,6 +421,13 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         # checkpoints load either way.
         net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
+    start = None  # a fine-tune's start policy: from -m, or kept in last.pt
+    if resume_ck is not None and resume_ck.get("kl_start") is not None:
+        start = StartPolicy(net, resume_ck["kl_start"])
+    elif resume_ck is None and cfg.model:
+        start = StartPolicy(net)
+    if cfg.kl and start is None:
+        raise UserError(f"--kl: {cfg.save_dir / 'last.pt'} keeps no start policy to pull toward (run it without --kl)")
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
     eval_env = None
     if cfg.test_every and dist.is_main:
@@ -453,6 +468,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         resume_ck is not None,
         eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
         dist=dist,
+        start=start,
     )
 
 
@@ -497,7 +513,8 @@ class GameStats:
     """Whole games (all lives) of the training envs: true score, length, and with -r the reward
     model's predicted return, written to TensorBoard as each game ends."""
 
-    def __init__(self, n_envs: int) -> None:
+    def __init__(self, n_envs: int, finetune: bool = False) -> None:
+        self.finetune = finetune  # a run from -m: finetune/score (and learned_return) per game
         self.score = np.zeros(n_envs)
         self.pred = np.zeros(n_envs)
         self.length = np.zeros(n_envs, dtype=np.int64)
@@ -521,6 +538,10 @@ class GameStats:
             if st.pred_rewards is not None:
                 writer.add_scalar("reward_model/episode_pred_return", self.pred[i], progress.step)
                 self.recent_pairs.append((float(self.score[i]), float(self.pred[i])))
+            if self.finetune:  # the over-optimisation picture: the proxy's return beside the true score
+                writer.add_scalar("finetune/score", self.score[i], progress.step)
+                if st.pred_rewards is not None:
+                    writer.add_scalar("finetune/learned_return", self.pred[i], progress.step)
             self.score[i] = self.pred[i] = 0.0
             self.length[i] = 0
 

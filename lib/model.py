@@ -67,13 +67,61 @@ class AtariA2C(nn.Module):
         self.value = nn.Sequential(nn.Linear(size, 512), nn.ReLU(), nn.Linear(512, 1))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        fx = self.conv(x.float() / 255.0)
+        return self.heads(self.features(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 4, 84, 84) uint8 -> (B, 3136) float: the shared conv layers' output."""
+        return self.conv(x.float() / 255.0)
+
+    def heads(self, fx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features (B, 3136) -> logits (B, n_actions), values (B,)."""
         return self.policy(fx), self.value(fx).squeeze(-1)
+
+    @property
+    def conv_frozen(self) -> bool:
+        return not any(p.requires_grad for p in self.conv.parameters())
 
     def freeze_conv(self) -> None:
         """Fine-tuning: keep the learned features, train only the heads."""
         for p in self.conv.parameters():
             p.requires_grad_(False)
+
+
+class StartPolicy:
+    """pi_start, the policy a fine-tune started from, frozen: what ``01_a2c.py --kl B`` pulls toward
+    and ``finetune/kl_to_start`` measures the distance to. With the conv layers frozen
+    (``--finetune``) both policies share the features, so only the policy head is kept (one small
+    linear forward per batch); otherwise the whole start net (one more forward).
+
+    ``state``: a kept ``state_dict()`` (``last.pt``'s ``kl_start``, for --resume)."""
+
+    def __init__(self, net: AtariA2C, state: dict[str, torch.Tensor] | None = None):
+        import copy
+
+        self.shared = net.conv_frozen
+        self.module: nn.Module = copy.deepcopy(net.policy if self.shared else net).requires_grad_(False).eval()
+        if state is not None:
+            check_state_dict(state, "last.pt's kl_start")
+            try:
+                self.module.load_state_dict(state)
+            except (RuntimeError, KeyError, ValueError) as e:
+                raise UserError(f"last.pt's kl_start does not fit this network ({str(e)[:80]})") from None
+
+    def logits(self, fx: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """pi_start's logits (B, n_actions) for ``states`` (B, 4, 84, 84) uint8 whose features the
+        trained net computed as ``fx`` (B, 3136); no gradient."""
+        with torch.no_grad():
+            return self.module(fx) if self.shared else self.module(states)[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+
+
+def kl_to_start(log_prob: torch.Tensor, start_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of KL(pi || pi_start) = sum_a pi(a) (log pi(a) - log pi_start(a));
+    ``log_prob`` (B, A) the trained policy's log-probabilities (with gradient)."""
+    start_log_prob = torch.log_softmax(start_logits.float(), dim=1)
+    return (log_prob.exp() * (log_prob - start_log_prob)).sum(dim=1).mean()
 
 
 def resolve_device(dev: str | torch.device) -> torch.device:

@@ -27,7 +27,7 @@ import torch
 from lib.errors import UserError, warn
 from lib.reward_data import PreferenceData, model_inputs, step_features
 from lib.reward_model import AnyRewardModel, DiffRewardModel, RewardPredictor, lean_net, preference_loss
-from lib.segments import SegmentError, list_segments, read_segment
+from lib.segments import SegmentError, decode_segment, list_segments, read_segment
 from lib.stats import pearson
 
 
@@ -144,6 +144,24 @@ def norm_stats(
     """Mean and std of the per-step predictions over segments ``segs`` (eval mode)."""
     _, sums = predict_segment_returns(lean_nets(models, device), data, segs, device, models[0].arch)
     return _mean_std(*sums)
+
+
+def score_stats(data: PreferenceData, segs: np.ndarray) -> tuple[float, float] | None:
+    """Mean and std of the game's true per-step score over segments ``segs``, the same clips
+    ``norm_stats`` measures the model on (``01_a2c.py --reward-oracle --reward-norm labels`` sends
+    the score through the learned reward's path with them). None where any segment has no true
+    rewards (a legacy DB)."""
+    if not len(segs) or not np.isfinite(data.true_returns[segs]).all():
+        return None
+    s1 = s2 = 0.0
+    count = 0
+    for i in segs:
+        seg = decode_segment(data.blobs[int(i)], data.names[int(i)])
+        if seg.rewards is None:
+            return None
+        r = np.asarray(seg.rewards, dtype=np.float64)
+        s1, s2, count = s1 + float(r.sum()), s2 + float((r * r).sum()), count + len(r)
+    return _mean_std(s1, s2, count) if count else None
 
 
 # --- any DB's segments (--evaluate, experiments) ---------------------------------------------

@@ -498,6 +498,12 @@ class RewardPredictor:
         self.has_norm_stats = ck.get("norm_mean") is not None and ck.get("norm_std") is not None
         self.norm_mean = float(ck["norm_mean"]) if self.has_norm_stats else 0.0
         self.norm_std = float(ck["norm_std"]) if self.has_norm_stats else 1.0
+        # the true per-step score's mean and std over the same labelled clips (None: not stored, or
+        # a DB without true rewards): what ``01_a2c.py --reward-oracle --reward-norm labels`` uses
+        has_score = ck.get("score_mean") is not None and ck.get("score_std") is not None
+        self.score_stats: tuple[float, float] | None = (
+            (float(ck["score_mean"]), float(ck["score_std"])) if has_score else None
+        )
         self.metrics: dict[str, Any] = dict(ck.get("metrics") or {})
         self.chunk = chunk
 
@@ -639,6 +645,8 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "action_meanings": (optional(list_of(text(64), 1, MAX_ACTIONS)), False),
     "norm_mean": (optional(float_in(-1e30, 1e30)), False),
     "norm_std": (optional(float_in(0.0, 1e30)), False),
+    "score_mean": (optional(float_in(-1e30, 1e30)), False),
+    "score_std": (optional(float_in(0.0, 1e30)), False),
     "metrics": (optional(plain_values), False),
     "epoch": (optional(int_in(0, 10**9)), False),
     "finished": (is_bool, False),

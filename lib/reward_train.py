@@ -38,7 +38,7 @@ from lib.files import remove_stale_temps
 from lib.labels import pair_key
 from lib.reward_config import ARCHS, DIFF_BLOCK, PATIENCE, TrainConfig
 from lib.reward_data import Log, PreferenceData, model_inputs, step_features
-from lib.reward_eval import norm_stats, pair_metrics
+from lib.reward_eval import norm_stats, pair_metrics, score_stats
 from lib.reward_model import (
     MAX_ENSEMBLE,
     NOISE_EPS,
@@ -623,6 +623,9 @@ def best_checkpoint(
     mean, std = norm_stats(fit.models, data, sample, fit.device)
     if not (math.isfinite(mean) and math.isfinite(std)):
         raise Diverged(best.epoch, f"the per-step prediction mean {mean} / std {std} is not finite")
+    scores = score_stats(data, sample)
+    if scores is not None:
+        meta = {**meta, "score_mean": scores[0], "score_std": scores[1]}
     ck = reward_checkpoint(fit.models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch, **meta)
     return ck, mean, std
 

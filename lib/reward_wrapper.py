@@ -79,6 +79,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lib.a2c_config import REWARD_NORMS
 from lib.checkpoints import state_is_finite
 from lib.errors import UserError, warn
 from lib.files import file_state
@@ -133,6 +134,19 @@ class RunningNorm:
         self.add(x)
         scale = self.std if self.std >= MIN_STD else 1.0
         return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
+
+
+class FixedNorm(RunningNorm):
+    """``--reward-norm labels``: a fixed centre (the mean) and std, as the papers normalise (Ibarz et
+    al. 2018 A.1: statistics over the labelled clips, not over the agent's own recent steps, so a
+    policy drifting into what the model pays more cannot move the centre with it)."""
+
+    def __init__(self, mean: float, std: float):
+        super().__init__(1, prior=(mean, std), warmup=1)
+        self.mean, self.std, self.center = float(mean), float(std), float(mean)
+
+    def add(self, x: np.ndarray) -> None:
+        self.count += int(np.size(x))
 
 
 def norm_prior(model: Any) -> tuple[float, float] | None:
@@ -191,14 +205,28 @@ class RewardModelWrapper:
         reload: bool = False,
         poll_s: float = RELOAD_POLL_S,
         verbose: bool = True,
+        scale: float = 1.0,
+        norm: str = "running",
+        oracle: bool = False,
     ):
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
-        docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch."""
+        docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
+        ``scale``: the std of the reward the learner gets (``--reward-scale``); ``norm``: "running"
+        (the agent's own last ``norm_window`` predictions) or "labels" (fixed: the stats stored in the
+        checkpoint, measured on its labelled clips; ``--reward-norm``); ``oracle``: send the game's
+        true score through this same path instead of the model's prediction (``--reward-oracle``)."""
         self.env = env
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
         if penalty < 0 or not math.isfinite(penalty):
             raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
+        if not (math.isfinite(scale) and scale > 0):
+            raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
+        if norm not in REWARD_NORMS:
+            raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
+        if oracle and penalty:
+            raise UserError("--reward-oracle has no ensemble to penalise: drop --reward-penalty")
+        self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.norm_window = norm_window
@@ -232,14 +260,36 @@ class RewardModelWrapper:
             )
         if not all(state_is_finite(net.state_dict()) for net in model.nets):
             raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
+        if self.norm_mode == "labels" and self._stored_stats(model) is None:
+            what = "the score's statistics" if self.oracle else "normalisation statistics"
+            raise UserError(
+                f"reward model {path} stores no {what} of its labelled clips (trained by an older stage 3, or on "
+                f"a DB without true rewards): retrain it, or use --reward-norm running"
+            )
         return model
+
+    def _stored_stats(self, model: RewardPredictor) -> tuple[float, float] | None:
+        """The fixed (mean, std) of ``--reward-norm labels``: the model's predictions over its
+        labelled clips, or with ``--reward-oracle`` the true score's over the same clips."""
+        if self.oracle:
+            stats = model.score_stats
+            if stats is None or not all(math.isfinite(v) for v in stats) or stats[1] < 0:
+                return None
+            return stats
+        return norm_prior(model)
 
     def _use(self, model: RewardPredictor) -> None:
         """Learn from ``model`` from the next step on, its running norms started afresh from its
         stored stats (the module docstring says why)."""
         self.model = model
         self.version = model_version(model, self.loaded)
-        prior = norm_prior(model)
+        if self.norm_mode == "labels":
+            stats = self._stored_stats(model)
+            assert stats is not None  # _checked refused a model without them
+            self.norm: RunningNorm = FixedNorm(*stats)
+            self.member_norms = [FixedNorm(*stats) for _ in range(model.ensemble if self.penalty else 0)]
+            return
+        prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
         self.norm = RunningNorm(self.norm_window, prior=prior)
         # with a penalty: one window per member (their scales differ), mean - L * std across them
         members = model.ensemble if self.penalty else 0
@@ -326,6 +376,11 @@ class RewardModelWrapper:
         frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
         acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
         self.env.step_async(actions)
+        if self.oracle:
+            self._before = None
+            self._pending = torch.empty(0)  # the score comes with the step: step_wait uses it
+            self._infer_s += time.perf_counter() - t0
+            return
         if self.model.needs_next:
             # a diff model needs the frames the step leads to: its forward runs in step_wait
             self._before = (frames, acts)
@@ -362,6 +417,10 @@ class RewardModelWrapper:
         if self._pending is None and self._before is None:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
+        if self.oracle:
+            self._pending = None
+            self._predicted(st, torch.from_numpy(np.asarray(st.true_rewards, dtype=np.float32)[None]), self.norm, [])
+            return st
         if self._before is None:
             self._predicted(st, self._pending, self.norm, self.member_norms)
             self._pending = None
@@ -397,11 +456,11 @@ class RewardModelWrapper:
             rewards, pen = penalised(members, member_norms, self.penalty)
             penalty = float(pen.mean())
         clipped = 0.0
-        if self.clip is not None:
+        if self.clip is not None:  # in std units, before the scale
             clipped = float(np.mean(np.abs(rewards) > self.clip))
             rewards = np.clip(rewards, -self.clip, self.clip)
         st.pred_rewards = raw
-        st.rewards = rewards.astype(np.float32)
+        st.rewards = (rewards * self.scale).astype(np.float32)
         self._steps += 1
         self._last = {
             "pred_mean": float(raw.mean()),
@@ -419,6 +478,7 @@ class RewardModelWrapper:
         model's milliseconds per agent step, and the version learned from (``version``)."""
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         out["version"] = self.version
+        out["scale"] = self.scale
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

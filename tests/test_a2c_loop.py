@@ -17,6 +17,7 @@ import torch
 import lib.a2c as a2c
 import lib.a2c_config as a2c_config
 from lib.envs import VecStep
+from lib.experience import Transitions
 from lib.errors import UserError
 
 LIFE, LIVES = 7, 2
@@ -92,12 +93,12 @@ def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(t
     seen = []
     real_loss = a2c.a2c_loss
 
-    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0):
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0):
         # Weights change only at the optimiser step, so every bootstrap value in this batch must
         # equal what the current network says about the bootstrap state.
         seen.append((batch, boot_values.copy(), a2c._values(net, batch.boot_obs, device)))
         assert weight == 1.0  # one process: the plain mean
-        return real_loss(net, batch, boot_values, device, beta, bf16, weight)
+        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta)
 
     monkeypatch.setattr(a2c, "a2c_loss", spy)
     assert a2c.train(config(tmp_path), make_env=FakeVec) == 0
@@ -257,3 +258,85 @@ def test_segments_lost_to_a_full_disk_are_reported(tmp_path, monkeypatch, capsys
     out, err = capsys.readouterr()
     assert "(0 written this run, 40 could not be written: see the warning above)" in out
     assert "warning: 40 segment(s) could not be written" in err and "No space left on device" in err
+
+
+def _spy_batches(monkeypatch) -> list:
+    seen: list = []
+    real_loss = a2c.a2c_loss
+
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0):
+        seen.append(batch)
+        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta)
+
+    monkeypatch.setattr(a2c, "a2c_loss", spy)
+    return seen
+
+
+@pytest.mark.parametrize("terminal", ["life", "game", "none"])
+def test_terminal_decides_where_the_learners_episode_ends(tmp_path, monkeypatch, terminal):
+    """--terminal: a transition is cut (no bootstrap) at every lost life (life), only at a game
+    over (game), or never (none: the n-step return runs on across the reset into the next game)."""
+    seen = _spy_batches(monkeypatch)
+    assert a2c.train(config(tmp_path, terminal=terminal), make_env=FakeVec) == 0
+    batch = Transitions.concat(seen)
+    start = batch.obs[:, 0, 0, 0].astype(np.int64) // 9  # steps into the game when it started
+    end = start + batch.steps  # where the transition's last reward was
+    cut = batch.boot_mode == 0
+    n = a2c_config.REWARD_STEPS
+    g = a2c_config.GAMMA
+    if terminal == "none":
+        assert not cut.any() and (batch.steps == n).all()
+        np.testing.assert_allclose(batch.returns, (1 - g**n) / (1 - g), rtol=1e-5)
+        assert (end > GAME).any()  # some returns ran across a game's end into the next game
+    else:
+        every = LIFE if terminal == "life" else GAME
+        assert cut.any() and (end[cut] % every == 0).all()
+        assert (end <= GAME).all()  # none reaches past a game's end
+        if terminal == "game":
+            assert (end[~cut] % LIFE == 0).any()  # a lost life alone ends nothing
+
+
+def test_kl_to_the_start_policy_is_zero_at_first_and_grows(tmp_path, monkeypatch):
+    """A run from -m logs finetune/kl_to_start: 0 on the first batch (the policy is the start
+    policy), more after the updates; --kl B adds B x that KL to the loss and so keeps it smaller."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert a2c.train(config(tmp_path / "v0", max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
+    (v0,) = (tmp_path / "v0" / "saves").glob("best_*.pt")
+    kls = {}
+    for beta in (0.0, 50.0):
+        seen: list = []
+        real_loss = a2c.a2c_loss
+
+        def spy(*args, **kw):
+            loss, m = real_loss(*args, **kw)
+            seen.append(m["finetune/kl_to_start"])
+            return loss, m
+
+        monkeypatch.setattr(a2c, "a2c_loss", spy)
+        out = tmp_path / f"kl{beta:g}"
+        cfg = config(out, model=str(v0), finetune=True, lr=3e-3, max_steps=2000, kl=beta)
+        assert a2c.train(cfg, make_env=FakeVec) == 0
+        monkeypatch.setattr(a2c, "a2c_loss", real_loss)
+        assert seen[0] == pytest.approx(0.0, abs=1e-6)
+        assert max(seen[-5:]) > 1e-4
+        kls[beta] = float(np.mean(seen[-5:]))
+        (events,) = (out / "runs").rglob("events.out.tfevents.*")
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        assert "finetune/kl_to_start" in acc.Tags()["scalars"]
+        assert [e.value for e in acc.Scalars("finetune/score")] == [SCORE] * len(acc.Scalars("finetune/score"))
+    assert kls[50.0] < kls[0.0] / 2
+
+
+def test_kl_start_policy_survives_resume(tmp_path):
+    assert a2c.train(config(tmp_path / "v0", max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
+    (v0,) = (tmp_path / "v0" / "saves").glob("best_*.pt")
+    cfg = config(tmp_path, model=str(v0), finetune=True, lr=3e-3, max_steps=400, kl=1.0)
+    assert a2c.train(cfg, make_env=FakeVec) == 0
+    last = torch.load(tmp_path / "saves" / "last.pt", weights_only=True)
+    start = torch.load(v0, weights_only=True)["state_dict"]
+    for k, v in last["kl_start"].items():  # the head it started from, not the trained one
+        torch.testing.assert_close(v, start[f"policy.{k}"])
+    more = config(tmp_path, max_steps=600, kl=1.0, resume=True)
+    assert a2c.train(more, make_env=FakeVec) == 0

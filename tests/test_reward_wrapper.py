@@ -305,3 +305,45 @@ def test_diff_forward_can_run_while_the_next_step_is_in_flight(tmp_path):
         np.testing.assert_allclose(st.pred_rewards, want.pred_rewards, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(st.rewards, want.rewards, rtol=1e-5, atol=1e-6)
     eager.close(), lazy.close()
+
+
+def test_scale_and_the_labels_stats_reach_the_learner(tmp_path):
+    """--reward-norm labels: every step is normalised with the checkpoint's stored mean and std, and
+    stays so however many steps pass (the running window would move); --reward-scale S multiplies
+    the normalised, clipped reward."""
+    path = _model_file(tmp_path, stats=(0.5, 0.25))
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=8, clip=2.0, scale=0.05, norm="labels")
+    for _ in range(30):  # far past the window and its warm-up
+        st = w.step(np.zeros(4, np.int64))
+    expected = 0.05 * np.clip((st.pred_rewards - 0.5) / 0.25, -2.0, 2.0)
+    np.testing.assert_allclose(st.rewards, expected, rtol=1e-5, atol=1e-7)
+    assert w.stats()["norm_mean"] == 0.5 and w.stats()["scale"] == 0.05
+    running = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=8, clip=2.0, scale=0.05)
+    for _ in range(30):
+        running.step(np.zeros(4, np.int64))
+    assert running.stats()["norm_mean"] != 0.5  # the running window has moved off the stored mean
+
+
+def test_labels_norm_needs_stored_stats(tmp_path):
+    path = _model_file(tmp_path, stats=None)
+    with pytest.raises(UserError, match="--reward-norm running"):
+        RewardModelWrapper(FakeVec(), path, norm="labels")
+
+
+def test_oracle_sends_the_true_score_through_the_same_path(tmp_path):
+    """--reward-oracle: the learner's reward is the true score, normalised with the score's stats
+    stored beside the model's (labels), clipped and scaled like the model's would be."""
+    torch.manual_seed(0)
+    ck = reward_checkpoint([RewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
+    ck.update(score_mean=0.25, score_std=0.5)
+    path = tmp_path / "r.pt"
+    save_reward_checkpoint(ck, path)
+    env = FakeVec(n_envs=3)
+    w = RewardModelWrapper(env, path, clip=1.0, scale=0.1, norm="labels", oracle=True)
+    st = w.step(np.zeros(3, np.int64))
+    np.testing.assert_array_equal(st.pred_rewards, st.true_rewards)  # the score, not the model
+    np.testing.assert_allclose(st.rewards, 0.1 * np.clip((1.0 - 0.25) / 0.5, -1, 1), rtol=1e-6)
+    del ck["score_mean"], ck["score_std"]
+    save_reward_checkpoint(ck, path)
+    with pytest.raises(UserError, match="score's statistics"):
+        RewardModelWrapper(env, path, norm="labels", oracle=True)
