@@ -76,13 +76,22 @@ class _FactsCache:
 
 
 def label_extra(
-    fa: SegmentFacts, fb: SegmentFacts, rule: str, teacher: str, noise: float = 0.0, sampling: str = "random"
+    fa: SegmentFacts,
+    fb: SegmentFacts,
+    rule: str,
+    teacher: str,
+    noise: float = 0.0,
+    sampling: str = "random",
+    death_penalty: float = 0.0,
 ) -> dict[str, object]:
     """What an oracle label records beside its answer: the teacher, the rule that decided, and the
     facts of the pair as [#1, #2] (``oracle_label_db``)."""
     extra: dict[str, object] = {"teacher": teacher, "rule": rule, "returns": [fa.ret, fb.ret]}
+    extra["lives_lost"] = [fa.lives_lost, fb.lives_lost]
     if noise:
         extra["teacher_noise"] = noise
+    if death_penalty:
+        extra["death_penalty"] = death_penalty
     if sampling != "random":
         extra["sampling"] = sampling
     if fa.oxygen is not None and fb.oxygen is not None:
@@ -126,6 +135,7 @@ class OracleSettings:
     reward: str | os.PathLike | None = None
     pool: int | None = None
     recent: int = 0
+    death_penalty: float = 0.0
 
 
 class _Labeler:
@@ -134,7 +144,7 @@ class _Labeler:
 
     def __init__(self, root: Path, rng: np.random.Generator, s: OracleSettings) -> None:
         try:
-            self.judge = Teacher(s.teacher, s.noise, s.ties, rng)
+            self.judge = Teacher(s.teacher, s.noise, s.ties, rng, s.death_penalty)
         except ValueError as e:
             raise UserError(str(e)) from None
         self.root, self.rng, self.teacher, self.noise = root, rng, s.teacher, s.noise
@@ -185,7 +195,7 @@ class _Labeler:
                 if fa is None or fb is None:
                     continue
                 answer, rule = self.judge.answer_rule(fa, fb)
-                extra = label_extra(fa, fb, rule, self.teacher, self.noise, self.sampling)
+                extra = label_extra(fa, fb, rule, self.teacher, self.noise, self.sampling, self.judge.death_penalty)
                 yield Label(a, b, answer, time=time.time(), source="oracle", extra=extra)
                 got += 1
 
@@ -231,6 +241,7 @@ def oracle_label_db(
     reward: str | os.PathLike | None = None,
     pool: int | None = None,
     recent: int = 0,
+    death_penalty: float = 0.0,
 ) -> OracleSummary:
     """Label ``n_pairs`` new pairs of a DB with a synthetic teacher (``lib.teachers``: ``score``,
     ``oxygen`` or ``surface``, ``noise`` share of random answers, ``ties`` equal|skip), the pairs
@@ -246,7 +257,7 @@ def oracle_label_db(
     if not root.is_dir():
         raise UserError(f"DB not found: {root}")
     segs = list_segments(root)
-    settings = OracleSettings(teacher, noise, ties, sampling, reward, pool, recent)
+    settings = OracleSettings(teacher, noise, ties, sampling, reward, pool, recent, death_penalty)
     labeler = _Labeler(root, np.random.default_rng(seed), settings)
     if len(segs) < 2:
         raise UserError(f"DB {root} has {len(segs)} segment(s): at least 2 are needed to make a pair")

@@ -5,6 +5,10 @@ A teacher looks at two segments and answers as a person would: 1 (#1 better), 2 
 oracle records it in each label as ``rule``). Three teachers:
 
 - ``score``: the higher true return wins; equal returns are a tie (the oracle of earlier versions).
+  With ``death_penalty`` P each life lost in a clip costs P points of its return, as both papers'
+  synthetic oracles replace an episode end with a penalty (Christiano et al. 2017, Ibarz et al.
+  2018): without it a clip where the sub dies (0 points) ties with one where it idles. The rule is
+  ``death`` where the penalty changed the answer the returns alone give, else ``score`` / ``tie``.
 - ``oxygen`` (SeaQuest): what the book's person taught and the score does not pay for: surface to
   refill the oxygen before it runs out. Rules, in order, the first that decides wins:
   1. ``oxygen_death``: fewer lives lost with an empty gauge (an oxygen death) wins;
@@ -76,6 +80,7 @@ class SegmentFacts:
     ret: float | None
     oxygen: OxygenCounts | None = None
     surface: SurfaceCounts | None = None
+    lives_lost: int = 0  # steps that ended a life (or the game) within the clip
 
 
 def segment_facts(
@@ -83,9 +88,10 @@ def segment_facts(
 ) -> SegmentFacts:
     """Facts of one segment (``life_lost``: the segment's ``dones``, a life or the game ended)."""
     ret = None if rewards is None else float(np.sum(rewards, dtype=np.float64))
+    lost = 0 if life_lost is None else int(np.count_nonzero(life_lost))
     if not shows_gauge(game, frames.shape[1:]):
-        return SegmentFacts(ret)
-    return SegmentFacts(ret, oxygen_counts(frames, life_lost), surface_counts(frames, life_lost))
+        return SegmentFacts(ret, lives_lost=lost)
+    return SegmentFacts(ret, oxygen_counts(frames, life_lost), surface_counts(frames, life_lost), lost)
 
 
 Verdict = tuple[int, str]  # (answer, the rule that decided it)
@@ -96,10 +102,15 @@ def _more(x: float, y: float, rule: str) -> Verdict:
     return (FIRST_BETTER if x > y else SECOND_BETTER), rule
 
 
-def _by_score(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
+def _by_score(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
     if a.ret is None or b.ret is None:
         return None
-    return (EQUAL, "tie") if a.ret == b.ret else _more(a.ret, b.ret, "score")
+    ra, rb = a.ret - death_penalty * a.lives_lost, b.ret - death_penalty * b.lives_lost
+    if ra == rb:
+        return EQUAL, "tie"
+    plain = _more(a.ret, b.ret, "score")[0] if a.ret != b.ret else EQUAL
+    verdict = _more(ra, rb, "score")
+    return verdict if verdict[0] == plain else (verdict[0], "death")
 
 
 def _by_oxygen_events(a: OxygenCounts, b: OxygenCounts) -> Verdict | None:
@@ -155,6 +166,7 @@ class Teacher:
     noise: float = 0.0
     ties: str = "equal"
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    death_penalty: float = 0.0  # score teacher: points a lost life costs in a clip's sum
 
     def __post_init__(self) -> None:
         if self.name not in _RULES:
@@ -163,11 +175,16 @@ class Teacher:
             raise ValueError(f"unknown tie rule {self.ties!r}: choose from {', '.join(TIE_RULES)}")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"teacher noise must be in [0, 1], got {self.noise}")
+        if not 0.0 <= self.death_penalty < 1e9:
+            raise ValueError(f"the death penalty must be a number >= 0, got {self.death_penalty}")
 
     def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
         """The teacher's own answer, without noise, and the rule that decided it (module
         docstring); (-1, "cant_tell") where it cannot judge the pair."""
-        verdict = _RULES[self.name](a, b)
+        if self.name == "score":
+            verdict = _by_score(a, b, self.death_penalty)
+        else:
+            verdict = _RULES[self.name](a, b)
         if verdict is None:
             return CANT_TELL, "cant_tell"
         answer, rule = verdict

@@ -418,3 +418,50 @@ def test_step_correlation_matches_numpy() -> None:
     flat = StepCorrelation()
     flat.add(x[:50], np.zeros(50))  # no points scored: undefined, not 0
     assert flat.value() is None and StepCorrelation().value() is None
+
+
+def test_death_penalty_decides_a_pair_that_otherwise_ties() -> None:
+    """--death-penalty P: a clip where the sub dies (0 points) ties with one where it idles (0
+    points) for the plain score teacher; with P a lost life costs P points, so the idle clip wins
+    (rule "death"), and a clip worth more than P points still wins over a clean one of 0."""
+    died, idle = SegmentFacts(0.0, lives_lost=1), SegmentFacts(0.0)
+    assert Teacher("score").judge_rule(died, idle) == (EQUAL, "tie")
+    assert Teacher("score", death_penalty=100).judge_rule(died, idle) == (SECOND_BETTER, "death")
+    assert Teacher("score", death_penalty=100).judge_rule(idle, died) == (FIRST_BETTER, "death")
+    rich = SegmentFacts(140.0, lives_lost=1)
+    assert Teacher("score", death_penalty=100).judge_rule(rich, idle) == (FIRST_BETTER, "score")
+    assert Teacher("score", death_penalty=100).judge_rule(SegmentFacts(60.0, lives_lost=1), SegmentFacts(20.0)) == (
+        SECOND_BETTER,
+        "death",
+    )
+    with pytest.raises(ValueError):
+        Teacher("score", death_penalty=-1)
+
+
+def test_label_ui_death_penalty_flag(tmp_path: Path) -> None:
+    """02_label_ui.py --oracle N --death-penalty P: segments' lost lives reach the teacher and the label."""
+    db = tmp_path / "db"
+    names = make_synthetic_db(db, 6, seed=3)
+    from lib.segments import read_segment
+
+    for rel in names[:3]:  # the first three lose a life on their last step and score nothing
+        seg = read_segment(db, rel)
+        seg = dataclasses.replace(seg, rewards=np.zeros_like(seg.rewards), dones=np.eye(len(seg.dones))[-1] > 0)
+        (db / rel).unlink()
+        save_segment(db, seg)
+    for rel in names[3:]:
+        seg = read_segment(db, rel)
+        (db / rel).unlink()
+        save_segment(db, dataclasses.replace(seg, rewards=np.zeros_like(seg.rewards)))
+    main = [sys.executable, str(ROOT / "02_label_ui.py"), "-d", str(db), "--oracle", "15", "--seed", "1"]
+    p = subprocess.run([*main, "--death-penalty", "50"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    log = read_label_log(db)
+    assert len(log) == 15 and all(lab.extra["death_penalty"] == 50 for lab in log)
+    for lab in log:
+        a, b = lab.extra["lives_lost"]
+        assert lab.label == (EQUAL if a == b else FIRST_BETTER if a < b else SECOND_BETTER)
+    assert sum(lab.extra["rule"] == "death" for lab in log) == 9  # 3 x 3 died-vs-clean pairs
+    for bad in (["--death-penalty", "-5"], ["--death-penalty", "10", "--teacher", "surface"]):
+        p = subprocess.run([*main, *bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (bad, p.stderr)

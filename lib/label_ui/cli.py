@@ -26,7 +26,14 @@ def run_oracle(cfg: LabelConfig) -> None:
 
 def _oracle_settings(cfg: LabelConfig) -> OracleSettings:
     return OracleSettings(
-        cfg.teacher, cfg.teacher_noise, cfg.teacher_ties, cfg.sampling, cfg.reward, cfg.pool, cfg.recent
+        cfg.teacher,
+        cfg.teacher_noise,
+        cfg.teacher_ties,
+        cfg.sampling,
+        cfg.reward,
+        cfg.pool,
+        cfg.recent,
+        cfg.death_penalty,
     )
 
 

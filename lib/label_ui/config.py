@@ -46,6 +46,7 @@ class LabelConfig:
     teacher: str = "score"
     teacher_noise: float = 0.0
     teacher_ties: str = "equal"
+    death_penalty: float = 0.0
     seed: int | None = None
     labeler: str | None = None
     public_hosts: tuple[str, ...] = ()
@@ -182,6 +183,15 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
         choices=TIE_RULES,
         default=d.teacher_ties,
         help="with --oracle: when the teacher sees no difference, answer 'equal' (0) or 'skip' (-1, can't tell)",
+    )
+    p.add_argument(
+        "--death-penalty",
+        type=float,
+        default=d.death_penalty,
+        metavar="P",
+        help="with --oracle and the score teacher: each life lost in a clip costs P points of its sum, as the "
+        "papers' synthetic oracles penalise an episode end (0: a clip where the sub dies ties with one where "
+        "it idles)",
     )
 
 
@@ -351,6 +361,10 @@ def _check_values(args: argparse.Namespace) -> None:
         raise UserError(f"--pool must be {what}, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
+    if not 0.0 <= args.death_penalty < 1e9:
+        raise UserError(f"--death-penalty must be a number of points >= 0, got {args.death_penalty:g}")
+    if args.death_penalty and args.teacher != "score":
+        raise UserError(f"--death-penalty is the score teacher's; the {args.teacher} teacher ranks lost lives first already")
     if not 0 <= args.recent <= MAX_RECENT:
         raise UserError(f"--recent must be between 0 (every segment) and {MAX_RECENT:,} segments, got {args.recent}")
     _check_follow(args)
