@@ -10,7 +10,6 @@ The networks and what their checkpoints must hold live with them: ``lib/model.py
 from __future__ import annotations
 
 import errno
-import math
 import os
 import stat
 import zipfile
@@ -22,6 +21,7 @@ import torch
 
 from lib.errors import UserError
 from lib.files import atomic_write, remove_stale_temps
+from lib.stats import finite
 
 POLICY_FORMAT = "rlhf-atari-policy"
 REWARD_FORMAT = "rlhf-atari-reward"
@@ -199,7 +199,7 @@ def float_in(lo: float, hi: float, lo_open: bool = False) -> Check:
     """A finite number in [lo, hi] (``lo_open``: (lo, hi])."""
 
     def check(v: Any) -> None:
-        ok = _plain_number(v) and math.isfinite(v) and (lo < v if lo_open else lo <= v) and v <= hi
+        ok = _plain_number(v) and finite(v) and (lo < v if lo_open else lo <= v) and v <= hi
         if not ok:
             raise ValueError(f"must be a finite number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {_show(v)}")
 
@@ -258,7 +258,7 @@ def plain_values(v: Any) -> None:
         if x is None or isinstance(x, bool | str):
             return True
         if _plain_number(x):
-            return math.isfinite(x)
+            return finite(x)
         if depth and isinstance(x, list | tuple):
             return len(x) <= 4096 and all(ok(y, depth - 1) for y in x)
         if depth and isinstance(x, dict):

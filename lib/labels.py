@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import threading
 import time
@@ -28,6 +27,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.files import UnsafeFileError, open_append, read_regular
+from lib.stats import finite
 
 LABELS_FILE = "labels.jsonl"
 LEGACY_LABELS_FILE = "labels.json"
@@ -100,7 +100,7 @@ def _no_constants(name: str) -> float:
 
 
 def _finite(x: Any, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+    if isinstance(x, bool) or not isinstance(x, int | float) or not finite(x):  # 10**400: not finite
         raise ValueError(f"{what} must be a finite number, got {str(x)[:40]}")
     return float(x)
 

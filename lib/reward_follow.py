@@ -62,9 +62,11 @@ from lib.reward_train import (
     split_by_pair,
 )
 from lib.signals import SignalStop
+from lib.stats import finite
 
 SPLIT = "pair-hash"  # metrics["split"] of a version: lib.reward_train.held_out
 MAX_VERSIONS_BYTES = 64 << 20
+MAX_VERSION = 10**9 - 1  # a version's number fits reward-NAME-vK.pt's \\d{1,9}
 
 # (DB as given on the command line, first, second of the order-free pair key)
 LabelKey = tuple[str, str, str]
@@ -196,7 +198,7 @@ class Installed:
 
 
 def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and finite(v) else None
 
 
 def check_warm_start(models: Sequence[AnyRewardModel], cfg: TrainConfig, path: Path) -> None:
@@ -244,13 +246,13 @@ def next_version(out_dir: Path, name: str) -> int:
             if m := pat.fullmatch(e.name):
                 top = max(top, int(m.group(1)))
     for rec in read_versions(versions_log(out_dir, name)):
-        if type(rec.get("version")) is int:
-            top = max(top, rec["version"])
+        top = max(top, rec["version"])
     return top + 1
 
 
 def read_versions(path: Path) -> list[dict[str, Any]]:
-    """The versions log's records; a missing file is none, a bad line is skipped."""
+    """The versions log's records; a missing file is none, a bad line (not a JSON object, or whose
+    "version" is not an int in 1..``MAX_VERSION``: a 400-digit one too) is skipped."""
     try:
         data = read_regular(path, MAX_VERSIONS_BYTES)
     except FileNotFoundError:
@@ -261,7 +263,8 @@ def read_versions(path: Path) -> list[dict[str, Any]]:
     for line in data.splitlines():
         with contextlib.suppress(ValueError, RecursionError):
             rec = json.loads(line)
-            if isinstance(rec, dict):
+            v = rec.get("version") if isinstance(rec, dict) else None
+            if type(v) is int and 1 <= v <= MAX_VERSION:
                 out.append(rec)
     return out
 

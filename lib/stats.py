@@ -1,5 +1,5 @@
 """Small statistics every stage reports with: one Pearson correlation (of two series, or of two
-streams from running sums), one 95% interval of a mean."""
+streams from running sums), one 95% interval of a mean; whether a number read from a file is finite."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ import math
 import numpy as np
 
 Z95 = 1.96  # normal approximation of the 95% interval of a mean
+
+
+def finite(v: int | float) -> bool:
+    """``math.isfinite`` that is False, not OverflowError, for an int no float holds: a file can
+    hold 10**400 (JSON and pickle both do), and the range check of a number read from it must not
+    crash on it."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def pearson(x, y) -> float:

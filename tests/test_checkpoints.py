@@ -111,6 +111,11 @@ REWARD_VARIANTS = {
     "action_meanings of numbers": {"action_meanings": [1, 2]},
     "diff_block text": {"arch": "diff", "diff_block": "abc"},
     "epoch text": {"epoch": "x"},
+    # integers too large for a float (math.isfinite raises OverflowError on them: audit 5 item 1)
+    "norm_mean 10**400": {"norm_mean": 10**400},
+    "norm_std 10**400": {"norm_std": 10**400},
+    "a metric 10**400": {"metrics": {"test_loss": 10**400}},
+    "a nested metric -10**400": {"metrics": {"per_rule": {"x": -(10**400)}}},
 }
 
 

@@ -388,6 +388,7 @@ BAD_LINES = {
     "label 7": json.dumps(dict(GOOD, label=7)),
     "time as text": json.dumps(dict(GOOD, time="yesterday")),
     "time Infinity": json.dumps(GOOD).replace('"time": 1.0', '"time": Infinity'),
+    "time a 400-digit integer": json.dumps(dict(GOOD, time=10**400)),  # no float holds it
     "numeric path": json.dumps(dict(GOOD, sample1=5)),
     "path leaving the DB": json.dumps(dict(GOOD, sample1="../../etc/passwd")),
     "source as a list": json.dumps(dict(GOOD, source=["x"])),

@@ -313,3 +313,44 @@ def test_an_installed_model_of_another_network_is_one_line(tmp_path):
     assert r.returncode == 2 and len(err) == 1, (r.returncode, r.stdout, r.stderr)
     assert "was trained with --arch book, this run has --arch diff" in err[0]
     assert sorted(p.name for p in out.parent.iterdir()) == ["reward-t.pt"]
+
+
+# --- audit 5 -------------------------------------------------------------------------------------
+
+
+def test_a_huge_version_in_the_versions_log_is_skipped(tmp_path):
+    """A versions-log line {"version": <400 digits>} (audit 5 item 1) is a bad line: skipped by every
+    reader; the next version is the one after the highest sane line, and it is trained and installed."""
+    from lib.reward_follow import next_version, read_versions
+
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=20, steps=10, seed=0)
+    taken: set[tuple[str, str]] = set()
+    _label(db, by_score(db, pairs_of(rels, True, 3, taken) + pairs_of(rels, False, 10, taken)))
+    out = tmp_path / "out"
+    out.mkdir()
+    versions_log(out, "t").write_text('{"version": 3}\n{"version": ' + "9" * 400 + "}\n")
+    assert [r["version"] for r in read_versions(versions_log(out, "t"))] == [3]
+    assert next_version(out, "t") == 4
+    follower = Follower([str(db)], TrainConfig(epochs=1), FollowConfig(retrain_every=1), out, "t", log=lambda x: None)
+    follower.adopt()
+    assert follower.step()
+    assert metrics(out / "reward-t.pt")["version"] == 4 and (out / "reward-t-v4.pt").is_file()
+
+
+def test_evaluate_a_model_with_a_huge_number_is_one_line(tmp_path, monkeypatch, capsys):
+    """--evaluate MODEL whose metrics hold 10**400 (audit 5 item 1): one line, exit 2."""
+    import torch
+
+    from lib.checkpoints import atomic_torch_save
+    from lib.reward_model import RewardModel, reward_checkpoint
+
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=6, steps=10, seed=0)
+    _label(db, [(rels[0], rels[1], FIRST_BETTER)])
+    torch.manual_seed(0)
+    ck = reward_checkpoint([RewardModel(18, (48, 48, 3)).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    ck["metrics"] = {"heldout_accuracy": 10**400}
+    atomic_torch_save(ck, tmp_path / "huge.pt")
+    msg = _cli_in_process(monkeypatch, capsys, "--evaluate", str(tmp_path / "huge.pt"), str(db))
+    assert "huge.pt: field 'metrics' must be" in msg

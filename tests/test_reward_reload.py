@@ -183,6 +183,15 @@ def _garbage(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _huge_metric(src: Path, dst: Path) -> Path:
+    """An integer no float holds (math.isfinite raises OverflowError on it: audit 5 item 1)."""
+    return _variant(src, dst, metrics={"version": 2, "heldout_accuracy": 10**400})
+
+
+def _huge_norm_mean(src: Path, dst: Path) -> Path:
+    return _variant(src, dst, norm_mean=10**400)
+
+
 @pytest.mark.parametrize(
     "breaks, says",
     [
@@ -194,6 +203,8 @@ def _garbage(src: Path, dst: Path) -> Path:
         (_bigger_frames, "takes frames (64, 64, 3)"),
         (_gone, "is gone"),
         (_garbage, "reward model"),
+        (_huge_metric, "field 'metrics' must be"),
+        (_huge_norm_mean, "field 'norm_mean' must be"),
     ],
 )
 def test_a_broken_file_is_skipped_with_one_warning_and_the_old_model_stays(tmp_path, capsys, breaks, says):
@@ -324,6 +335,17 @@ def test_reload_without_a_reward_model_is_one_line_exit_2(tmp_path):
     )
     assert r.returncode == 2 and r.stderr == "error: --reward-reload watches the reward model: give -r MODEL\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_huge_number_in_the_model_at_the_start_is_one_line_exit_2(tmp_path):
+    """-r MODEL whose norm_mean is 10**400 (audit 5 item 1): refused before training, one line."""
+    path = _variant(_model_file(tmp_path, name="first.pt"), tmp_path / "huge.pt", norm_mean=10**400)
+    cmd = [sys.executable, SCRIPT, "-n", "x", "-r", str(path), "--envs", "2", "--save", str(tmp_path / "saves")]
+    cmd += ["--runs-dir", str(tmp_path / "runs"), "--threads", "1", "--env-threads", "1", "--max-steps", "64"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, (r.returncode, r.stderr[-2000:])
+    assert err[0].startswith("error: reward model ") and "'norm_mean' must be" in err[0], err
 
 
 class Live:
