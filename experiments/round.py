@@ -35,8 +35,10 @@ Every stage's output is kept and reused when the command runs again: a stopped r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
+import io
 import json
 import math
 import os
@@ -51,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.live import report_live, run_live
+from experiments.live import report_live, run_live, stop_piped
 from experiments.round_report import ARMS, across_seeds, behaviour_share, model_targets, plot, summarise, table, targets
 from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
@@ -69,6 +71,7 @@ from lib.reward_wrapper import normalised
 from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.seeds import MAX_SEED
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
+from lib.signals import PARENT_SIGNALS, SignalStop
 from lib.teachers import RULE_FACTS, TEACHERS, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +79,19 @@ ROOT = Path(__file__).resolve().parents[1]
 ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
 NO_MODEL_MODES = ("random", "rare")
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
-CURVE_TAGS = ("eval/score_mean", "eval/refills_per_game", "eval/oxygen_death_share", "eval/low_climbs_per_game")
+CURVE_TAGS = (
+    "eval/score_mean",
+    "eval/refills_per_game",
+    "eval/oxygen_death_share",
+    "eval/low_climbs_per_game",
+    "eval/length_mean",
+    "eval/surface_share",
+    # the over-optimisation picture (Gao et al. 2022): the proxy's return and the true score of the
+    # training games, and the distance from the start policy, per fine-tune
+    "finetune/kl_to_start",
+    "finetune/learned_return",
+    "finetune/score",
+)
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
 
@@ -141,6 +156,14 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
         "(uncertain, disagree)",
     )
     p.add_argument(
+        "--death-penalty",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="the score teacher: each life lost in a clip costs P points of its sum (02_label_ui.py "
+        "--death-penalty); names the round's directory",
+    )
+    p.add_argument(
         "--reward-args",
         default="",
         metavar='"FLAGS"',
@@ -157,6 +180,20 @@ def _add_finetune_args(p: argparse.ArgumentParser) -> None:
         default="frozen",
         help="what each fine-tune trains, both arms alike: frozen = the heads only, the conv layers frozen "
         "(01_a2c.py --finetune, the book's way), full = every layer, at the same learning rate",
+    )
+    p.add_argument(
+        "--ft-args",
+        default="",
+        metavar='"FLAGS"',
+        help='01_a2c.py flags for the rlhf (and oracle) fine-tunes, e.g. "--terminal none --reward-scale 0.05 '
+        "--reward-norm labels\"; they name the round's directory, as --reward-args do",
+    )
+    p.add_argument(
+        "--oracle-arm",
+        action="store_true",
+        help="add an arm fine-tuned on the TRUE per-step score sent through exactly the rlhf arm's reward path "
+        "(01_a2c.py -r MODEL --reward-oracle with the same --ft-args: normalisation, scale, clip, terminal): "
+        "what the path costs apart from what the model's errors cost",
     )
     p.add_argument(
         "--reward-only",
@@ -193,10 +230,12 @@ def seed_list(text: str) -> list[int]:
 
 def check(args: argparse.Namespace) -> None:
     """Every bad value is one line (UserError) before anything runs."""
-    try:
-        shlex.split(args.reward_args)
-    except ValueError as e:
-        raise UserError(f"--reward-args cannot be split into flags ({e}): {args.reward_args!r}") from None
+    for flag, value in (("--reward-args", args.reward_args), ("--ft-args", args.ft_args)):
+        try:
+            shlex.split(value)
+        except ValueError as e:
+            raise UserError(f"{flag} cannot be split into flags ({e}): {value!r}") from None
+    check_ft_args(args.ft_args)
     if not (math.isfinite(args.scale) and 0 < args.scale <= MAX_SCALE):
         raise UserError(f"--scale must be a number in (0, {MAX_SCALE:g}], got {args.scale}")
     if min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1:
@@ -216,6 +255,9 @@ def check(args: argparse.Namespace) -> None:
         (not args.scale > 0, f"--scale must be positive, got {args.scale}"),
         (not 0 <= args.teacher_noise <= 1, f"--teacher-noise must be in [0, 1], got {args.teacher_noise}"),
         (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
+        (not 0 <= args.death_penalty < 1e9, f"--death-penalty must be a number of points >= 0, not {args.death_penalty}"),  # noqa: E501
+        (args.death_penalty > 0 and args.teacher != "score", "--death-penalty is the score teacher's (02_label_ui.py)"),
+        (args.oracle_arm and (args.live or args.reward_only), "--oracle-arm is an arm of the staged rounds"),
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
         (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
@@ -242,12 +284,24 @@ def run_stage(name: str, cmd: list[str], logfile: Path) -> None:
     logfile.parent.mkdir(parents=True, exist_ok=True)
     log(f"{name}: $ {' '.join(cmd[1:])}  (log: {logfile})")
     with open(logfile, "a", encoding="utf-8") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
+
+        def echo(line: str) -> None:
             f.write(line)
             f.flush()
             print(f"  [{name}] {line}", end="", flush=True)
+
+        # its own session: Ctrl-C, SIGTERM and SIGHUP reach this module only (cli), which stops it
+        # on its own Ctrl-C path (experiments.live.stop_piped) before it ends
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                echo(line)
+        except KeyboardInterrupt:
+            stop_piped(name, proc, echo)
+            raise
         rc = proc.wait()
     if rc != 0:
         raise UserError(f"stage {name} failed (exit {rc}); its output is in {logfile}")
@@ -335,6 +389,36 @@ def ensemble_of(args: argparse.Namespace) -> int:
     return 1
 
 
+# 01_a2c.py flags that the round sets itself for each arm: --ft-args may not name them
+FT_ARGS_RESERVED = {"-n", "--name", "-m", "--model", "-r", "--reward", "--save", "--db-path", "--max-steps", "--seed"}
+FT_ARGS_RESERVED |= {"--resume", "--force", "--runs-dir", "--test-every", "--test-episodes", "--dev", "--reward-oracle"}
+
+
+def check_ft_args(ft_args: str) -> None:
+    """--ft-args: 01_a2c.py's own flags, parsed by its parser (a wrong one is one line now, not an
+    arm's failure an hour later); none of those the round sets per arm."""
+    from lib.a2c_cli import build_parser as a2c_parser
+
+    words = shlex.split(ft_args)
+    taken = sorted({w.split("=", 1)[0] for w in words} & FT_ARGS_RESERVED)
+    if taken:
+        raise UserError(f"--ft-args may not set {', '.join(taken)}: the round sets it for each arm")
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines: our one line says it
+            a2c_parser().parse_args(["-n", "x", *words])
+    except SystemExit:
+        raise UserError(f"--ft-args {ft_args!r}: not flags 01_a2c.py takes (see python 01_a2c.py --help)") from None
+
+
+def ft_config(args: argparse.Namespace, **fields: Any) -> A2CConfig:
+    """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top."""
+    from lib.a2c_cli import build_parser as a2c_parser
+
+    parsed = vars(a2c_parser().parse_args(["-n", "x", *shlex.split(args.ft_args)]))
+    given = {k: v for k, v in parsed.items() if k != "name" and v != getattr(A2CConfig, k, None)}
+    return A2CConfig(**{**fields, **given})
+
+
 def round_name(args: argparse.Namespace) -> str:
     """The teacher's directory under a seed's directory: teacher, labels, and whatever else makes
     its labels, models or fine-tunes differ (noise, a sampling mode, --reward-args, --from v0,
@@ -342,8 +426,11 @@ def round_name(args: argparse.Namespace) -> str:
     name = f"{args.teacher}-{args.labels}"
     name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
     name += f"-{args.sampling}" if args.sampling != "rare" else ""  # rare: the default
+    name += f"-death{args.death_penalty:g}" if getattr(args, "death_penalty", 0) else ""
     flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
     name += f"-{flags}" if flags else ""
+    ft_flags = re.sub(r"[^A-Za-z0-9.]+", "", getattr(args, "ft_args", ""))
+    name += f"-ft{ft_flags}" if ft_flags else ""
     name += "-fromv0" if getattr(args, "start", "best") == "v0" else ""
     return name + (f"-{args.ft_layers}" if getattr(args, "ft_layers", "frozen") != "frozen" else "")
 
@@ -371,6 +458,7 @@ def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: 
         noise=args.teacher_noise,
         sampling=how,
         reward=reward,
+        death_penalty=args.death_penalty,
     )
     log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
 
@@ -405,7 +493,9 @@ def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: st
 # --- figures ------------------------------------------------------------------------------------
 
 
-def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, dev: str) -> dict[str, Any]:
+def held_out_figures(
+    db: Path, holdout: list[str], reward: Path, teacher: str, dev: str, death_penalty: float = 0.0
+) -> dict[str, Any]:
     """The reward model on segments it never saw: agreement with the teacher over every held-out
     pair the teacher prefers one of (a predicted tie counts as wrong), overall and per deciding rule
     (``by_rule``: agreement and pairs); ``--evaluate``'s figures against the score (agreement,
@@ -422,7 +512,7 @@ def held_out_figures(db: Path, holdout: list[str], reward: Path, teacher: str, d
         lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
         if shows_gauge(game, seg.frames.shape[1:]):  # the steps' flags, not the frames (~5 MB a segment)
             flags.append(diver_step_flags(seg.frames))
-    judge = Teacher(teacher)
+    judge = Teacher(teacher, death_penalty=death_penalty)
     i, j = np.triu_indices(len(facts), k=1)
     verdicts = [judge.judge_rule(facts[a], facts[b]) for a, b in zip(i, j, strict=True)]
     agree, n, by_rule = rule_agreement(preds.pred_returns[i], preds.pred_returns[j], verdicts)
@@ -713,7 +803,8 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     train_a2c(control, args.evals, args)
     rl_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
     rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
-    rlhf = A2CConfig(
+    rlhf = ft_config(
+        args,
         name=rl_name,
         save=str(rdir / "rlhf"),
         max_steps=steps,
@@ -724,7 +815,23 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
         **ft,
     )
     train_a2c(rlhf, args.evals, args)
-    return {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
+    arms = {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
+    if args.oracle_arm:  # the true score through the rlhf arm's path: -r's stats, --ft-args, no DB
+        or_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "oracle")
+        or_name = f"round-oracle-{sr.tdir.name}-r{k}"
+        oracle = ft_config(
+            args,
+            name=or_name,
+            save=str(rdir / "oracle"),
+            max_steps=steps,
+            model=str(or_start),
+            reward=str(reward),
+            reward_oracle=True,
+            **ft,
+        )
+        train_a2c(oracle, args.evals, args)
+        arms["oracle"] = (or_name, rdir / "oracle")
+    return arms
 
 
 def ft_settings(layers: str) -> dict[str, Any]:
@@ -733,6 +840,20 @@ def ft_settings(layers: str) -> dict[str, Any]:
     if layers == "frozen":
         return {"finetune": True}
     return {"finetune": False, "lr": FINETUNE_LEARNING_RATE}
+
+
+def label_agreement(reward: Path, ldb: Path, dev: str) -> dict[str, float]:
+    """How well a reward model understood the clips of the agent it produced: the share of the
+    labels of ``ldb`` that prefer one clip (1 or 2) whose order its predicted returns agree with,
+    measured before it is trained on them (a predicted tie counts as wrong)."""
+    labels = [lab for lab in load_labels(ldb, warn=None).values() if lab.label in (FIRST_BETTER, SECOND_BETTER)]
+    names = sorted({n for lab in labels for n in (lab.sample1, lab.sample2)})
+    preds = predict_segments(load_reward_model(reward, device=dev), ldb, names)
+    ret = dict(zip(preds.names, preds.pred_returns.tolist(), strict=True))
+    judged = [lab for lab in labels if lab.sample1 in ret and lab.sample2 in ret]
+    right = sum((ret[lab.sample1] > ret[lab.sample2]) == (lab.label == FIRST_BETTER) for lab in judged)
+    right -= sum(ret[lab.sample1] == ret[lab.sample2] for lab in judged)  # a tie was counted once as right
+    return {"agreement": right / len(judged) if judged else math.nan, "pairs": len(judged)}
 
 
 def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
@@ -744,17 +865,31 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     src, split = round_source(sr, k)
     ldb = rdir / "label-db"
     teacher_db(src, ldb, split["train"])
-    reward = label_and_train(ldb, rdir, args, [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)])
+    older = [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)]
+    previous = sr.tdir / f"r{k - 1}" / "reward-round.pt"
+    if k > 1 and not (rdir / "reward-round.pt").exists():
+        label(ldb, args)  # this round's labels first: the previous model is judged on them before training
+    reward = label_and_train(ldb, rdir, args, older)
+    before = None
+    if k > 1 and previous.exists():
+        before = cached_json(
+            rdir / "previous_model_on_new_labels.json",
+            lambda: label_agreement(previous, ldb, args.dev),
+            {"reward": file_digest(previous), "labels": file_digest(ldb / LABELS_FILE)},
+        )
     figs = cached_json(
         rdir / "reward_heldout.json",
-        lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev),
-        {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(split["holdout"])},
+        lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev, args.death_penalty),
+        {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(split["holdout"])}
+        | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
     )
     evidence = cached_json(
         rdir / "evidence.json",
         lambda: teacher_evidence(src, ldb, split["train"], args.teacher),
         {"labels": file_digest(ldb / LABELS_FILE), "teacher": args.teacher},
     )
+    if before is not None:
+        figs = {**figs, "previous_on_new_labels": before["agreement"], "previous_on_new_pairs": before["pairs"]}
     return reward, {"reward_model": figs, "evidence": evidence}
 
 
@@ -769,7 +904,8 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
     evals = args.out / "eval"
     caches = {"v0": evals / "v0.json", "control": evals / f"control-{arms['control'][1].name}.json"}
     caches["rlhf"] = rdir / "eval.json"
-    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS}
+    caches["oracle"] = rdir / "eval-oracle.json"
+    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS if arm in policies}
     tb, rl_name = args.out / "tb", arms["rlhf"][0]
     figs["step_corr_finetune"] = _mean(tb_scalars(tb, rl_name, "reward_model/step_corr")[1])
     watch = {
@@ -804,7 +940,18 @@ def print_model_figures(what: str, rm: dict[str, Any]) -> None:
 def print_reward_notes(k: int, r: dict[str, Any]) -> None:
     """The reward model's held-out figures (overall, per deciding rule, on low-gauge diver steps)
     and how the round's labels were decided."""
-    print_model_figures(f"round {k}: reward model", r["reward_model"])
+    rm = r["reward_model"]
+    if "previous_on_new_labels" in rm:
+        print(
+            f"round {k}: round {k - 1}'s reward model agreed with {100 * rm['previous_on_new_labels']:.1f}% of this "
+            f"round's {rm['previous_on_new_pairs']} new labels (its agent's own clips) before training on them"
+        )
+    print_model_figures(f"round {k}: reward model", rm)
+    if "life_loss_z" in rm:
+        print(
+            f"  normalised reward where a life is lost {rm['life_loss_z']:+.2f} ({rm['life_losses']} losses), "
+            f"the {LIFE_LOSS_LEAD} steps before {rm['pre_loss_z']:+.2f} (the median step is 0)"
+        )
     print_evidence(r["evidence"])
 
 
@@ -899,7 +1046,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def cli() -> None:
     try:
-        run_cli(main)
+        with SignalStop(at_once=True, signals=PARENT_SIGNALS):  # SIGTERM and SIGHUP: the Ctrl-C path
+            run_cli(main)
     except KeyboardInterrupt:
         print("\ninterrupted: every finished stage is kept; run the same command to continue", file=sys.stderr)
         raise SystemExit(130) from None

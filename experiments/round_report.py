@@ -19,7 +19,7 @@ import numpy as np
 
 from lib.stats import mean_ci95
 
-ARMS = ("v0", "control", "rlhf")
+ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
 # (key in a row, column title, format); the behaviour columns read "n/a" for games without them
 COLUMNS = (
     ("length", "length", "{:.0f}"),
@@ -149,6 +149,8 @@ def across_seeds(per_seed: list[list[dict[str, dict[str, float]]]]) -> list[dict
     for k in range(min(len(s) for s in per_seed)):
         rows = {}
         for arm in ARMS:
+            if not all(arm in s[k] for s in per_seed):
+                continue
             keys = set.intersection(*(set(s[k][arm]) for s in per_seed)) - {"score_ci"}
             row: dict[str, float] = {}
             for key in sorted(k2 for k2 in keys if not k2.endswith("_ci")):
@@ -158,16 +160,39 @@ def across_seeds(per_seed: list[list[dict[str, dict[str, float]]]]) -> list[dict
     return out
 
 
+def _binned(steps: list, values: list, bins: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """A dense per-game or per-batch series as means over ``bins`` equal spans of steps."""
+    x, y = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    if len(x) <= bins:
+        return x, y
+    edges = np.linspace(x.min(), x.max() + 1, bins + 1)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
+    keep = np.bincount(which, minlength=bins) > 0
+    mx = np.bincount(which, x, bins)[keep] / np.bincount(which, minlength=bins)[keep]
+    my = np.bincount(which, y, bins)[keep] / np.bincount(which, minlength=bins)[keep]
+    return mx, my
+
+
+ARM_STYLES = {"control": {"color": "tab:grey", "linestyle": "--"}, "rlhf": {}, "oracle": {"linestyle": "-."}}
+# the over-optimisation picture, per training game or batch (binned): panels shown where an arm has them
+FINETUNE_PANELS = [
+    ("finetune/learned_return", None, "learned return per training game"),
+    ("finetune/kl_to_start", None, "KL(pi || pi_start), training batches"),
+]
+
+
 def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: dict[str, float], title: str):
     """round.png: eval figures during each round's fine-tunes, one curve per round and arm (rlhf
-    solid and coloured by round, control grey dashed), v0 dotted."""
+    solid and coloured by round, the oracle arm dash-dotted in the same colour, control grey
+    dashed), v0 dotted; where the arms logged them, the learned return of the training games and
+    the KL to the start policy (binned means)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    panels = [("eval/score_mean", "score", "mean eval score")]
+    panels: list[tuple[str, str | None, str]] = [("eval/score_mean", "score", "mean eval score")]
     if "refills" in v0:
         panels += [
             ("eval/refills_per_game", "refills", "voluntary refills per game"),
@@ -175,15 +200,20 @@ def plot(path: Path, curves: list[dict[str, dict[str, tuple[list, list]]]], v0: 
         ]
     if "climbs" in v0:
         panels.append(("eval/low_climbs_per_game", "climbs", "low-gauge climbs per game"))
+    panels += [p for p in FINETUNE_PANELS if any(rc[a].get(p[0], ([], []))[0] for rc in curves for a in rc)]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     colours = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, max(len(curves), 1)))
     for ax, (tag, key, label) in zip(axes[0], panels, strict=True):
+        dense = tag.startswith("finetune/")
         for k, (rc, colour) in enumerate(zip(curves, colours, strict=True), start=1):
-            for arm, style in (("control", dict(color="tab:grey", linestyle="--")), ("rlhf", dict(color=colour))):
-                steps, values = rc[arm].get(tag, ([], []))
-                if steps:
-                    ax.plot(steps, values, marker="o", label=f"{arm} round {k}", **style)
-        ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
+            for arm, style in ARM_STYLES.items():
+                steps, values = rc.get(arm, {}).get(tag, ([], []))
+                if not steps:
+                    continue
+                x, y = _binned(steps, values) if dense else (np.asarray(steps), np.asarray(values))
+                ax.plot(x, y, marker=None if dense else "o", label=f"{arm} round {k}", **{"color": colour, **style})
+        if key is not None and key in v0:
+            ax.axhline(v0[key], color="black", linestyle=":", linewidth=1, label="v0")
         ax.set_xlabel("fine-tune agent steps (each round from its start policy)")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k"))  # 6-digit ticks overlap
         ax.set_title(label)

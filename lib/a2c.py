@@ -325,8 +325,9 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 if run.dist.is_main:
                     log.tick(games, learner)
                 rewards = np.sign(st.rewards) if clip else st.rewards
+                ends = learner_terminal(st, cfg.terminal)
                 learner.waiting = collector.add(
-                    prev_obs, prev_actions, rewards, learner_terminal(st, cfg.terminal), st.truncated, st.obs, st.final_obs
+                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs
                 )
                 if done:
                     break

@@ -181,10 +181,8 @@ class Teacher:
     def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
         """The teacher's own answer, without noise, and the rule that decided it (module
         docstring); (-1, "cant_tell") where it cannot judge the pair."""
-        if self.name == "score":
-            verdict = _by_score(a, b, self.death_penalty)
-        else:
-            verdict = _RULES[self.name](a, b)
+        score = self.name == "score"
+        verdict = _by_score(a, b, self.death_penalty) if score else _RULES[self.name](a, b)
         if verdict is None:
             return CANT_TELL, "cant_tell"
         answer, rule = verdict

@@ -17,8 +17,8 @@ import torch
 import lib.a2c as a2c
 import lib.a2c_config as a2c_config
 from lib.envs import VecStep
-from lib.experience import Transitions
 from lib.errors import UserError
+from lib.experience import Transitions
 
 LIFE, LIVES = 7, 2
 GAME = LIFE * LIVES  # steps of one game
@@ -304,11 +304,11 @@ def test_kl_to_the_start_policy_is_zero_at_first_and_grows(tmp_path, monkeypatch
     assert a2c.train(config(tmp_path / "v0", max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
     (v0,) = (tmp_path / "v0" / "saves").glob("best_*.pt")
     kls = {}
+    real_loss = a2c.a2c_loss
     for beta in (0.0, 50.0):
         seen: list = []
-        real_loss = a2c.a2c_loss
 
-        def spy(*args, **kw):
+        def spy(*args, seen=seen, **kw):
             loss, m = real_loss(*args, **kw)
             seen.append(m["finetune/kl_to_start"])
             return loss, m

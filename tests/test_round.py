@@ -397,3 +397,69 @@ def test_reward_only_is_the_inner_loop(tmp_path: Path) -> None:
     assert torch.load(reward, weights_only=True)["finished"] is True
     third = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert f"reward model: {reward}, reused" in third.stdout and "$ " not in third.stdout
+
+
+def test_ft_args_and_the_death_penalty_name_the_round_and_reach_the_rlhf_arm(tmp_path: Path) -> None:
+    """--ft-args are 01_a2c.py's flags for the rlhf (and oracle) arm, checked by its parser; they
+    and --death-penalty name the round's directory, so that no two settings share labels or arms."""
+    from experiments.round import ft_config, round_name
+    from lib.a2c_config import A2CConfig
+
+    papers = "--terminal none --reward-scale 0.05 --reward-norm labels --kl 0.1"
+    args = _round_args(tmp_path, "--death-penalty", "100", "--ft-args", papers)
+    assert round_name(args) == "score-15-death100-ftterminalnonerewardscale0.05rewardnormlabelskl0.1"
+    cfg = ft_config(args, name="arm", model="p.pt", reward="r.pt", finetune=True)
+    assert (cfg.terminal, cfg.reward_scale, cfg.reward_norm, cfg.kl) == ("none", 0.05, "labels", 0.1)
+    assert cfg.finetune and cfg.reward == "r.pt" and cfg.name == "arm"
+    plain = ft_config(_round_args(tmp_path), name="arm", model="p.pt", reward="r.pt")
+    assert plain == A2CConfig(name="arm", model="p.pt", reward="r.pt")
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (("--ft-args", "--terminal sometimes"), "not flags 01_a2c.py takes"),
+        (("--ft-args", "--max-steps 5"), "--ft-args may not set --max-steps"),
+        (("--ft-args", "-r other.pt"), "--ft-args may not set -r"),
+        (("--death-penalty", "-1"), "--death-penalty must be"),
+        (("--death-penalty", "50", "--teacher", "surface"), "--death-penalty is the score teacher's"),
+        (("--oracle-arm", "--reward-only"), "--oracle-arm is an arm of the staged rounds"),
+    ],
+)
+def test_ft_args_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
+    from experiments.round import check
+    from lib.errors import UserError
+
+    with pytest.raises(UserError, match=msg) as e:
+        check(_round_args(tmp_path, *extra))
+    assert "\n" not in str(e.value)
+
+
+def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
+    """label_agreement: the share of a DB's 1/2 labels whose order the model's predicted returns
+    agree with (ties and can't-tell left out), worked out here from the model's own predictions."""
+    import torch
+
+    from bench.dbs import make_square_db
+    from experiments.round import label_agreement
+    from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.segments import read_segment
+
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=8, steps=5, seed=0)
+    torch.manual_seed(0)
+    path = tmp_path / "r.pt"
+    ck = reward_checkpoint([RewardModel(18, (48, 48, 3)).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    save_reward_checkpoint(ck, path)
+    rm = load_reward_model(path)
+    ret = {r: float(rm.predict_clip(read_segment(db, r)).sum()) for r in rels}
+    pairs = [(rels[i], rels[i + 1]) for i in range(0, 8, 2)] + [(rels[0], rels[3])]
+    # labels that agree with the model on the first three pairs, disagree on the last two, plus a tie
+    labels = []
+    for n, (a, b) in enumerate(pairs):
+        right = FIRST_BETTER if ret[a] > ret[b] else SECOND_BETTER
+        labels.append(Label(a, b, right if n < 3 else 3 - right))
+    labels.append(Label(rels[1], rels[2], EQUAL))
+    append_labels(db, labels)
+    got = label_agreement(path, db, "cpu")
+    assert got == {"agreement": pytest.approx(3 / 5), "pairs": 5}

@@ -364,7 +364,7 @@ def _check_values(args: argparse.Namespace) -> None:
     if not 0.0 <= args.death_penalty < 1e9:
         raise UserError(f"--death-penalty must be a number of points >= 0, got {args.death_penalty:g}")
     if args.death_penalty and args.teacher != "score":
-        raise UserError(f"--death-penalty is the score teacher's; the {args.teacher} teacher ranks lost lives first already")
+        raise UserError(f"--death-penalty is the score teacher's; the {args.teacher} teacher ranks lost lives already")
     if not 0 <= args.recent <= MAX_RECENT:
         raise UserError(f"--recent must be between 0 (every segment) and {MAX_RECENT:,} segments, got {args.recent}")
     _check_follow(args)
