@@ -10,6 +10,7 @@ there, and with --book DIR the book's own chapter 19 01_a2c.py (sync and --use-a
 side on the same machine (the segment format itself: bench_segments.py).
 
     python -m bench.bench_a2c [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
+    python -m bench.bench_a2c --finetune-only --steps 20000    # a fine-tune with and without --kl
 """
 
 from __future__ import annotations
@@ -248,6 +249,36 @@ def training_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
     return plain
 
 
+def make_policy(path: Path) -> None:
+    """A fresh policy checkpoint to fine-tune from (-m): its speed does not depend on its weights."""
+    import torch
+
+    from lib.envs import POLICY_FRAME, STACK
+    from lib.model import AtariA2C, policy_checkpoint
+
+    torch.manual_seed(0)
+    net = AtariA2C((STACK, POLICY_FRAME, POLICY_FRAME), 18)
+    torch.save(policy_checkpoint(net, GAME, "seaquest", tuple(f"A{i}" for i in range(18))), path)
+
+
+def finetune_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float, repeats: int = 2) -> None:
+    """A fine-tune (-m --finetune) with and without --kl 0.1 (the start policy's head, one more small
+    linear forward per batch), run alternately ``repeats`` times each; the median of each."""
+    policy = tmp / "v0.pt"
+    make_policy(policy)
+    base = ("-m", str(policy), "--finetune")
+    runs: dict[str, list[float]] = {"": [], "--kl 0.1": []}
+    for r in range(repeats):
+        for flags in runs:
+            sps, _ = train_run(tmp, f"ft{r}{len(flags)}", args.steps, args.dev, None, (*base, *flags.split()))
+            runs[flags].append(sps)
+    plain, kl = (float(np.median(v)) for v in runs.values())
+    speed(
+        rows, "A2C fine-tune", plain, f"-m --finetune, 16 envs, {args.dev}, median of {repeats}; {share(plain, ceil)}"
+    )
+    speed(rows, "A2C fine-tune, --kl 0.1", kl, f"the same: {kl / plain:.2f}x without --kl; {share(kl, ceil)}")
+
+
 def scale_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, plain: float, threads: int) -> None:
     """torchrun with 2 ranks of 8 envs beside one process of 16, and the GPU rows."""
     sps, _ = train_run(tmp, "ranks2", args.steps, "cpu", None, ("--envs", "8"), ranks=2)
@@ -283,6 +314,11 @@ def main() -> None:
         "--reward-only", action="store_true", help="measure plain A2C and A2C with -r only (each reward model kind)"
     )
     ap.add_argument(
+        "--finetune-only",
+        action="store_true",
+        help="measure a fine-tune (-m --finetune) with and without --kl 0.1, alternately, twice each",
+    )
+    ap.add_argument(
         "--book",
         type=Path,
         metavar="DIR",
@@ -295,6 +331,11 @@ def main() -> None:
     threads = default_env_threads()
     rows: list[Row] = []
     ceil = machine_rows(rows, threads, 16, 16_000)
+    if args.finetune_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            finetune_rows(rows, Path(tmp), args, ceil)
+        print_table(f"bench_a2c (stage 1), {os.cpu_count()} cores, env threads {threads}, fine-tune only", rows)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         plain = training_rows(rows, Path(tmp), args, ceil)
         if not args.reward_only:
