@@ -612,6 +612,21 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
     }
 
 
+def own_clip_figures(db: Path, reward: Path, dev: str) -> dict[str, float]:
+    """What a reward model pays around a lost life on the clips the agent fine-tuned on it recorded of
+    its own play (``life_loss_rewards``): does the agent it produced find dying paid?"""
+    names = list_segments(db, warn=None)
+    preds = predict_segments(load_reward_model(reward, device=dev), db, names)
+    lost = []
+    for rel in preds.names:
+        seg = read_segment(db, rel)
+        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
+    return {
+        "segments": len(preds.names),
+        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
+    }
+
+
 EVIDENCE_KEY = {"oxygen_deaths": "by_oxygen_death", "refills": "by_refill", "returns": "by_score"}
 RULE_KEY = {"oxygen_death": "by_oxygen_death", "refill": "by_refill", "score": "by_score"}
 
@@ -908,6 +923,13 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
     rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS if arm in policies}
     tb, rl_name = args.out / "tb", arms["rlhf"][0]
     figs["step_corr_finetune"] = _mean(tb_scalars(tb, rl_name, "reward_model/step_corr")[1])
+    own_db = rdir / "rlhf-db"
+    if list_segments(own_db, warn=None):
+        figs["own_clips"] = cached_json(
+            rdir / "own_clips.json",
+            lambda: own_clip_figures(own_db, reward, args.dev),
+            {"reward": file_digest(reward), "segments": len(list_segments(own_db, warn=None))},
+        )
     watch = {
         "return_corr": _mean(tb_scalars(tb, rl_name, "reward_model/true_vs_pred_corr")[1]),
         "surface_share": rows["rlhf"].get("surface_share", math.nan),
@@ -970,8 +992,15 @@ def print_evidence(ev: dict[str, Any]) -> None:
 
 
 def print_round_notes(k: int, r: dict[str, Any]) -> None:
-    """``print_reward_notes`` and the reward-hacking watch."""
+    """``print_reward_notes``, what the model pays for a death on the rlhf agent's own clips, and
+    the reward-hacking watch."""
     print_reward_notes(k, r)
+    if own := r["reward_model"].get("own_clips"):
+        print(
+            f"  on the rlhf agent's own {own['segments']} clips: normalised reward where a life is lost "
+            f"{own['life_loss_z']:+.2f} ({own['life_losses']} losses), the {LIFE_LOSS_LEAD} steps before "
+            f"{own['pre_loss_z']:+.2f} (the median step is 0)"
+        )
     w = r["watch"]
     print(
         f"  reward-hacking watch: rlhf's paid (normalised) vs true game return correlation {w['return_corr']:+.2f} "
