@@ -17,7 +17,8 @@ Two uses:
 
 Every process is one of the pipeline's scripts; this module only starts, watches and stops them.
 Stopping is always SIGINT first (each script's Ctrl-C path: labels flushed, checkpoints whole),
-SIGTERM after a grace period, SIGKILL last.
+SIGTERM after a grace period, SIGKILL last. Ctrl-C, SIGTERM and SIGHUP to this module all take that
+path for every child (``lib.signals.PARENT_SIGNALS``); a second signal does not cut it short.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 from lib.errors import UserError, run_cli
 from lib.reward_follow import read_versions, versions_log
+from lib.signals import PARENT_SIGNALS, SignalStop, critical
 from lib.teachers import TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,9 +100,23 @@ def stop(proc: Proc, grace: float = STOP_GRACE_S) -> int:
     return rc
 
 
+def stop_piped(name: str, popen: subprocess.Popen, echo: Callable[[str], None]) -> int:
+    """Stop a child whose output this process reads line by line (``experiments.round``'s stages, in
+    their own sessions) as ``stop`` does, then ``echo`` the lines it wrote meanwhile: its exit code.
+    A stop signal meanwhile waits until it is stopped (``lib.signals.critical``)."""
+    with critical():
+        rc = stop(Proc(name, popen, Path(os.devnull)))
+        if popen.stdout is not None:
+            for line in popen.stdout:
+                echo(line)
+    return rc
+
+
 def stop_all(procs: list[Proc]) -> dict[str, int]:
-    """Stop every running process, newest first (the agent before the trainer it reads from)."""
-    return {p.name: stop(p) for p in reversed(procs)}
+    """Stop every running process, newest first (the agent before the trainer it reads from). A stop
+    signal meanwhile waits until all are stopped (``lib.signals.critical``): none is left running."""
+    with critical():
+        return {p.name: stop(p) for p in reversed(procs)}
 
 
 def wait_for(what: str, done: Callable[[], bool], procs: list[Proc], timeout: float, poll: float = 2.0) -> None:
@@ -543,10 +559,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
+    stop = SignalStop(at_once=True, signals=PARENT_SIGNALS)  # SIGTERM and SIGHUP: the Ctrl-C path
     try:
-        run_cli(main)
+        with stop:
+            run_cli(main)
     except KeyboardInterrupt:
-        print("\ninterrupted: every process was stopped with Ctrl-C", file=sys.stderr)
+        how = "Ctrl-C" if stop.signal in (None, "SIGINT") else stop.signal
+        print(f"\ninterrupted ({how}): every process was stopped with Ctrl-C", file=sys.stderr)
         raise SystemExit(130) from None
 
 

@@ -8,6 +8,12 @@ are left as they are) and keeps the first one's name in ``signal``:
   hangs (another labeler's lock, a stuck emulator);
 - with ``at_once=True`` a signal raises KeyboardInterrupt where the program is (a training in
   progress is abandoned), except inside ``critical()`` (a file being written), which finishes first.
+
+A module that starts pipeline scripts and stops them (``experiments.live``, ``experiments.round``)
+takes ``PARENT_SIGNALS`` with ``at_once``: SIGTERM and SIGHUP (a closed terminal) take the Ctrl-C
+path too, so its ``finally`` stops every child on the child's own Ctrl-C path; its stopping runs
+inside ``critical()`` (a module-level one: the innermost entered ``SignalStop``'s), so a second
+signal does not cut it short. A SIGHUP that is ignored (``nohup``) stays ignored.
 """
 
 from __future__ import annotations
@@ -18,14 +24,18 @@ import threading
 from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PARENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ENTERED: list[SignalStop] = []  # entered in the main thread, innermost last
 
 
 class SignalStop:
-    """SIGINT / SIGTERM while entered; ``stop()`` says whether one came. ``message``: printed on the
-    first signal, ``{signal}`` replaced by its name (None: silent)."""
+    """SIGINT / SIGTERM (``signals``) while entered; ``stop()`` says whether one came. ``message``:
+    printed on the first signal, ``{signal}`` replaced by its name (None: silent)."""
 
-    def __init__(self, at_once: bool = False, message: str | None = None) -> None:
-        self.at_once, self.message = at_once, message
+    def __init__(
+        self, at_once: bool = False, message: str | None = None, signals: tuple[int, ...] = STOP_SIGNALS
+    ) -> None:
+        self.at_once, self.message, self.signals = at_once, message, signals
         self.event = threading.Event()
         self.signal: str | None = None
         self._old: dict[int, object] = {}
@@ -34,14 +44,19 @@ class SignalStop:
 
     def __enter__(self) -> SignalStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in self.signals:
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # nohup: the run outlives its terminal
                 self._old[sig] = signal.signal(sig, self._handle)
+            _ENTERED.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        if self in _ENTERED:
+            _ENTERED.remove(self)
 
     def __call__(self) -> bool:
         return self.event.is_set()
@@ -71,3 +86,11 @@ class SignalStop:
             if not self._depth and self._pending:
                 self._pending = False
                 raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def critical() -> Iterator[None]:
+    """The innermost entered ``SignalStop``'s ``critical()``: for code that does not hold it
+    (stopping child processes); a plain block when none is entered."""
+    with _ENTERED[-1].critical() if _ENTERED else contextlib.nullcontext():
+        yield

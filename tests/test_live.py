@@ -5,6 +5,7 @@ experiment's one-line mistakes. The whole loop with real processes is
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import sys
@@ -196,3 +197,100 @@ def test_demo_live_runs_and_stops_cleanly(tmp_path: Path) -> None:
     for db in ("db/demo-live", "db/demo-live-rl"):
         assert (tmp_path / db / "labels.jsonl").read_text().count("\n") >= 1, db
     assert not _no_temp_files(tmp_path)
+
+
+# --- audit 5 item 2: SIGTERM and SIGHUP take the Ctrl-C path -------------------------------------
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (children in their own sessions too), from /proc."""
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_text(path: Path, text: str, proc, timeout: float) -> None:
+    end = time.time() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert proc.poll() is None and time.time() < end, f"no {text!r} in {path}"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_sigterm_to_demo_live_stops_every_child_on_its_ctrl_c_path(tmp_path: Path) -> None:
+    """SIGTERM to ``python -m experiments.live`` once the recording A2C, the following oracle and the
+    following trainer all run: each is stopped on its own Ctrl-C path (exit 0 or 130), none is left
+    running, and the module exits 130 with one line saying how it was stopped."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "experiments.live", "--minutes", "5", "--dir", str(tmp_path), "--envs", "1"]
+    cmd += ["--label-rate", "20", "--retrain-every", "3"]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = tmp_path / "saves" / "demo-live-logs"
+    try:
+        _wait_text(logs / "trainer.log", "following 1 DB(s)", p, 300)
+        _wait_text(logs / "oracle.log", "following ", p, 120)
+        kids = _descendants(p.pid)
+        assert len(kids) >= 3, kids
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    left = [k for k in kids if _alive(k)]
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+    assert not left, f"still running after SIGTERM: {left}"
+    assert p.returncode == 130, (out[-2000:], err[-2000:])
+    codes = re.findall(r"(a2c-record|oracle|trainer): stopped \(exit (-?\d+)\)", out)
+    assert sorted(n for n, _ in codes) == ["a2c-record", "oracle", "trainer"], out[-2000:]
+    assert all(c in ("0", "130") for _, c in codes), codes
+    assert err.strip().splitlines()[-1] == "interrupted (SIGTERM): every process was stopped with Ctrl-C"
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_sighup_to_a_round_stops_its_running_stage_on_its_ctrl_c_path(tmp_path: Path) -> None:
+    """SIGHUP (a closed terminal) to ``python -m experiments.round`` while its v0 A2C trains: the A2C
+    is stopped on its Ctrl-C path (its checkpoint written), none is left running, exit 130."""
+    import subprocess
+
+    out = tmp_path / "round"
+    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_text(out / "seed0" / "logs" / "round-v0.log", " steps/s", p, 300)  # its loop runs
+        kids = _descendants(p.pid)
+        assert kids
+        p.send_signal(signal.SIGHUP)
+        stdout, err = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    left = [k for k in kids if _alive(k)]
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+    assert not left, f"still running after SIGHUP: {left}"
+    assert p.returncode == 130, (stdout[-2000:], err[-2000:])
+    assert "interrupted at step" in (out / "seed0" / "logs" / "round-v0.log").read_text()
+    assert "Traceback" not in err and "every finished stage is kept" in err

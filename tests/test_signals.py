@@ -69,3 +69,44 @@ def test_outside_the_main_thread_signals_are_left_alone() -> None:
     t.start()
     t.join()
     assert seen == [before, False]
+
+
+def test_parent_signals_make_sighup_the_ctrl_c_path() -> None:
+    """A module that starts pipeline scripts (experiments.live, experiments.round) takes SIGTERM and
+    SIGHUP as Ctrl-C; the other stages leave SIGHUP alone."""
+    from lib.signals import PARENT_SIGNALS
+
+    stop = SignalStop(at_once=True, signals=PARENT_SIGNALS)
+    with pytest.raises(KeyboardInterrupt), stop:
+        signal.raise_signal(signal.SIGHUP)
+    assert stop.signal == "SIGHUP"
+    before = signal.getsignal(signal.SIGHUP)
+    with SignalStop():
+        assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_an_ignored_sighup_stays_ignored() -> None:
+    """Under nohup SIGHUP is ignored: the run outlives its terminal."""
+    from lib.signals import PARENT_SIGNALS
+
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with SignalStop(at_once=True, signals=PARENT_SIGNALS) as stop:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+        assert not stop()
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+
+def test_module_critical_defers_the_entered_stop() -> None:
+    """``lib.signals.critical`` for code that does not hold the SignalStop (stopping children)."""
+    from lib.signals import critical
+
+    done = []
+    with pytest.raises(KeyboardInterrupt), SignalStop(at_once=True), critical():
+        signal.raise_signal(signal.SIGTERM)
+        done.append("stopped every child")
+    assert done == ["stopped every child"]
+    with critical():  # none entered: a plain block
+        done.append("plain")
