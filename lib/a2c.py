@@ -19,14 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lib.a2c_config import (
-    BATCH_SIZE,
-    CLIP_GRAD,
-    ENTROPY_BETA,
-    GAMMA,
-    REWARD_STEPS,
-    A2CConfig,
-)
+from lib.a2c_config import BATCH_SIZE, A2CConfig
 from lib.a2c_run import (
     GameStats,
     NonFiniteError,
@@ -206,14 +199,14 @@ class Learner:
             self.ready, self.ready_boot = [], []
             weight = local * run.dist.world / total  # the mean over every rank's transitions
             loss, m = a2c_loss(
-                run.net, batch, boot_all, run.device, ENTROPY_BETA, run.cfg.bf16, weight, run.start, run.cfg.kl
+                run.net, batch, boot_all, run.device, run.cfg.entropy, run.cfg.bf16, weight, run.start, run.cfg.kl
             )
             loss.backward()
         run.dist.sum_grads(self.params)
         if run.dist.active:
             for p in self.params:
                 p.grad.div_(run.dist.world)  # summed gradients of weighted means -> the global mean
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, run.cfg.clip_grad).item()
         if not math.isfinite(grad_norm) or any(not math.isfinite(v) for v in m.values()):
             raise NonFiniteError(
                 f"non-finite loss or gradient at step {run.progress.step:,} (loss {m.get('losses/total', 'n/a')}, "
@@ -296,7 +289,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     run = build_run(cfg, make_env, dist)
     if run.dist.is_main:
         announce(run)
-    collector = NStepCollector(cfg.envs, run.base_env.obs_shape, REWARD_STEPS, GAMMA)
+    collector = NStepCollector(cfg.envs, run.base_env.obs_shape, cfg.n_steps, cfg.gamma)
     learner, games, log = Learner(run), GameStats(cfg.envs, finetune=run.start is not None), ProgressLog(run)
     clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
     test_every = cfg.test_every

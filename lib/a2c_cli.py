@@ -88,6 +88,10 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         help="add B * KL(pi || pi_start) to the loss, a pull toward the policy -m starts from "
         "(finetune/kl_to_start in TensorBoard is logged for every run from -m)",
     )
+    g.add_argument("--gamma", type=float, default=d.gamma, help="discount of the n-step returns (the book's 0.99)")
+    g.add_argument("--entropy", type=float, default=d.entropy, metavar="BETA", help="entropy bonus of the loss")
+    g.add_argument("--n-steps", type=int, default=d.n_steps, help="rewards summed before bootstrapping")
+    g.add_argument("--clip-grad", type=float, default=d.clip_grad, help="gradient-norm clip of each update")
     g.add_argument(
         "--resume",
         action="store_true",

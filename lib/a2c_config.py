@@ -47,6 +47,10 @@ class A2CConfig:
     reward_oracle: bool = False
     terminal: str = "life"
     kl: float = 0.0
+    gamma: float = GAMMA
+    entropy: float = ENTROPY_BETA
+    n_steps: int = REWARD_STEPS
+    clip_grad: float = CLIP_GRAD
     save: str | None = None
     db_path: str | None = None
     envs: int = 16
@@ -95,6 +99,10 @@ class A2CConfig:
             (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
             (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
             (not 0 <= self.kl < 1e6, f"--kl must be a number in [0, 1e6), got {self.kl}"),
+            (not 0 < self.gamma <= 1, f"--gamma must be in (0, 1], got {self.gamma}"),
+            (not 0 <= self.entropy < 1e3, f"--entropy must be in [0, 1000), got {self.entropy}"),
+            (not 1 <= self.n_steps <= 1000, f"--n-steps must be in 1..1000, got {self.n_steps}"),
+            (not 0 < self.clip_grad < 1e9, f"--clip-grad must be a positive number, got {self.clip_grad}"),
             (self.kl > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),

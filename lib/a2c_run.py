@@ -22,15 +22,11 @@ import torch
 from lib.a2c_config import (
     ADAM_EPS,
     BATCH_SIZE,
-    CLIP_GRAD,
-    ENTROPY_BETA,
     FINETUNE_LEARNING_RATE,
-    GAMMA,
     LEARNING_RATE,
     LR_DECAY_STEPS,
     MAX_RECORD_ENVS,
     MAX_STEP_COUNT,
-    REWARD_STEPS,
     A2CConfig,
 )
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
@@ -288,6 +284,23 @@ def make_env_stack(
     own frames and true reward; the reward model then replaces the reward the learner gets."""
     dist = dist or Dist()
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
+    reward_env = None
+    if cfg.reward:
+        from lib.reward_wrapper import RewardModelWrapper
+
+        # loaded and checked first, around the game itself, so that a broken -r leaves no DB
+        # behind; the recorder goes in between below
+        reward_env = RewardModelWrapper(
+            base_env,
+            cfg.reward,
+            device=device,
+            penalty=cfg.reward_penalty,
+            reload=cfg.reward_reload,
+            verbose=dist.is_main,
+            scale=cfg.reward_scale,
+            norm=cfg.reward_norm,
+            oracle=cfg.reward_oracle,
+        )
     if cfg.db_path:
         counters = (resume_ck or {}).get("env_steps")
         if counters is not None and (len(counters) != cfg.envs or dist.active):
@@ -309,20 +322,9 @@ def make_env_stack(
         )
         if dist.is_main:
             dist.barrier()
-    if cfg.reward:
-        from lib.reward_wrapper import RewardModelWrapper
-
-        env = RewardModelWrapper(
-            env,
-            cfg.reward,
-            device=device,
-            penalty=cfg.reward_penalty,
-            reload=cfg.reward_reload,
-            verbose=dist.is_main,
-            scale=cfg.reward_scale,
-            norm=cfg.reward_norm,
-            oracle=cfg.reward_oracle,
-        )
+    if reward_env is not None:
+        reward_env.env = env  # the recorder sees the game's own frames and true reward
+        env = reward_env
     return env, recorder
 
 
@@ -491,12 +493,8 @@ def _tensorboard(
     if resume_ck is None:
         settings = {
             **vars(cfg),
-            "gamma": GAMMA,
             "lr_used": lr,
-            "entropy_beta": ENTROPY_BETA,
             "batch": BATCH_SIZE,
-            "reward_steps": REWARD_STEPS,
-            "clip_grad": CLIP_GRAD,
             "adam_eps": ADAM_EPS,
             "lr_decay_steps": decay_steps,
             "game": game,

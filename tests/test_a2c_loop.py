@@ -340,3 +340,27 @@ def test_kl_start_policy_survives_resume(tmp_path):
         torch.testing.assert_close(v, start[f"policy.{k}"])
     more = config(tmp_path, max_steps=600, kl=1.0, resume=True)
     assert a2c.train(more, make_env=FakeVec) == 0
+
+
+def test_gamma_n_steps_entropy_and_clip_are_settings(tmp_path, monkeypatch):
+    """--gamma, --n-steps, --entropy and --clip-grad reach the returns, the loss and the clip."""
+    seen, betas, clips = [], [], []
+    real_loss, real_clip = a2c.a2c_loss, torch.nn.utils.clip_grad_norm_
+
+    def spy(net, batch, boot_values, device, beta, *rest):
+        seen.append(batch)
+        betas.append(beta)
+        return real_loss(net, batch, boot_values, device, beta, *rest)
+
+    def clip_spy(params, max_norm, *rest, **kw):
+        clips.append(max_norm)
+        return real_clip(params, max_norm, *rest, **kw)
+
+    monkeypatch.setattr(a2c, "a2c_loss", spy)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_spy)
+    cfg = config(tmp_path, gamma=0.5, n_steps=3, entropy=0.25, clip_grad=7.0)
+    assert a2c.train(cfg, make_env=FakeVec) == 0
+    batch = Transitions.concat(seen)
+    assert batch.steps.max() == 3
+    np.testing.assert_allclose(batch.returns, (1 - 0.5**batch.steps) / (1 - 0.5), rtol=1e-6)
+    assert set(betas) == {0.25} and set(clips) == {7.0}

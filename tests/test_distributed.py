@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.a2c import BATCH_SIZE, REWARD_STEPS
+from lib.a2c_config import BATCH_SIZE, REWARD_STEPS
 from lib.distributed import env_uniforms, init_dist
 from lib.errors import UserError
 from lib.model import AtariA2C

@@ -15,15 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FLAGS = {
     "01_a2c.py": [
         "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "-m", "--model",
-        "--finetune", "--lr", "--lr-decay-steps", "--resume", "--force", "-r", "--reward", "--reward-penalty",
-        "--reward-reload", "--db-path", "--record-prob", "--segment-steps", "--save", "--test-every", "--test-episodes",
-        "--runs-dir", "--bf16", "--threads", "--env-threads",
+        "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--gamma", "--entropy", "--n-steps",
+        "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-penalty", "--reward-reload",
+        "--reward-scale", "--reward-norm", "--reward-oracle", "--db-path", "--record-prob", "--segment-steps",
+        "--save", "--test-every", "--test-episodes", "--runs-dir", "--bf16", "--threads", "--env-threads",
     ],
     "02_label_ui.py": [
         "-h", "--help", "-d", "--db", "--seed", "--labeler", "--host", "--port", "--token", "--token-file",
         "--no-token", "--public-host", "--fps", "--cache-dir", "--pairs", "--reward", "--sampling", "--pool",
-        "--control-rate", "--recent", "--oracle", "--teacher", "--teacher-noise", "--teacher-ties", "--follow",
-        "--schedule", "--label-rate", "--poll",
+        "--control-rate", "--recent", "--oracle", "--teacher", "--teacher-noise", "--teacher-ties",
+        "--death-penalty", "--follow", "--schedule", "--label-rate", "--poll",
     ],
     "03_reward_train.py": [
         "-h", "--help", "--evaluate", "--dev", "--epochs", "--batch", "--lr", "--seed", "--test-ratio",
@@ -74,3 +75,34 @@ def test_help_imports_no_torch(script: str) -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.stderr.strip().splitlines()[-1] == "NO TORCH", r.stderr
+
+
+@pytest.mark.parametrize(
+    "reward, extra, msg",
+    [
+        ("broken", (), "reward model"),
+        ("no-stats", ("--reward-norm", "labels"), "--reward-norm running"),
+    ],
+)
+def test_a_bad_reward_model_leaves_no_new_db(tmp_path: Path, reward: str, extra: tuple[str, ...], msg: str) -> None:
+    """01_a2c.py -r BAD --db-path NEW: one line, exit 2, and no NEW/db.json (the reward model is
+    checked before the recorder writes anything)."""
+    import torch
+
+    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+
+    path = tmp_path / "r.pt"
+    if reward == "broken":
+        path.write_bytes(b"not a checkpoint at all")
+    else:
+        torch.manual_seed(0)
+        model = RewardModel(18, (210, 160, 3)).eval()
+        save_reward_checkpoint(reward_checkpoint([model], "SeaquestNoFrameskip-v4", "seaquest", None), path)
+    new = tmp_path / "NEW"
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", "x", "-r", str(path), "--db-path", str(new)]
+    cmd += ["--max-steps", "32", "--save", str(tmp_path / "saves"), "--runs-dir", str(tmp_path / "runs"), *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and msg in err[0], p.stderr
+    assert not (new / "db.json").exists()
+    assert not (tmp_path / "saves").exists()
