@@ -1,0 +1,90 @@
+"""Every fine-tune of one seed's rounds on one picture: the over-optimisation view of the
+frozen-model test (issue 37). One curve per arm (a TensorBoard run under ``--out/tb`` named
+``round-<arm>...``): the evaluation score, the learned return of the training games, the KL to the
+start policy, the evaluation games' length and their share of steps at the surface.
+
+    python -m experiments.compare_arms --out runs/round/seed1 --png docs/frozen_s1.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.round import tb_scalars
+from experiments.round_report import _binned
+from lib.errors import UserError, run_cli
+
+PANELS = [
+    ("eval/score_mean", "mean eval score (10 games)", False),
+    ("finetune/learned_return", "learned return per training game", True),
+    ("finetune/kl_to_start", "KL(pi || pi_start), training batches", True),
+    ("eval/length_mean", "eval game length (agent steps)", False),
+    ("eval/surface_share", "eval steps at the surface", False),
+]
+
+
+def arm_runs(tb: Path) -> list[str]:
+    """The fine-tunes' run names under ``tb`` (v0 left out), each once."""
+    names = {p.name.split("__")[0] for p in tb.glob("round-*__a2c__*") if p.is_dir()}
+    return sorted(n for n in names if n != "round-v0")
+
+
+def label(run: str) -> str:
+    """A short legend label: the arm, and what its round directory says beyond the teacher."""
+    short = run.removeprefix("round-").removesuffix("-r1").replace("-score-100", "")
+    return short.replace("ftterminalnonerewardscale0.05rewardnormlabels", "papers")[:48]
+
+
+def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
+    """Draw the panels; returns (arm, mean eval score from 50% of the steps on, last eval score)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = arm_runs(tb)
+    if not runs:
+        raise UserError(f"no fine-tune runs (round-*__a2c__*) under {tb}")
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
+    summary = []
+    for run in runs:
+        for ax, (tag, _, dense) in zip(axes, PANELS, strict=True):
+            steps, values = tb_scalars(tb, run, tag)
+            if steps:
+                x, y = _binned(steps, values) if dense else (np.asarray(steps), np.asarray(values))
+                ax.plot(x, y, marker=None if dense else "o", label=label(run))
+        steps, scores = tb_scalars(tb, run, "eval/score_mean")
+        late = [v for s, v in zip(steps, scores, strict=True) if steps and s >= max(steps) / 2]
+        summary.append((run, float(np.mean(late)) if late else math.nan, scores[-1] if scores else math.nan))
+    for ax, (_, title, _) in zip(axes, PANELS, strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("fine-tune agent steps")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m experiments.compare_arms", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/round/seed0"), help="one seed's directory of the rounds")
+    p.add_argument("--png", type=Path, default=None, help="where the picture goes (default: --out/arms.png)")
+    args = p.parse_args(argv)
+    tb = args.out / "tb"
+    if not tb.is_dir():
+        raise UserError(f"no TensorBoard directory {tb}: run python -m experiments.round first")
+    png = args.png or args.out / "arms.png"
+    for run, late, last in plot(tb, png):
+        print(f"{run}: mean eval score from half-way on {late:.0f}, last {last:.0f}")
+    print(png)
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))
