@@ -32,6 +32,7 @@ with one line naming the installed version and exit code 130.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -305,8 +306,35 @@ class Follower:
         self.training: int | None = None  # the version in training, for the stop line
         self.stop = SignalStop(at_once=True)
         self._said = ""
+        self._lock: int | None = None  # the output directory's flock (claim)
 
     # --- start ------------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Before anything is trained or written: the versions log is a regular file or absent (it is
+        never appended through a link), and this is the only --follow trainer of the output directory
+        (an exclusive ``flock`` on the directory itself, held until the process ends: two would both
+        make "v2" and one model would be lost). UserError with one line otherwise."""
+        path = versions_log(self.out_dir, self.name)
+        if path.is_symlink():
+            raise UserError(f"{path} is a symlink: refusing to write through it (remove it, or give another -o)")
+        if os.path.lexists(path) and not path.is_file():
+            raise UserError(f"{path} is not a regular file: refusing to write to it (remove it, or give another -o)")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise UserError(f"cannot use the output directory {self.out_dir}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if isinstance(e, BlockingIOError):
+                raise UserError(
+                    f"{self.out_dir} is followed by another --follow trainer: stop it, or give another -o"
+                ) from None
+            raise UserError(f"cannot lock the output directory {self.out_dir}: {e.strerror or e}") from None
+        self._lock = fd  # closed when the process ends: the lock goes with it
 
     def adopt(self) -> None:
         """Take the model at ``reward-NAME.pt`` (if any) as the installed one: its settings must be
@@ -379,6 +407,7 @@ class Follower:
         )
         with self.stop:
             try:
+                self.claim()
                 self.adopt()
                 while True:
                     if not self.step():

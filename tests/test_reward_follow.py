@@ -354,3 +354,48 @@ def test_evaluate_a_model_with_a_huge_number_is_one_line(tmp_path, monkeypatch, 
     atomic_torch_save(ck, tmp_path / "huge.pt")
     msg = _cli_in_process(monkeypatch, capsys, "--evaluate", str(tmp_path / "huge.pt"), str(db))
     assert "huge.pt: field 'metrics' must be" in msg
+
+
+def test_a_second_follow_trainer_refuses_the_output_directory(tmp_path):
+    """Two --follow trainers on one output directory would both make "v2" and one model would be
+    lost (audit 5 item 3): the second refuses the directory in one line, exit 2; the first goes on."""
+    db = tmp_path / "db"
+    make_square_db(db, n_segments=6, steps=10, seed=0)
+    out = tmp_path / "out"
+    first = Trainer(out, [db], cwd=tmp_path)
+    try:
+        first.expect("^waiting: no labels yet")
+        second = Trainer(out, [db], "--seed", "1", cwd=tmp_path)
+        try:
+            line = second.expect("^error: ", unless="^waiting")
+            assert second.proc.wait(timeout=WAIT_S) == 2
+        finally:
+            second.stop(signal.SIGKILL)
+        assert f"{out} is followed by another --follow trainer" in line, line
+        assert len(second.lines) == 2 and second.lines[0].startswith("following "), second.lines
+        assert first.proc.poll() is None
+        assert first.stop(signal.SIGTERM) == 130
+    finally:
+        first.stop(signal.SIGKILL)
+
+
+def test_a_versions_log_that_is_a_symlink_is_refused_before_anything_is_written(tmp_path):
+    """reward-t-versions.jsonl -> another file (audit 5 item 5): refused at the start in one line,
+    exit 2; no version trained or written, the link's target untouched."""
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=20, steps=10, seed=0)
+    taken: set[tuple[str, str]] = set()
+    _label(db, by_score(db, pairs_of(rels, True, 3, taken) + pairs_of(rels, False, 10, taken)))
+    out = tmp_path / "out"
+    out.mkdir()
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep\n")
+    versions_log(out, "t").symlink_to(target)
+    tr = Trainer(out, [db], "--epochs", "1", cwd=tmp_path)
+    try:
+        line = tr.expect("^error: ", unless="^(v1|installed)")
+        assert tr.proc.wait(timeout=WAIT_S) == 2
+    finally:
+        tr.stop(signal.SIGKILL)
+    assert "reward-t-versions.jsonl is a symlink" in line, line
+    assert [p.name for p in out.iterdir()] == ["reward-t-versions.jsonl"] and target.read_text() == "keep\n"
