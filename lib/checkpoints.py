@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from lib.errors import UserError
-from lib.files import atomic_write, remove_stale_temps
+from lib.files import install, remove_stale_temps, temp_beside
 from lib.stats import finite
 
 POLICY_FORMAT = "rlhf-atari-policy"
@@ -66,15 +66,24 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint
     and two runs saving at once never share a temp file. A failed write (disk full) is a
     UserError naming the path and saying that what was there is kept. The first save of a path
     in a process also removes the temp files a killed earlier run left beside it."""
+    install(stage_torch_save(obj, path, what), path)
+
+
+def stage_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> str:
+    """The first half of ``atomic_torch_save``: ``obj`` saved to a new temp file beside ``path``,
+    flushed and fsynced; returns its name, for ``lib.files.install`` (a rename: it needs no space)
+    once whatever must go with it is written too. A failed write is a UserError, nothing is left:
+    a full disk makes ``torch.save`` raise RuntimeError ("file write failed"), not OSError."""
     key = os.path.abspath(path)
     if key not in _CLEANED:
         _CLEANED.add(key)
         remove_stale_checkpoint_temps(path)
     try:
-        atomic_write(path, lambda f: torch.save(obj, f))
-    except OSError as e:
+        return temp_beside(Path(path), lambda f: torch.save(obj, f))
+    except (OSError, RuntimeError) as e:
         kept = "the previous file is kept" if os.path.lexists(path) else "nothing was written"
-        raise UserError(f"cannot write {what} {path}: {e.strerror or e} ({kept})") from None
+        why = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"cannot write {what} {path}: {why} ({kept})") from None
 
 
 def remove_stale_checkpoint_temps(path: str | os.PathLike, started: float | None = None) -> int:

@@ -132,7 +132,7 @@ def new_temp_beside(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def _temp_beside(path: Path, data: bytes | Callable[[BinaryIO], None], fsync: bool) -> str:
+def temp_beside(path: Path, data: bytes | Callable[[BinaryIO], None], fsync: bool = True) -> str:
     """``data`` written to a new unique temp file beside ``path`` (parents created), flushed and
     fsynced; returns its name. Nothing is left behind when writing fails."""
     fd, tmp = new_temp_beside(path)
@@ -157,7 +157,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Non
     a unique temp file beside it, flushed and fsynced, renamed over ``path``. A crash leaves
     either the old file or the new one, never half of one. Parent directories are created."""
     path = Path(path)
-    install(_temp_beside(path, data, fsync), path, fsync)
+    install(temp_beside(path, data, fsync), path, fsync)
 
 
 def install(tmp: str | os.PathLike, path: str | os.PathLike, fsync: bool = True) -> None:
@@ -178,7 +178,7 @@ def create_exclusive(path: str | os.PathLike, data: bytes, fsync: bool = True) -
     hard-linked to ``path`` (which fails if ``path`` exists: an existing file is never replaced)
     and removed. FileExistsError when ``path`` exists; a crash leaves no half file."""
     path = Path(path)
-    tmp = _temp_beside(path, data, fsync)
+    tmp = temp_beside(path, data, fsync)
     try:
         try:
             os.link(tmp, path)

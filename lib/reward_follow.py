@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from lib.checkpoints import stage_torch_save
 from lib.errors import UserError
 from lib.errors import warn as warn_line
-from lib.files import UnsafeFileError, file_state, open_append, read_regular
+from lib.files import UnsafeFileError, file_state, install, open_append, read_regular
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, is_control, load_labels, pair_key
 from lib.reward_config import MAX_POLL, FollowConfig, TrainConfig
 from lib.reward_data import Log, PreferenceData, load_preferences
@@ -473,11 +474,7 @@ class Follower:
                 labels_read_at=t_read,
             )
         with self.stop.critical():  # a stop signal waits until the version is written
-            if ck is not None:
-                save_reward_checkpoint(ck, version_path(self.out_dir, self.name, k))
-                if record["installed"]:
-                    save_reward_checkpoint(ck, self.stable)
-            self._append_version(record)
+            self._write_version(k, ck, record)
             self.k, self.trained_on, self.training, self.failed_on = k + 1, now, None, None
             if record["installed"] and fit_models is not None:
                 self.installed = Installed(k, fit_models, now, True)
@@ -545,18 +542,49 @@ class Follower:
         rec["why"] = f"held-out loss {cand_loss:.4f} {sign} {old['loss']:.4f} of {inst.label} on {len(cmp)} pairs"
         return rec, ck, fit.models
 
+    def _write_version(self, k: int, ck: dict[str, Any] | None, record: dict[str, Any]) -> None:
+        """Version ``k``'s file, its install at ``reward-NAME.pt`` and its versions-log line: all of
+        them or none (a full disk is a UserError with the previous model still installed and no
+        trace of ``k``). The installed copy is written to a temp file first and renamed over the
+        stable file (a rename needs no space) only once the log line is written."""
+        vpath = version_path(self.out_dir, self.name, k)
+        staged: str | None = None
+        try:
+            if ck is not None:
+                save_reward_checkpoint(ck, vpath)
+                if record["installed"]:
+                    staged = stage_torch_save(ck, self.stable, "reward model")
+            self._append_version(record)
+        except BaseException:
+            for path in (staged, vpath if ck is not None else None):
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+            raise
+        if staged is not None:
+            install(staged, self.stable)
+
     def _append_version(self, record: dict[str, Any]) -> None:
+        """One line, whole or not at all: a failed write is cut back off (a torn line would swallow
+        the next one)."""
         path = versions_log(self.out_dir, self.name)
         line = json.dumps({k: _json_value(v) for k, v in record.items()}) + "\n"
         try:
             with open_append(path) as f:
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
+                fd, data = f.fileno(), memoryview(line.encode())
+                size = os.fstat(fd).st_size
+                try:  # os.write, not f.write: a buffer left after a failed flush is written again at close
+                    while data:
+                        data = data[os.write(fd, data) :]
+                    os.fsync(fd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(f.fileno(), size)
+                    raise
         except UnsafeFileError as e:
             raise UserError(str(e)) from None
         except OSError as e:
-            raise UserError(f"cannot append to {path}: {e.strerror or e}") from None
+            raise UserError(f"cannot append to {path}: {e.strerror or e} (v{record['version']} not made)") from None
 
     def version_line(self, r: dict[str, Any], inst: Installed | None) -> str:
         """ "v3: trained on 120 labels in 14 s, held-out acc 81.0% vs v2's 78.0% (...): installed"."""

@@ -399,3 +399,50 @@ def test_a_versions_log_that_is_a_symlink_is_refused_before_anything_is_written(
         tr.stop(signal.SIGKILL)
     assert "reward-t-versions.jsonl is a symlink" in line, line
     assert [p.name for p in out.iterdir()] == ["reward-t-versions.jsonl"] and target.read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "versions log"])
+def test_a_full_disk_while_writing_a_version_leaves_no_trace_of_it(tmp_path, where):
+    """A file-size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as on a full disk) while v2 is
+    written (audit 5 item 4): below the checkpoint's size (torch.save raises RuntimeError), or with
+    the versions log padded up to it (its line does not fit). One UserError line; v1 stays installed,
+    no v2 file, no log line, no temp file. With room again the same labels make v2."""
+    import resource
+
+    from lib.errors import UserError
+
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=20, steps=10, seed=0)
+    taken: set[tuple[str, str]] = set()
+    _label(db, by_score(db, pairs_of(rels, True, 3, taken) + pairs_of(rels, False, 10, taken)))
+    out = tmp_path / "out"
+    follower = Follower([str(db)], TrainConfig(epochs=1), FollowConfig(retrain_every=2), out, "t", log=lambda x: None)
+    follower.adopt()
+    assert follower.step()  # v1, installed
+    v1 = (out / "reward-t.pt").read_bytes()
+    size = len(v1)
+    log = versions_log(out, "t")
+    if where == "checkpoint":
+        limit = size // 2
+    else:
+        limit = size * 2
+        with log.open("ab") as f:  # padding up to the limit: a valid line, so the log stays readable
+            pad = limit - log.stat().st_size - len('{"version": 1, "pad": ""}\n') - 10
+            f.write(b'{"version": 1, "pad": "' + b"x" * pad + b'"}\n')
+    before = log.read_bytes()
+    _label(db, by_score(db, pairs_of(rels, False, 4, taken)))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        with pytest.raises(UserError) as e:
+            follower.step()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    msg = str(e.value)
+    assert "\n" not in msg and ("reward-t" in msg), msg
+    assert sorted(p.name for p in out.iterdir()) == ["reward-t-v1.pt", "reward-t-versions.jsonl", "reward-t.pt"]
+    assert (out / "reward-t.pt").read_bytes() == v1 and log.read_bytes() == before
+    assert follower.installed is not None and follower.installed.version == 1
+    assert follower.step()  # room again: v2 is made from the same labels
+    assert (out / "reward-t-v2.pt").is_file() and log.read_bytes().startswith(before)
+    assert [json.loads(x)["version"] for x in log.read_text().splitlines()][-1] == 2
