@@ -188,7 +188,6 @@ def run_live(sr: Any) -> dict[str, Any]:
     """One seed's live round (``sr``: ``experiments.round.SeedRun``): its rows, versions and figures."""
     from experiments import round as rnd
     from lib.a2c_cli import to_argv
-    from lib.a2c_config import A2CConfig
     from lib.files import atomic_write
     from lib.segments import list_segments
 
@@ -205,7 +204,8 @@ def run_live(sr: Any) -> dict[str, Any]:
     name = f"round-live-{sr.tdir.name}"
     done = rnd.a2c_progress(save)
     if done is None or done < plan["steps"]:
-        cfg = A2CConfig(
+        cfg = rnd.ft_config(  # --ft-args too: the live arm learns as the staged rlhf arms do
+            args,
             name=name,
             save=str(save),
             max_steps=plan["steps"],
@@ -229,8 +229,9 @@ def run_live(sr: Any) -> dict[str, Any]:
     final = stable
     figs = rnd.cached_json(
         ldir / "reward_heldout.json",
-        lambda: rnd.held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev),
-        {"reward": rnd.file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])},
+        lambda: rnd.held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev, args.death_penalty),
+        {"reward": rnd.file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])}
+        | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
     )
     row = rnd.summarise(rnd.evaluate_arm(save / "last.pt", ldir / "eval.json", args))
     evidence = rnd.cached_json(
@@ -266,6 +267,7 @@ def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], rewa
         if owed > 0:
             oracle = [PY, ROOT / "02_label_ui.py", "-d", db, "--oracle", str(owed), "--follow"]
             oracle += ["--teacher", args.teacher, "--sampling", args.sampling, "--recent", str(LIVE_RECENT)]
+            oracle += ["--death-penalty", str(args.death_penalty)] if args.death_penalty else []
             oracle += ["--schedule", "constant", "--label-rate", f"{plan['rate']:.6g}", "--seed", str(args.seed)]
             procs.append(spawn("oracle", oracle, logs / f"oracle-{ldir.parent.name}-live.log"))
         trainer = [PY, ROOT / "03_reward_train.py", "-n", "live", "-o", ldir, "--follow"]
