@@ -38,7 +38,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,10 +151,20 @@ def answers(labels: dict[LabelKey, tuple[float, float | None]]) -> dict[LabelKey
     return {k: mu for k, (mu, _) in labels.items()}
 
 
-def count_new(now: dict[LabelKey, float], seen: dict[LabelKey, float]) -> int:
+def count_new(
+    now: dict[LabelKey, float], seen: dict[LabelKey, float], usable: Callable[[LabelKey], bool] | None = None
+) -> int:
     """Labels of ``now`` that change the training set ``seen`` was: a new pair's answer, or an
-    edited one (a retraction or a "can't tell" removes a pair: not a label to train on)."""
-    return sum(1 for k, mu in now.items() if seen.get(k) != mu)
+    edited one (a retraction or a "can't tell" removes a pair: not a label to train on); with
+    ``usable``, only those it accepts (``segments_exist``: asked of the new labels only)."""
+    return sum(1 for k, mu in now.items() if seen.get(k) != mu and (usable is None or usable(k)))
+
+
+def segments_exist(key: LabelKey) -> bool:
+    """Whether both segments of a label are regular files in its DB: a label line may name any path
+    (a typo, a deleted clip, a hand-written line); whether they read is for ``load_preferences``."""
+    db, a, b = key
+    return all(os.path.isfile(os.path.join(db, rel)) and not os.path.islink(os.path.join(db, rel)) for rel in (a, b))
 
 
 def shortfall(labels: Iterable[tuple[str, str, float]], cfg: TrainConfig) -> str | None:
@@ -388,13 +398,12 @@ class Follower:
                 self.say(f"waiting: {why}")
                 return False
         else:
-            new = count_new(now, self.trained_on)
+            new = count_new(now, self.trained_on, segments_exist)
             if new < self.fcfg.retrain_every:
                 self.say(f"waiting: {new}/{self.fcfg.retrain_every} new labels")
                 return False
         self._said = ""
-        self.train_version(now, t_read)
-        return True
+        return self.train_version(now, t_read)
 
     def run(self) -> int:
         """Follow the labels until Ctrl-C / SIGTERM; returns the exit code (130: stopped)."""
@@ -424,9 +433,10 @@ class Follower:
 
     # --- one version ------------------------------------------------------------------------
 
-    def train_version(self, now: dict[LabelKey, float], t_read: float) -> None:
+    def train_version(self, now: dict[LabelKey, float], t_read: float) -> bool:
         """Train version ``self.k`` on the labels, measure it against the installed model on the
-        held-out labels, write it, install it when it is not worse."""
+        held-out labels, write it, install it when it is not worse. False (nothing made) when the
+        labels whose segments read are too few, or the same as the last version's."""
         k, cfg, inst = self.k, self.cfg, self.installed
         dbs = [d for d in self.dbs if has_labels(d)]
         data = load_preferences(dbs, env=self.env, log=self.log, warn=self.warn)
@@ -436,7 +446,13 @@ class Follower:
         if why is not None:  # labels whose segments are missing or unreadable: wait for more
             self.say(f"waiting: of the labels with readable segments, {why}")
             self.failed_on = now
-            return
+            return False
+        usable = {(db, a, b): mu for db, a, b, mu in keys}
+        if self.trained_on is not None and not count_new(usable, self.trained_on):
+            # the new labels' segments do not read: the same training set, no version for nothing
+            self.say(f"waiting: the new labels' segments are not readable, {len(usable)} usable labels as before")
+            self.failed_on = now
+            return False
         train, test = split_by_pair(data.pair_labels, cfg.seed, cfg.test_ratio)
         if inst is not None:
             check_fits_data(inst.models, self.installed_ck, data, self.stable)
@@ -481,6 +497,7 @@ class Follower:
                 self.installed_ck = ck or {}
             self._tensorboard(record, data)
         self.log(self.version_line(record, inst))
+        return True
 
     def _fit(
         self,

@@ -446,3 +446,28 @@ def test_a_full_disk_while_writing_a_version_leaves_no_trace_of_it(tmp_path, whe
     assert follower.step()  # room again: v2 is made from the same labels
     assert (out / "reward-t-v2.pt").is_file() and log.read_bytes().startswith(before)
     assert [json.loads(x)["version"] for x in log.read_text().splitlines()][-1] == 2
+
+
+def test_labels_of_segments_that_do_not_exist_or_cannot_be_read_make_no_version(tmp_path):
+    """Label lines naming segments that are not in the DB, or one that is broken (audit 5 item 8):
+    they do not count toward --retrain-every, and a version with no new usable label is not made
+    (the agent would switch models and restart its normalisation for nothing)."""
+    db = tmp_path / "db"
+    rels = make_square_db(db, n_segments=20, steps=10, seed=0)
+    taken: set[tuple[str, str]] = set()
+    _label(db, by_score(db, pairs_of(rels, True, 3, taken) + pairs_of(rels, False, 10, taken)))
+    out = tmp_path / "out"
+    lines: list[str] = []
+    follower = Follower([str(db)], TrainConfig(epochs=1), FollowConfig(retrain_every=2), out, "t", log=lines.append)
+    follower.adopt()
+    assert follower.step()  # v1
+    ghosts = [(f"03/{90_000_000 + i:08d}.dat", rels[i], FIRST_BETTER) for i in range(3)]
+    _label(db, ghosts)  # three label lines, no such segments
+    assert not follower.step() and lines[-1] == "waiting: 0/2 new labels", lines[-3:]
+    (db / "02" / "00009999.dat").write_bytes(b"x")  # a broken segment named like one
+    _label(db, [("02/00009999.dat", rels[i], SECOND_BETTER) for i in range(3)])
+    assert not follower.step() and "waiting" in lines[-1], lines[-3:]
+    assert not follower.step()  # the same labels: nothing tried again
+    assert sorted(p.name for p in out.iterdir()) == ["reward-t-v1.pt", "reward-t-versions.jsonl", "reward-t.pt"]
+    _label(db, by_score(db, pairs_of(rels, False, 4, taken))[:2])  # two real new labels: v2
+    assert follower.step() and (out / "reward-t-v2.pt").is_file()
