@@ -295,11 +295,11 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     test_every = cfg.test_every
     next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
     status, failure = "finished", None
-    obs = run.env.reset()
-    run.net.train()
     # ranks other than 0 say nothing (torchrun sends the signal to all)
     message = "{signal}: finishing the current step and saving..." if run.dist.is_main else None
     with SignalStop(message=message) as stopper:
+        obs = run.env.reset()  # a Ctrl-C while the games reset stops at the first step, cleanly
+        run.net.train()
         try:
             actions, values = act_step(run, obs)
             while True:

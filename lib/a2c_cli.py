@@ -5,6 +5,7 @@ runs: ``--help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
 from lib.a2c_config import (
@@ -15,6 +16,7 @@ from lib.a2c_config import (
     TERMINALS,
     A2CConfig,
 )
+from lib.errors import EXIT_INTERRUPTED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,14 +212,18 @@ def parse_config(argv: list[str] | None = None) -> A2CConfig:
 def main(argv: list[str] | None = None) -> int:
     """``01_a2c.py``: one process, or one rank of ``torchrun --nproc-per-node K 01_a2c.py ...``."""
     cfg = parse_config(argv)
-    from lib.a2c import train
-    from lib.distributed import init_dist
-
-    dist, dev = init_dist(cfg.dev)
     try:
-        return train(replace(cfg, dev=dev), dist=dist)
-    finally:
-        dist.close()
+        from lib.a2c import train
+        from lib.distributed import init_dist
+
+        dist, dev = init_dist(cfg.dev)
+        try:
+            return train(replace(cfg, dev=dev), dist=dist)
+        finally:
+            dist.close()
+    except KeyboardInterrupt:  # before the loop took over Ctrl-C (loading torch, building the run)
+        print("interrupted before training started: nothing was trained", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 def to_argv(cfg: A2CConfig) -> list[str]:
