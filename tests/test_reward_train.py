@@ -630,14 +630,14 @@ def test_disk_full_at_install_is_one_line_naming_what_was_kept(square_db, tmp_pa
     oracle_label_db(db, 20, seed=0)
     data = load_preferences([db], log=_quiet)
     out = tmp_path / "reward-x.pt"
-    real = lib.checkpoints.atomic_write
+    real = lib.checkpoints.temp_beside  # where a checkpoint's bytes are written before the rename
 
-    def full(path, data, fsync=True):
+    def full(path, *args, **kw):
         if str(path) == str(out):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data, fsync)
+        return real(path, *args, **kw)
 
-    monkeypatch.setattr(lib.checkpoints, "atomic_write", full)
+    monkeypatch.setattr(lib.checkpoints, "temp_beside", full)
     with pytest.raises(UserError, match="No space left on device") as e:
         train_reward_model(data, TrainConfig(epochs=1, batch=8, arch="diff"), out, progress=False, log=_quiet)
     assert "\n" not in str(e.value) and "kept in" in str(e.value) and str(out) in str(e.value)
