@@ -275,7 +275,9 @@ def test_sighup_to_a_round_stops_its_running_stage_on_its_ctrl_c_path(tmp_path: 
     import subprocess
 
     out = tmp_path / "round"
-    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY]
+    # v0 long enough that it is still training when the signal comes (TINY's 2,000 steps can end
+    # between its first progress line and the signal on a free machine)
+    cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY, "--v0-steps", "10000000"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_text(out / "seed0" / "logs" / "round-v0.log", " steps/s", p, 300)  # its loop runs
