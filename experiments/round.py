@@ -866,8 +866,8 @@ def label_agreement(reward: Path, ldb: Path, dev: str) -> dict[str, float]:
     preds = predict_segments(load_reward_model(reward, device=dev), ldb, names)
     ret = dict(zip(preds.names, preds.pred_returns.tolist(), strict=True))
     judged = [lab for lab in labels if lab.sample1 in ret and lab.sample2 in ret]
-    right = sum((ret[lab.sample1] > ret[lab.sample2]) == (lab.label == FIRST_BETTER) for lab in judged)
-    right -= sum(ret[lab.sample1] == ret[lab.sample2] for lab in judged)  # a tie was counted once as right
+    order = {FIRST_BETTER: 1.0, SECOND_BETTER: -1.0}
+    right = sum(np.sign(ret[lab.sample1] - ret[lab.sample2]) == order[lab.label] for lab in judged)
     return {"agreement": right / len(judged) if judged else math.nan, "pairs": len(judged)}
 
 

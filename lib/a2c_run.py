@@ -386,6 +386,18 @@ def _optimiser(
     return optimizer, scheduler, lr, decay_steps
 
 
+def _start_policy(cfg: A2CConfig, net: AtariA2C, resume_ck: dict[str, Any] | None) -> StartPolicy | None:
+    """A fine-tune's start policy (--kl, finetune/kl_to_start): from -m, or the one last.pt kept."""
+    start = None
+    if resume_ck is not None and resume_ck.get("kl_start") is not None:
+        start = StartPolicy(net, resume_ck["kl_start"])
+    elif resume_ck is None and cfg.model:
+        start = StartPolicy(net)
+    if cfg.kl and start is None:
+        raise UserError(f"--kl: {cfg.save_dir / 'last.pt'} keeps no start policy to pull toward (run it without --kl)")
+    return start
+
+
 def env_threads(cfg: A2CConfig, dist: Dist) -> int:
     """--env-threads, or the cores this process may use shared among the ranks on this machine."""
     return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
@@ -423,13 +435,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         # checkpoints load either way.
         net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
-    start = None  # a fine-tune's start policy: from -m, or kept in last.pt
-    if resume_ck is not None and resume_ck.get("kl_start") is not None:
-        start = StartPolicy(net, resume_ck["kl_start"])
-    elif resume_ck is None and cfg.model:
-        start = StartPolicy(net)
-    if cfg.kl and start is None:
-        raise UserError(f"--kl: {cfg.save_dir / 'last.pt'} keeps no start policy to pull toward (run it without --kl)")
+    start = _start_policy(cfg, net, resume_ck)
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
     eval_env = None
     if cfg.test_every and dist.is_main:
