@@ -2,15 +2,18 @@
 clip encoding, start-up time and memory with a 10,000-segment DB, how long another tab's
 requests wait while a tab opens the Overview or Existing labels of 300,000 labels, and (``live``)
 the latency alone and with a live round's trainer (03_reward_train.py --follow) and recording A2C
-(01_a2c.py --db-path) running beside the page on the same DB. Also writes the README's screenshot
+(01_a2c.py --db-path) running beside the page on the same DB, and (``scale``) what grows with the DB
+on the page's event loop (a new list under --recent at 50,000 segments) and in a following trainer
+(re-reading 100,000 label lines after one more). Also writes the README's screenshot
 (docs/label_ui.png). Prints a table: figure | value | unit | setting.
 
-    python -m bench.bench_label_ui [--answers 25] [--segments 60] [--no-screenshot] [--only busy live]
+    python -m bench.bench_label_ui [--answers 25] [--segments 60] [--no-screenshot] [--only busy live scale]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import shutil
@@ -29,12 +32,12 @@ from bench.table import print_table
 from lib.label_ui.clips import encode_clip_file
 from lib.labels import Label, append_labels
 from lib.oracle import oracle_label_db
-from lib.segments import list_segments
+from lib.segments import Segment, encode_segment, list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 
 KEYS = "1201x"  # answers cycle through #1 better, #2 better, equal, #1 better, can't tell
-PARTS = ("encode", "latency", "startup", "busy", "live")
+PARTS = ("encode", "latency", "startup", "busy", "live", "scale")
 Row = tuple[str, str, str, str]  # figure, value, unit, setting
 
 
@@ -305,6 +308,72 @@ def startup_rows(db: Path, tmp: Path, n_segments: int) -> list[Row]:
     ]
 
 
+def tiny_db(root: Path, n: int, envs: int = 100) -> None:
+    """A DB of ``n`` tiny segments (2 frames of 8x8; their own files, none opened by what is timed),
+    ``envs`` env directories, names ``NN/SSSSSSSS.dat`` 50 steps apart."""
+    for k in range(n):
+        env, step = k % envs, (k // envs + 1) * 50
+        seg = Segment(np.zeros((2, 8, 8, 3), np.uint8), np.zeros(2, np.int64), env_index=env, step=step)
+        path = root / f"{env:02d}" / f"{step:08d}.dat"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode_segment(seg))
+
+
+async def loop_cpu(work, repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """Await ``work()`` ``repeats`` times: the CPU time the event loop's thread spent in each call
+    (what every other request on the loop waits for), the CPU time of all threads, and the wall time
+    (ms each). CPU time, not wall: on a machine shared with a training run, wall time is mostly
+    waiting for a core."""
+    loop_ms, cpu_ms, wall_ms = [], [], []
+    for _ in range(repeats):
+        t0, c0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
+        await work()
+        loop_ms.append((time.thread_time() - t0) * 1000)
+        cpu_ms.append((time.process_time() - c0) * 1000)
+        wall_ms.append((time.perf_counter() - w0) * 1000)
+    return loop_ms, cpu_ms, wall_ms
+
+
+def scale_rows(tmp: Path, n_segments: int, n_labels: int, recent: int = 50, repeats: int = 10) -> list[Row]:
+    """What grows with the DB: a tab's new list under ``--recent`` on the page's event loop
+    (``label_page.next_list``, as the Resample button runs it), and a following trainer's
+    ``LabelWatch.read`` after one label is appended to ``n_labels`` lines."""
+    from lib.label_ui.label_page import next_list
+    from lib.label_ui.state import AppState, DbState, TabSession
+    from lib.reward_follow import LabelWatch, OnceWarn
+
+    db = tmp / "scale"
+    tiny_db(db, n_segments)
+    many_labels(db, n_labels)
+    app = AppState([DbState.open(0, db, recent=recent)], pairs=20, seed=0, control_rate=0.05)
+    tab = TabSession(app, "bench")
+    on_loop, cpu, wall = asyncio.run(loop_cpu(lambda: next_list(app, tab), repeats))
+    what = f"{n_segments:,} segments, {n_labels:,} labels, --recent {recent}, lists of 20, --control-rate 0.05"
+    med = statistics.median
+    rows = [
+        ("new list: CPU on the event loop, median", f"{med(on_loop):.0f}", "ms", f"over {repeats} lists; {what}"),
+        ("new list: CPU on the event loop, max", f"{max(on_loop):.0f}", "ms", "same"),
+        ("new list: CPU in all threads, median", f"{med(cpu):.0f}", "ms", "same; rescan and label refresh incl."),
+        ("new list: wall time, median", f"{med(wall):.0f}", "ms", "same; mostly waiting for a core when shared"),
+    ]
+    watch = LabelWatch([str(db)], OnceWarn())
+    c0 = time.process_time()
+    watch.read()
+    first = (time.process_time() - c0) * 1000
+    segs = list_segments(db, warn=None)
+    again = []
+    for k in range(3):
+        append_labels(db, [Label(segs[k], segs[-1 - k], 1, time=time.time(), source="human")])
+        c0 = time.process_time()
+        watch.read()
+        again.append((time.process_time() - c0) * 1000)
+    rows += [
+        ("LabelWatch.read, first: CPU", f"{first:.0f}", "ms", f"{n_labels:,} label lines, {n_segments:,} segments"),
+        ("LabelWatch.read after 1 more: CPU", f"{med(again):.0f}", "ms", "median of 3; one label appended before each"),
+    ]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--answers", type=int, default=25, help="answers timed per latency run (default 25)")
@@ -312,6 +381,8 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=10_000, help="segments in the start-up DB (default 10,000)")
     ap.add_argument("--busy-labels", type=int, default=300_000, help="labels of the busy rows (default 300,000)")
     ap.add_argument("--busy-loads", type=int, default=5, help="opens of each page timed in the busy rows (default 5)")
+    ap.add_argument("--scale-segments", type=int, default=50_000, help="segments of the scale rows (default 50,000)")
+    ap.add_argument("--scale-labels", type=int, default=100_000, help="label lines of the scale rows (default 100,000)")
     ap.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="run only these parts (default: all)")
     ap.add_argument("--screenshot", type=Path, default=ROOT / "docs" / "label_ui.png")
     ap.add_argument("--no-screenshot", action="store_true")
@@ -321,7 +392,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-label-") as tmp_:
         tmp = Path(tmp_)
         db = tmp / "db" / "v0"
-        make_atari_db(db, args.segments, t=50, n_envs=4, seed=0)
+        if set(args.only) != {"scale"}:
+            make_atari_db(db, args.segments, t=50, n_envs=4, seed=0)
         if "encode" in args.only:
             rows += encode_rows(db, tmp)
         if "latency" in args.only:
@@ -332,6 +404,8 @@ def main() -> None:
             rows += busy_rows(db, tmp, args.busy_labels, args.busy_loads)
         if "live" in args.only:
             rows += live_rows(db, tmp, args.answers)
+        if "scale" in args.only:
+            rows += scale_rows(tmp, args.scale_segments, args.scale_labels)
     print_table("bench_label_ui (stage 2: labeling)", rows)
     if shot is not None:
         print(f"\nscreenshot: {shot} ({shot.stat().st_size / 1024:.0f} KB)")

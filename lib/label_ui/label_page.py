@@ -290,8 +290,7 @@ class LabelPage:
         await self.show_current()
 
     async def resample(self) -> None:
-        await refresh_dbs(self.state, rescan=True)
-        n = self.tab.resample()
+        n = await next_list(self.state, self.tab)
         self.build_list()
         ui.notify(f"New list of {n} pairs" if n else "No unlabeled pairs left")
         await self.show_current()
@@ -331,6 +330,13 @@ class LabelPage:
             result: Any = action()
             if asyncio.iscoroutine(result):
                 await result
+
+
+async def next_list(state: AppState, tab: TabSession) -> int:
+    """A new list of pairs for the tab (``TabSession.resample``), after a look for the labels and
+    segments that came meanwhile (``refresh_dbs``); returns its length."""
+    await refresh_dbs(state, rescan=True)
+    return tab.resample()
 
 
 PLOT_H = 48  # px: the model's plot under a clip, as wide as the clip
