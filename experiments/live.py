@@ -26,109 +26,44 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from experiments.round_report import summarise, table
+from experiments.stages import (
+    CURVE_TAGS,
+    SeedRun,
+    a2c_progress,
+    cached_json,
+    evaluate_arm,
+    file_digest,
+    ft_config,
+    ft_settings,
+    held_out_figures,
+    print_evidence,
+    print_model_figures,
+    reward_round,
+    spawn,
+    stop_all,
+    tb_scalars,
+    teacher_evidence,
+    wait_for,
+)
 from lib.errors import UserError, run_cli
 from lib.reward_follow import read_versions, versions_log
-from lib.signals import PARENT_SIGNALS, SignalStop, critical
+from lib.signals import PARENT_SIGNALS, SignalStop
 from lib.teachers import TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-STOP_GRACE_S = 60.0  # how long a script gets to finish its Ctrl-C path before SIGTERM
 
 
 def log(msg: str) -> None:
     print(f"[live {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@dataclass
-class Proc:
-    """A pipeline script running beside the others, its output in ``logfile``."""
-
-    name: str
-    popen: subprocess.Popen
-    logfile: Path
-    started: float = field(default_factory=time.time)
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, n: int = 3) -> str:
-        try:
-            lines = self.logfile.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(f"    {line}" for line in lines[-n:])
-
-
-def spawn(name: str, cmd: list[str], logfile: Path) -> Proc:
-    """Start ``cmd`` (a script of this repository) in its own session, so that a Ctrl-C in the
-    terminal reaches this module only and each child is stopped in its turn."""
-    logfile.parent.mkdir(parents=True, exist_ok=True)
-    log(f"{name}: $ {' '.join(str(c) for c in cmd[1:])}  (log: {logfile})")
-    f = open(logfile, "a", encoding="utf-8")  # noqa: SIM115 (the child writes to it for its whole life)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    popen = subprocess.Popen(
-        [str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    f.close()  # the child holds its own descriptor
-    return Proc(name, popen, logfile)
-
-
-def stop(proc: Proc, grace: float = STOP_GRACE_S) -> int:
-    """Stop ``proc`` the way a person would (Ctrl-C), harder only when it does not end: its exit code."""
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        if not proc.running():
-            break
-        proc.popen.send_signal(sig)
-        try:
-            proc.popen.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            log(f"{proc.name}: still running {wait:.0f} s after {sig.name}")
-    rc = proc.popen.wait()
-    log(f"{proc.name}: stopped (exit {rc})")
-    return rc
-
-
-def stop_piped(name: str, popen: subprocess.Popen, echo: Callable[[str], None]) -> int:
-    """Stop a child whose output this process reads line by line (``experiments.round``'s stages, in
-    their own sessions) as ``stop`` does, then ``echo`` the lines it wrote meanwhile: its exit code.
-    A stop signal meanwhile waits until it is stopped (``lib.signals.critical``)."""
-    with critical():
-        rc = stop(Proc(name, popen, Path(os.devnull)))
-        if popen.stdout is not None:
-            for line in popen.stdout:
-                echo(line)
-    return rc
-
-
-def stop_all(procs: list[Proc]) -> dict[str, int]:
-    """Stop every running process, newest first (the agent before the trainer it reads from). A stop
-    signal meanwhile waits until all are stopped (``lib.signals.critical``): none is left running."""
-    with critical():
-        return {p.name: stop(p) for p in reversed(procs)}
-
-
-def wait_for(what: str, done: Callable[[], bool], procs: list[Proc], timeout: float, poll: float = 2.0) -> None:
-    """Wait until ``done()``; a process that dies meanwhile, or the timeout, is an error."""
-    end = time.time() + timeout
-    while not done():
-        for p in procs:
-            if not p.running():
-                raise UserError(f"{p.name} ended (exit {p.popen.returncode}) while waiting for {what}:\n{p.tail()}")
-        if time.time() > end:
-            raise UserError(f"no {what} after {timeout:.0f} s; the logs are in {procs[0].logfile.parent}")
-        time.sleep(poll)
 
 
 # --- what the files say ---------------------------------------------------------------------------
@@ -184,9 +119,8 @@ def live_plan(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": steps, "labels": later, "rate": rate, "retrain_every": max(1, math.ceil(later / LIVE_VERSIONS))}
 
 
-def run_live(sr: Any) -> dict[str, Any]:
-    """One seed's live round (``sr``: ``experiments.round.SeedRun``): its rows, versions and figures."""
-    from experiments import round as rnd
+def run_live(sr: SeedRun) -> dict[str, Any]:
+    """One seed's live round: its rows, versions and figures."""
     from lib.a2c_cli import to_argv
     from lib.files import atomic_write
     from lib.segments import list_segments
@@ -195,16 +129,16 @@ def run_live(sr: Any) -> dict[str, Any]:
     ldir = sr.tdir / "live"
     ldir.mkdir(parents=True, exist_ok=True)
     plan = live_plan(args)
-    reward1, figures1 = rnd.reward_round(sr, 1)  # live starts where staged round 1 starts
+    reward1, figures1 = reward_round(sr, 1)  # live starts where staged round 1 starts
     stable = ldir / "reward-live.pt"
     if not stable.exists():
         atomic_write(stable, reward1.read_bytes())
     db = ldir / "rlhf-db"
     save = ldir / "rlhf"
     name = f"round-live-{sr.tdir.name}"
-    done = rnd.a2c_progress(save)
+    done = a2c_progress(save)
     if done is None or done < plan["steps"]:
-        cfg = rnd.ft_config(  # --ft-args too: the live arm learns as the staged rlhf arms do
+        cfg = ft_config(  # --ft-args too: the live arm learns as the staged rlhf arms do
             args,
             name=name,
             save=str(save),
@@ -219,25 +153,25 @@ def run_live(sr: Any) -> dict[str, Any]:
             runs_dir=str(args.out / "tb"),
             test_every=max(plan["steps"] // (args.evals * args.rounds), 1),
             test_episodes=args.test_episodes,
-            **rnd.ft_settings(args.ft_layers),
+            **ft_settings(args.ft_layers),
         )
         cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
         live_loop(sr, cfg, to_argv(cfg), plan, reward1)
-    reached = rnd.a2c_progress(save) or 0
+    reached = a2c_progress(save) or 0
     if reached < plan["steps"]:
         raise UserError(f"{name} stopped at step {reached:,} of {plan['steps']:,}: run the same command to continue")
     final = stable
-    figs = rnd.cached_json(
+    figs = cached_json(
         ldir / "reward_heldout.json",
-        lambda: rnd.held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev, args.death_penalty),
-        {"reward": rnd.file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])}
+        lambda: held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev, args.death_penalty),
+        {"reward": file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])}
         | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
     )
-    row = rnd.summarise(rnd.evaluate_arm(save / "last.pt", ldir / "eval.json", args))
-    evidence = rnd.cached_json(
+    row = summarise(evaluate_arm(save / "last.pt", ldir / "eval.json", args))
+    evidence = cached_json(
         ldir / "evidence.json",
-        lambda: rnd.teacher_evidence(db, db, list_segments(db), args.teacher),
-        {"labels": rnd.file_digest(db / "labels.jsonl"), "teacher": args.teacher},
+        lambda: teacher_evidence(db, db, list_segments(db), args.teacher),
+        {"labels": file_digest(db / "labels.jsonl"), "teacher": args.teacher},
     )
     return {
         "row": row,
@@ -247,12 +181,12 @@ def run_live(sr: Any) -> dict[str, Any]:
         "reward_model": figs,
         "reward_model_r1": figures1["reward_model"],
         "evidence": evidence,
-        "curves": {tag: rnd.tb_scalars(args.out / "tb", name, tag) for tag in rnd.CURVE_TAGS},
-        "version_steps": rnd.tb_scalars(args.out / "tb", name, "reward_model/version"),
+        "curves": {tag: tb_scalars(args.out / "tb", name, tag) for tag in CURVE_TAGS},
+        "version_steps": tb_scalars(args.out / "tb", name, "reward_model/version"),
     }
 
 
-def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], reward1: Path) -> None:
+def live_loop(sr: SeedRun, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], reward1: Path) -> None:
     """The agent, the following teacher and the following trainer side by side until the agent
     has done its steps; then the teacher and the trainer are stopped."""
     args = sr.args
@@ -290,7 +224,7 @@ def live_loop(sr: Any, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], rewa
         stop_all(procs)
 
 
-def staged_rows(sr: Any) -> list[dict[str, dict[str, float]]]:
+def staged_rows(sr: SeedRun) -> list[dict[str, dict[str, float]]]:
     """The staged rounds' rows of the same teacher directory (its round.json), [] when not run."""
     try:
         report = json.loads((sr.tdir / "round.json").read_text())
@@ -299,11 +233,9 @@ def staged_rows(sr: Any) -> list[dict[str, dict[str, float]]]:
         return []
 
 
-def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[str, float]]]:
+def report_live(sr: SeedRun, res: dict[str, Any], t0: float) -> list[dict[str, dict[str, float]]]:
     """The live row beside the staged rounds' (same evaluation games), the versions, the final
     model's held-out figures against round 1's, live.png and live.json."""
-    from experiments import round as rnd
-    from experiments.round_report import table
     from lib.files import atomic_write
 
     args, plan = sr.args, res["plan"]
@@ -311,7 +243,7 @@ def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[
     rows = [*staged, {"live": res["row"]}]
     names = [str(k) for k in range(1, len(staged) + 1)] + [f"1-{args.rounds}"]
     if not staged:
-        rows[0]["v0"] = rnd.summarise(rnd.evaluate_arm(sr.v0_policy, args.out / "eval" / "v0.json", args))
+        rows[0]["v0"] = summarise(evaluate_arm(sr.v0_policy, args.out / "eval" / "v0.json", args))
     print(
         f"\n## Live: {args.teacher} teacher, {args.labels} labels of v0's DB, then {plan['labels']} more at "
         f"{plan['rate']:.3g} per 1,000 agent steps over one {plan['steps']:,}-step fine-tune; "
@@ -324,9 +256,9 @@ def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[
     print(f"the trainer's versions ({len(vs)} made, {sum(bool(v.get('installed')) for v in vs)} installed):\n")
     print(versions_table(vs) + "\n")
     print(f"labels written live: {res['labels']} (planned {plan['labels']})")
-    rnd.print_model_figures("round 1's reward model (where the live run starts)", res["reward_model_r1"])
-    rnd.print_model_figures("the live run's last installed model", res["reward_model"])
-    rnd.print_evidence(res["evidence"])
+    print_model_figures("round 1's reward model (where the live run starts)", res["reward_model_r1"])
+    print_model_figures("the live run's last installed model", res["reward_model"])
+    print_evidence(res["evidence"])
     plot_live(sr.tdir / "live.png", res, staged_curves(sr), f"{args.teacher} teacher: live vs staged, seed {args.seed}")
     report = {
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -338,17 +270,15 @@ def report_live(sr: Any, res: dict[str, Any], t0: float) -> list[dict[str, dict[
     return rows
 
 
-def staged_curves(sr: Any) -> dict[str, tuple[list[int], list[float]]]:
+def staged_curves(sr: SeedRun) -> dict[str, tuple[list[int], list[float]]]:
     """The staged rlhf and control arms' eval score over cumulative fine-tune steps (round k's
     curve shifted by k-1 fine-tunes)."""
-    from experiments import round as rnd
-
     args = sr.args
     steps = int(args.ft_steps * args.scale)
     out: dict[str, tuple[list[int], list[float]]] = {"rlhf": ([], []), "control": ([], [])}
     for k in range(1, args.rounds + 1):
         for arm, prefix in (("rlhf", f"round-rlhf-{sr.tdir.name}-r{k}"), ("control", f"round-control-r{k}")):
-            xs, ys = rnd.tb_scalars(args.out / "tb", prefix, "eval/score_mean")
+            xs, ys = tb_scalars(args.out / "tb", prefix, "eval/score_mean")
             out[arm][0].extend(x + (k - 1) * steps for x in xs)
             out[arm][1].extend(ys)
     return out
@@ -484,15 +414,11 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _last_step(save: Path) -> int:
-    from experiments.round import a2c_progress
-
     return a2c_progress(save) or 0
 
 
 def demo_report(where: dict[str, Path], codes: dict[str, int], switch_step: int, seconds: float) -> int:
     """What the demo made: versions, labels, the true score over time (printed and a PNG)."""
-    from experiments.round import tb_scalars
-
     versions = read_versions(versions_log(where["reward"], "demo-live"))
     print(f"\n== demo-live done in {seconds / 60:.1f} min")
     print(f"versions made: {len(versions)} ({sum(bool(v.get('installed')) for v in versions)} installed)")

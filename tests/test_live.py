@@ -97,7 +97,7 @@ def test_score_stretches_cover_every_game_once() -> None:
 def test_stop_sends_ctrl_c_first_and_harder_only_when_ignored(tmp_path: Path) -> None:
     """A child that handles SIGINT ends on it (its exit code says so); one that ignores it is
     stopped with SIGTERM after the grace period."""
-    from experiments.live import spawn, stop
+    from experiments.stages import spawn, stop
 
     polite = tmp_path / "polite.py"
     polite.write_text(
@@ -124,7 +124,7 @@ def test_stop_sends_ctrl_c_first_and_harder_only_when_ignored(tmp_path: Path) ->
 
 
 def test_wait_for_names_a_process_that_died(tmp_path: Path) -> None:
-    from experiments.live import spawn, wait_for
+    from experiments.stages import spawn, wait_for
     from lib.errors import UserError
 
     p = spawn("dies", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "dies.log")
@@ -148,7 +148,7 @@ def test_live_round_runs_the_three_processes_and_continues(tmp_path: Path) -> No
     three stopped cleanly; run again, nothing trains twice."""
     import subprocess
 
-    from experiments.round import tb_scalars
+    from experiments.stages import tb_scalars
     from lib.labels import read_label_log
 
     out = tmp_path / "round"

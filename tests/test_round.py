@@ -75,7 +75,8 @@ def test_a_stopped_arm_continues_from_its_last_pt(tmp_path: Path, capsys) -> Non
     arm started from (01_a2c.py refuses both)."""
     from dataclasses import replace
 
-    from experiments.round import a2c_progress, build_parser, seed_args, train_a2c
+    from experiments.round import build_parser, seed_args
+    from experiments.stages import a2c_progress, train_a2c
     from lib.a2c_config import A2CConfig
 
     argv = ["--out", str(tmp_path / "out"), "--teacher", "score", "--test-episodes", "1"]
@@ -95,7 +96,7 @@ def test_a_stopped_arm_continues_from_its_last_pt(tmp_path: Path, capsys) -> Non
 def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> None:
     """A pair that differs in oxygen deaths and in score was decided by the oxygen death for the
     oxygen teacher, by the score for the score teacher."""
-    from experiments.round import teacher_evidence
+    from experiments.stages import teacher_evidence
 
     def lab(i: int, label: int, deaths: list[int], refills: list[int], returns: list[float]) -> Label:
         extra = {"oxygen_deaths": deaths, "refills": refills, "returns": returns}
@@ -118,7 +119,7 @@ def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> Non
 
 
 def test_life_loss_rewards_are_in_the_learners_units():
-    from experiments.round import LIFE_LOSS_LEAD, life_loss_rewards
+    from experiments.stages import LIFE_LOSS_LEAD, life_loss_rewards
 
     pred = np.zeros(100)
     pred[::10] = 1.0  # a regular reward: median 0, std 0.3
@@ -145,7 +146,8 @@ def _round_args(out: Path, *extra: str):
 
 
 def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
-    from experiments.round import ensemble_of, label_steps, round_name
+    from experiments.round import ensemble_of, round_name
+    from experiments.stages import label_steps
 
     assert round_name(_round_args(tmp_path)) == "score-15"  # rare, the default, adds nothing
     assert round_name(_round_args(tmp_path, "--sampling", "random")) == "score-15-random"
@@ -163,7 +165,7 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
 
 def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
     """--ft-layers full trains every layer at the fine-tune's learning rate; frozen is --finetune."""
-    from experiments.round import ft_settings
+    from experiments.stages import ft_settings
     from lib.a2c_cli import to_argv
     from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 
@@ -195,7 +197,8 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
     """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
     last model is the round's. Run again, everything is reused."""
     from bench.dbs import make_square_db
-    from experiments.round import label_and_train, round_name, seed_args
+    from experiments.round import round_name, seed_args
+    from experiments.stages import label_and_train
 
     db = tmp_path / "db"
     make_square_db(db, n_segments=30, steps=10, seed=0)
@@ -278,7 +281,7 @@ def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_me
 
 
 def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path: Path) -> None:
-    from experiments.round import teacher_evidence
+    from experiments.stages import teacher_evidence
 
     def lab(i: int, label: int, rule: str) -> Label:
         extra = {"rule": rule, "oxygen_deaths": [0, 0], "refills": [0, 0], "returns": [20.0, 0.0]}
@@ -294,7 +297,7 @@ def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path
 def test_agreement_per_deciding_rule() -> None:
     """Each rule's pairs scored on their own: a model that gets the score right and the diver climb
     wrong shows it."""
-    from experiments.round import rule_agreement
+    from experiments.stages import rule_agreement
 
     verdicts = [(FIRST_BETTER, "score")] * 4 + [(SECOND_BETTER, "diver_climb")] * 2 + [(EQUAL, "tie")]
     verdicts += [(FIRST_BETTER, "death")]
@@ -315,7 +318,7 @@ def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
     from test_seaquest import CLIMB_PLAN, CLIMB_START, CLIMB_TOP
 
     from bench.dbs import play_plan
-    from experiments.round import diver_step_rewards
+    from experiments.stages import diver_step_rewards
 
     frames = play_plan(CLIMB_PLAN).frames
     pred = np.zeros(len(frames))
@@ -333,7 +336,7 @@ def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
 def test_cached_figures_are_keyed_on_what_made_them(tmp_path: Path) -> None:
     """A round reuses an evaluation only of the same policy bytes (a resumed run writes a new
     last.pt at the same path) and settings; an unreadable cache is made again."""
-    from experiments.round import cached_json, file_digest
+    from experiments.stages import cached_json, file_digest
 
     policy = tmp_path / "last.pt"
     policy.write_bytes(b"policy at step 1000")
@@ -402,7 +405,8 @@ def test_reward_only_is_the_inner_loop(tmp_path: Path) -> None:
 def test_ft_args_and_the_death_penalty_name_the_round_and_reach_the_rlhf_arm(tmp_path: Path) -> None:
     """--ft-args are 01_a2c.py's flags for the rlhf (and oracle) arm, checked by its parser; they
     and --death-penalty name the round's directory, so that no two settings share labels or arms."""
-    from experiments.round import ft_config, round_name
+    from experiments.round import round_name
+    from experiments.stages import ft_config
     from lib.a2c_config import A2CConfig
 
     papers = "--terminal none --reward-scale 0.05 --reward-norm labels --kl 0.1"
@@ -441,7 +445,7 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
     import torch
 
     from bench.dbs import make_square_db
-    from experiments.round import label_agreement
+    from experiments.stages import label_agreement
     from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
     from lib.segments import read_segment
 

@@ -1,0 +1,700 @@
+"""A round's stages, as the pipeline's scripts run them, and the figures made of what they leave:
+what the staged rounds (``experiments.round``) and the live round (``experiments.live``) both do.
+
+- processes: a script started beside the others (``spawn``), stopped the way a person would
+  (``stop``: SIGINT, then SIGTERM, then SIGKILL), or run to its end with its output echoed
+  (``run_stage``);
+- stages: A2C runs (``train_a2c``), a DB's held-out split, a teacher's labels (``label``), reward
+  models (``train_reward``), a round's inner loop (``reward_round``: labels, model, figures), the
+  evaluation games (``evaluate_arm``); each skipped when its output is there, kept in a cache keyed on
+  what it was made from (``cached_json``);
+- figures: a reward model on held-out segments (``held_out_figures``), what the teacher's labels
+  rested on (``teacher_evidence``), TensorBoard curves (``tb_scalars``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.round_report import behaviour_share
+from lib.a2c_cli import to_argv
+from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
+from lib.checkpoints import read_checkpoint
+from lib.errors import UserError
+from lib.files import atomic_write
+from lib.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
+from lib.model import BEST_GLOB, best_checkpoint
+from lib.oracle import oracle_label_db
+from lib.play import play
+from lib.play_config import PlayConfig
+from lib.reward_eval import oracle_agreement, predict_segments, score
+from lib.reward_model import load_reward_model, reward_training_finished
+from lib.reward_wrapper import normalised
+from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
+from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
+from lib.signals import critical
+from lib.teachers import RULE_FACTS, Teacher, segment_facts
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_MODEL_MODES = ("random", "rare")
+CURVE_TAGS = (
+    "eval/score_mean",
+    "eval/refills_per_game",
+    "eval/oxygen_death_share",
+    "eval/low_climbs_per_game",
+    "eval/length_mean",
+    "eval/surface_share",
+    # the over-optimisation picture (Gao et al. 2022): the proxy's return and the true score of the
+    # training games, and the distance from the start policy, per fine-tune
+    "finetune/kl_to_start",
+    "finetune/learned_return",
+    "finetune/score",
+)
+EVAL_SEED = 20_000  # the evaluation games of every arm: apart from training and in-run eval seeds
+STOP_GRACE_S = 60.0  # how long a script gets to finish its Ctrl-C path before SIGTERM
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def log(msg: str, who: str = "round") -> None:
+    """A progress line, ``[round 12:34:56] msg``; ``who``: whose line it is (the processes' own
+    lines, a start or a stop, say ``live``)."""
+    print(f"[{who} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Proc:
+    """A pipeline script running beside the others, its output in ``logfile``."""
+
+    name: str
+    popen: subprocess.Popen
+    logfile: Path
+    started: float = field(default_factory=time.time)
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, n: int = 3) -> str:
+        try:
+            lines = self.logfile.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(f"    {line}" for line in lines[-n:])
+
+
+def spawn(name: str, cmd: list[str], logfile: Path) -> Proc:
+    """Start ``cmd`` (a script of this repository) in its own session, so that a Ctrl-C in the
+    terminal reaches this module only and each child is stopped in its turn."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: $ {' '.join(str(c) for c in cmd[1:])}  (log: {logfile})", "live")
+    f = open(logfile, "a", encoding="utf-8")  # noqa: SIM115 (the child writes to it for its whole life)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    popen = subprocess.Popen(
+        [str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    f.close()  # the child holds its own descriptor
+    return Proc(name, popen, logfile)
+
+
+def stop(proc: Proc, grace: float = STOP_GRACE_S) -> int:
+    """Stop ``proc`` the way a person would (Ctrl-C), harder only when it does not end: its exit code."""
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if not proc.running():
+            break
+        proc.popen.send_signal(sig)
+        try:
+            proc.popen.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            log(f"{proc.name}: still running {wait:.0f} s after {sig.name}", "live")
+    rc = proc.popen.wait()
+    log(f"{proc.name}: stopped (exit {rc})", "live")
+    return rc
+
+
+def stop_piped(name: str, popen: subprocess.Popen, echo: Callable[[str], None]) -> int:
+    """Stop a child whose output this process reads line by line (``experiments.round``'s stages, in
+    their own sessions) as ``stop`` does, then ``echo`` the lines it wrote meanwhile: its exit code.
+    A stop signal meanwhile waits until it is stopped (``lib.signals.critical``)."""
+    with critical():
+        rc = stop(Proc(name, popen, Path(os.devnull)))
+        if popen.stdout is not None:
+            for line in popen.stdout:
+                echo(line)
+    return rc
+
+
+def stop_all(procs: list[Proc]) -> dict[str, int]:
+    """Stop every running process, newest first (the agent before the trainer it reads from). A stop
+    signal meanwhile waits until all are stopped (``lib.signals.critical``): none is left running."""
+    with critical():
+        return {p.name: stop(p) for p in reversed(procs)}
+
+
+def wait_for(what: str, done: Callable[[], bool], procs: list[Proc], timeout: float, poll: float = 2.0) -> None:
+    """Wait until ``done()``; a process that dies meanwhile, or the timeout, is an error."""
+    end = time.time() + timeout
+    while not done():
+        for p in procs:
+            if not p.running():
+                raise UserError(f"{p.name} ended (exit {p.popen.returncode}) while waiting for {what}:\n{p.tail()}")
+        if time.time() > end:
+            raise UserError(f"no {what} after {timeout:.0f} s; the logs are in {procs[0].logfile.parent}")
+        time.sleep(poll)
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+
+def run_stage(name: str, cmd: list[str], logfile: Path) -> None:
+    """Run a pipeline script, its output appended to ``logfile`` and echoed with a prefix."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    log(f"{name}: $ {' '.join(cmd[1:])}  (log: {logfile})")
+    with open(logfile, "a", encoding="utf-8") as f:
+
+        def echo(line: str) -> None:
+            f.write(line)
+            f.flush()
+            print(f"  [{name}] {line}", end="", flush=True)
+
+        # its own session: Ctrl-C, SIGTERM and SIGHUP reach this module only (cli), which stops it
+        # on its own Ctrl-C path (stop_piped) before it ends
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                echo(line)
+        except KeyboardInterrupt:
+            stop_piped(name, proc, echo)
+            raise
+        rc = proc.wait()
+    if rc != 0:
+        raise UserError(f"stage {name} failed (exit {rc}); its output is in {logfile}")
+
+
+def a2c_progress(save_dir: Path) -> int | None:
+    """Agent steps a run in ``save_dir`` has done (from its last.pt), None when it has none."""
+    last = save_dir / "last.pt"
+    if not last.exists():
+        return None
+    ck = read_checkpoint(last, "model")
+    return int(ck.get("progress", {}).get("step", 0))
+
+
+def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
+    """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
+    starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
+    evaluations): skipped when done, continued (``resume``) when stopped."""
+    steps = cfg.max_steps
+    done = a2c_progress(cfg.save_dir)
+    if done is not None and done >= steps:
+        log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
+        return
+    cfg = replace(
+        cfg,
+        dev=args.dev,
+        seed=args.seed,
+        runs_dir=str(args.out / "tb"),
+        test_every=max(steps // evals, 1),
+        test_episodes=args.test_episodes,
+    )
+    # stopped part-way: continue from last.pt (its policy, not the one the arm starts from)
+    cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
+    run_stage(cfg.name, [sys.executable, str(ROOT / "01_a2c.py"), *to_argv(cfg)], args.out / "logs" / f"{cfg.name}.log")
+    reached = a2c_progress(cfg.save_dir) or 0
+    if reached < steps:  # Ctrl-C reached the child too: it saved last.pt and ended cleanly
+        raise UserError(f"{cfg.name} stopped at step {reached:,} of {steps:,}: run the same command to continue")
+
+
+def best_policy(save_dir: Path) -> Path:
+    """A run's best checkpoint (``lib.model.best_checkpoint``)."""
+    best = best_checkpoint(save_dir)
+    if best is None:
+        raise UserError(f"no {BEST_GLOB} in {save_dir}: the run never finished an evaluation")
+    return best
+
+
+def split_db(db: Path, out: Path, holdout: float, seed: int) -> dict[str, list[str]]:
+    """Held-out and labelable segments of the v0 DB (kept in out/split.json, made once)."""
+    path = out / "split.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    segs = list_segments(db)
+    if len(segs) < 10:
+        raise UserError(f"v0 recorded {len(segs)} segments into {db}: too few for a round (raise --record-prob)")
+    order = np.random.default_rng(seed).permutation(len(segs))
+    n_hold = max(2, int(round(holdout * len(segs))))
+    split = {"holdout": sorted(segs[i] for i in order[:n_hold]), "train": sorted(segs[i] for i in order[n_hold:])}
+    atomic_write(path, json.dumps(split).encode())
+    return split
+
+
+def teacher_db(db: Path, tdb: Path, train: list[str]) -> None:
+    """A DB of the labelable segments for one teacher's labels: hard links to v0's files (a
+    DB holds one labels.jsonl, and teachers must not share it)."""
+    for rel in [DB_INFO_FILE, *train]:
+        src, dst = db / rel, tdb / rel
+        if dst.exists() or not src.exists():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            atomic_write(dst, src.read_bytes())
+
+
+def ft_config(args: argparse.Namespace, **fields: Any) -> A2CConfig:
+    """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top."""
+    from lib.a2c_cli import build_parser as a2c_parser
+
+    parsed = vars(a2c_parser().parse_args(["-n", "x", *shlex.split(args.ft_args)]))
+    given = {k: v for k, v in parsed.items() if k != "name" and v != getattr(A2CConfig, k, None)}
+    return A2CConfig(**{**fields, **given})
+
+
+def ft_settings(layers: str) -> dict[str, Any]:
+    """A fine-tune's A2CConfig fields for --ft-layers: frozen conv layers (--finetune), or every
+    layer trained at the fine-tune's learning rate."""
+    if layers == "frozen":
+        return {"finetune": True}
+    return {"finetune": False, "lr": FINETUNE_LEARNING_RATE}
+
+
+def label_steps(n: int, sampling: str) -> list[int]:
+    """Label counts at which a model is trained before the next pick: all at once at random or
+    rare, else thirds (the first at random: no model exists yet)."""
+    return [n] if sampling in NO_MODEL_MODES else sorted({n // 3, 2 * n // 3, n})
+
+
+def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: Path | None = None) -> None:
+    """The teacher labels ``tdb`` up to ``upto`` (default --labels) pairs: at random, or picked by
+    --sampling with ``reward``, as the label page would offer them."""
+    upto = args.labels if upto is None else upto
+    have = len(load_labels(tdb, warn=None))
+    if have >= upto:
+        log(f"labels: {have} in {tdb}, reused")
+        return
+    how = args.sampling if reward is not None or args.sampling in NO_MODEL_MODES else "random"
+    s = oracle_label_db(
+        tdb,
+        upto - have,
+        seed=args.seed if args.sampling == "random" else args.seed * 1000 + upto,  # random: as before --sampling
+        teacher=args.teacher,
+        noise=args.teacher_noise,
+        sampling=how,
+        reward=reward,
+        death_penalty=args.death_penalty,
+    )
+    log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
+
+
+def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace, older: list[Path] | None = None) -> Path:
+    """Labels of ``tdb`` and the round's reward model, trained on them and on the ``older`` rounds'
+    label DBs. With a model-picked --sampling, a model trained on the first third picks the second
+    third, a model of both the last; only the final one is the round's."""
+    model: Path | None = None
+    steps = label_steps(args.labels, args.sampling)
+    for n in steps:
+        label(tdb, args, n, model)
+        model = train_reward([*(older or []), tdb], tdir, args, "round" if n == steps[-1] else f"round-{n}")
+    assert model is not None
+    return model
+
+
+def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
+    path = tdir / f"reward-{name}.pt"
+    if reward_training_finished(path):
+        log(f"reward model: {path}, reused")
+        return path
+    if path.exists():
+        log(f"reward model: {path} was stopped early by hand (or is unreadable): training it again")
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "-n", name, "-o", str(tdir), "--dev", args.dev]
+    cmd += ["--seed", str(args.seed), "--runs-dir", str(args.out / "tb"), "--no-progress"]
+    cmd += [*shlex.split(args.reward_args), *map(str, dbs)]
+    run_stage("reward", cmd, args.out / "logs" / f"reward-{tdir.parent.name}-{tdir.name}-{name}.log")
+    return path
+
+
+@dataclass
+class SeedRun:
+    """One seed's run: its settings (``args.out`` is the seed's directory, ``args.seed`` its seed),
+    the teacher's directory, v0's DB, split and best policy."""
+
+    args: argparse.Namespace
+    tdir: Path
+    db: Path
+    split: dict[str, list[str]]
+    v0_policy: Path
+
+
+def round_source(sr: SeedRun, k: int) -> tuple[Path, dict[str, list[str]]]:
+    """The DB round ``k`` labels, and its split: v0's in round 1, else what round k-1's rlhf
+    fine-tune recorded of its own play (split with a seed of its own)."""
+    if k == 1:
+        return sr.db, sr.split
+    db = sr.tdir / f"r{k - 1}" / "rlhf-db"
+    return db, split_db(db, sr.tdir / f"r{k}", sr.args.holdout, sr.args.seed + k)
+
+
+def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
+    """Round ``k``'s inner loop: labels of its DB, a reward model of every label so far, its
+    held-out figures and the labels' evidence (the reward model and its ``reward_model`` and
+    ``evidence`` figures)."""
+    args, rdir = sr.args, sr.tdir / f"r{k}"
+    rdir.mkdir(parents=True, exist_ok=True)
+    src, split = round_source(sr, k)
+    ldb = rdir / "label-db"
+    teacher_db(src, ldb, split["train"])
+    older = [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)]
+    previous = sr.tdir / f"r{k - 1}" / "reward-round.pt"
+    if k > 1 and not (rdir / "reward-round.pt").exists():
+        label(ldb, args)  # this round's labels first: the previous model is judged on them before training
+    reward = label_and_train(ldb, rdir, args, older)
+    before = None
+    if k > 1 and previous.exists():
+        before = cached_json(
+            rdir / "previous_model_on_new_labels.json",
+            lambda: label_agreement(previous, ldb, args.dev),
+            {"reward": file_digest(previous), "labels": file_digest(ldb / LABELS_FILE)},
+        )
+    figs = cached_json(
+        rdir / "reward_heldout.json",
+        lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev, args.death_penalty),
+        {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(split["holdout"])}
+        | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
+    )
+    evidence = cached_json(
+        rdir / "evidence.json",
+        lambda: teacher_evidence(src, ldb, split["train"], args.teacher),
+        {"labels": file_digest(ldb / LABELS_FILE), "teacher": args.teacher},
+    )
+    if before is not None:
+        figs = {**figs, "previous_on_new_labels": before["agreement"], "previous_on_new_pairs": before["pairs"]}
+    return reward, {"reward_model": figs, "evidence": evidence}
+
+
+def label_agreement(reward: Path, ldb: Path, dev: str) -> dict[str, float]:
+    """How well a reward model understood the clips of the agent it produced: the share of the
+    labels of ``ldb`` that prefer one clip (1 or 2) whose order its predicted returns agree with,
+    measured before it is trained on them (a predicted tie counts as wrong)."""
+    labels = [lab for lab in load_labels(ldb, warn=None).values() if lab.label in (FIRST_BETTER, SECOND_BETTER)]
+    names = sorted({n for lab in labels for n in (lab.sample1, lab.sample2)})
+    preds = predict_segments(load_reward_model(reward, device=dev), ldb, names)
+    ret = dict(zip(preds.names, preds.pred_returns.tolist(), strict=True))
+    judged = [lab for lab in labels if lab.sample1 in ret and lab.sample2 in ret]
+    order = {FIRST_BETTER: 1.0, SECOND_BETTER: -1.0}
+    right = sum(np.sign(ret[lab.sample1] - ret[lab.sample2]) == order[lab.label] for lab in judged)
+    return {"agreement": right / len(judged) if judged else math.nan, "pairs": len(judged)}
+
+
+def cached_json(path: Path, make: Any, key: dict[str, Any] | None = None) -> Any:
+    """``make()``'s JSON-able result, kept in ``path`` with ``key`` (what it was made from: a
+    file's digest, the settings) and read back when the command runs again with the same key;
+    made again when the key differs or the file is unreadable."""
+    if path.exists():
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = None
+        if isinstance(kept, dict) and kept.get("made_from") == key and "value" in kept:
+            return kept["value"]
+    value = make()
+    atomic_write(path, json.dumps({"made_from": key, "value": value}).encode())
+    return value
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes: what a cached figure of it was made from."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``tag`` from the newest TensorBoard run whose name starts with
+    ``run_prefix`` (a resumed run continues in the same directory)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = sorted(p for p in tb_root.glob(f"{run_prefix}__*") if p.is_dir())
+    steps: dict[int, float] = {}
+    for run in runs:  # earlier directories of a run started over are overwritten by later ones
+        acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            steps.update({e.step: e.value for e in acc.Scalars(tag)})
+    keys = sorted(steps)
+    return keys, [steps[k] for k in keys]
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def held_out_figures(
+    db: Path, holdout: list[str], reward: Path, teacher: str, dev: str, death_penalty: float = 0.0
+) -> dict[str, Any]:
+    """The reward model on segments it never saw: agreement with the teacher over every held-out
+    pair the teacher prefers one of (a predicted tie counts as wrong), overall and per deciding rule
+    (``by_rule``: agreement and pairs); ``--evaluate``'s figures against the score (agreement,
+    per-step correlation); what the model pays where a life is lost (``life_loss_rewards``) and,
+    for SeaQuest, on steps with a low gauge and a diver aboard (``diver_step_rewards``)."""
+    rm = load_reward_model(reward, device=dev)
+    preds = predict_segments(rm, db, holdout)
+    vs_score = score(preds)
+    game = (db_game(db) or (None, None))[0]
+    facts, lost, flags = [], [], []
+    for rel in preds.names:
+        seg = read_segment(db, rel)
+        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
+        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
+        if shows_gauge(game, seg.frames.shape[1:]):  # the steps' flags, not the frames (~5 MB a segment)
+            flags.append(diver_step_flags(seg.frames))
+    judge = Teacher(teacher, death_penalty=death_penalty)
+    i, j = np.triu_indices(len(facts), k=1)
+    verdicts = [judge.judge_rule(facts[a], facts[b]) for a, b in zip(i, j, strict=True)]
+    agree, n, by_rule = rule_agreement(preds.pred_returns[i], preds.pred_returns[j], verdicts)
+    figs: dict[str, Any] = {
+        "teacher_agreement": agree,
+        "teacher_pairs": n,
+        "by_rule": by_rule,
+        "score_agreement": vs_score.agreement,
+        "score_pairs": vs_score.pairs,
+        "step_corr_heldout": vs_score.step_corr,
+        "heldout_segments": vs_score.segments,
+        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
+    }
+    if flags and len(flags) == len(facts):
+        figs.update(_diver_step_figures(preds.pred_steps, flags))
+    return figs
+
+
+def rule_agreement(
+    pred1: np.ndarray, pred2: np.ndarray, verdicts: list[tuple[int, str]]
+) -> tuple[float, int, dict[str, dict[str, float]]]:
+    """Agreement of predicted returns with the teacher's verdicts (answer, rule) on the same pairs:
+    over every pair it prefers one of, and per rule that decided ({rule: {agreement, pairs}})."""
+    answers = np.array([a for a, _ in verdicts], dtype=np.int64).reshape(-1)
+    rules = np.array([r for _, r in verdicts], dtype=object).reshape(-1)
+    # The preference as a pair of "true returns", so that oracle_agreement's one rule applies:
+    # (1, 0) when #1 is preferred, (0, 1) for #2, NaN (left out) for ties and can't tell.
+    t1 = np.where(answers == FIRST_BETTER, 1.0, np.where(answers == SECOND_BETTER, 0.0, math.nan))
+    agree, n = oracle_agreement(pred1, pred2, t1, 1.0 - t1)
+    by_rule = {}
+    for rule in sorted(set(rules[np.isfinite(t1)].tolist())):
+        m = rules == rule
+        a, k = oracle_agreement(pred1[m], pred2[m], t1[m], 1.0 - t1[m])
+        by_rule[rule] = {"agreement": a, "pairs": k}
+    return agree, n, by_rule
+
+
+def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
+    """SeaQuest: the model's mean normalised reward (``lib.reward_wrapper.normalised``, the
+    learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
+    ``lib.seaquest``'s low) and a diver aboard, split by whether the sub climbs there (its top row
+    above the step before's, within a segment): ``diver_climb_z`` and ``diver_still_z`` (NaN where
+    there are none), with their counts.
+    A model that has learned what the surface teacher asks for pays more for the climb."""
+    return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
+
+
+def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the sub climbing."""
+    levels, rows, divers = oxygen_levels(frames), sub_rows(frames), divers_aboard(frames)
+    draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
+    draining[1:] = levels[1:] <= levels[:-1]  # not filling (a segment's first step: not judged)
+    up[1:] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
+    return draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0), up
+
+
+def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    z = normalised(pred_steps).astype(np.float64)
+    steps = sum(len(low) for low, _ in flags)
+    if len(z) != steps:
+        raise ValueError(f"{len(z)} predictions for {steps} steps")
+    low, up = np.concatenate([f[0] for f in flags]), np.concatenate([f[1] for f in flags])
+    climb, still = low & up, low & ~up
+    return {
+        "diver_climb_z": float(z[climb].mean()) if climb.any() else math.nan,
+        "diver_climb_steps": int(climb.sum()),
+        "diver_still_z": float(z[still].mean()) if still.any() else math.nan,
+        "diver_still_steps": int(still.sum()),
+    }
+
+
+LIFE_LOSS_LEAD = 15  # steps before a life loss that ``life_loss_rewards`` also averages
+
+
+def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
+    """What a reward model pays around a lost life, in the learner's units: per-step predictions
+    normalised as ``RewardModelWrapper`` does (``lib.reward_wrapper.normalised``). The true
+    reward there is 0, so a model the agent cannot exploit pays about 0 or less.
+
+    ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the
+    ``LIFE_LOSS_LEAD`` steps before each of them (what the agent is paid for heading into a death);
+    ``life_losses``: how many there were. NaN where there is none."""
+    pred_steps = np.asarray(pred_steps, dtype=np.float64)
+    life_lost = np.asarray(life_lost, dtype=bool)
+    if pred_steps.shape != life_lost.shape:
+        raise ValueError(f"{pred_steps.shape} predictions for {life_lost.shape} steps")
+    z = normalised(pred_steps).astype(np.float64)
+    at = np.flatnonzero(life_lost)
+    lead = np.zeros(len(z), dtype=bool)
+    for t in at:
+        lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
+    lead &= ~life_lost
+    return {
+        "life_losses": int(len(at)),
+        "life_loss_z": float(z[at].mean()) if len(at) else math.nan,
+        "pre_loss_z": float(z[lead].mean()) if lead.any() else math.nan,
+    }
+
+
+def own_clip_figures(db: Path, reward: Path, dev: str) -> dict[str, float]:
+    """What a reward model pays around a lost life on the clips the agent fine-tuned on it recorded of
+    its own play (``life_loss_rewards``): does the agent it produced find dying paid?"""
+    names = list_segments(db, warn=None)
+    preds = predict_segments(load_reward_model(reward, device=dev), db, names)
+    lost = []
+    for rel in preds.names:
+        seg = read_segment(db, rel)
+        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
+    return {
+        "segments": len(preds.names),
+        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
+    }
+
+
+EVIDENCE_KEY = {"oxygen_deaths": "by_oxygen_death", "refills": "by_refill", "returns": "by_score"}
+
+
+RULE_KEY = {"oxygen_death": "by_oxygen_death", "refill": "by_refill", "score": "by_score"}
+
+
+def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dict[str, int]:
+    """What the teacher had to go on: how its labels were decided (by the teacher's own rule: the
+    score teacher decides every label by the score), and how many of the labelable segments show a
+    voluntary refill or an oxygen death at all (SeaQuest)."""
+    ev = {"labels": 0, "by_oxygen_death": 0, "by_refill": 0, "by_score": 0, "ties": 0, "cant_tell": 0}
+    rules: dict[str, int] = {}
+    for lab in load_labels(tdb, warn=None).values():
+        ev["labels"] += 1
+        rule = lab.extra.get("rule")
+        if isinstance(rule, str):  # the rule the teacher recorded (lib.oracle)
+            rules[rule] = rules.get(rule, 0) + 1
+        if lab.label not in (FIRST_BETTER, SECOND_BETTER):
+            ev["ties" if lab.label == 0 else "cant_tell"] += 1
+            continue
+        if rule in RULE_KEY:  # recorded: oxygen_death, refill or score (climb and idle: in "rules" only)
+            ev[RULE_KEY[rule]] += 1
+            continue
+        for fact in RULE_FACTS.get(teacher, ()):  # labels written before rules were recorded
+            values = lab.extra.get(fact)
+            if isinstance(values, list) and len(values) == 2 and values[0] != values[1]:
+                ev[EVIDENCE_KEY[fact]] += 1
+                break
+    ev["rules"] = rules  # type: ignore[assignment]
+    game = (db_game(db) or (None, None))[0]
+    ev.update(segments=0, with_refill=0, with_oxygen_death=0, lives_lost=0)
+    for rel in train:
+        try:
+            seg = read_segment(db, rel)
+        except SegmentError:
+            continue
+        f = segment_facts(seg.frames, seg.rewards, seg.dones, game)
+        ev["segments"] += 1
+        if f.oxygen is not None:
+            ev["with_refill"] += f.oxygen.refills > 0
+            ev["with_oxygen_death"] += f.oxygen.oxygen_deaths > 0
+            ev["lives_lost"] += f.oxygen.deaths
+    return ev
+
+
+def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``,
+    keyed on the policy's content (a run resumed to more steps writes a new ``last.pt`` at the
+    same path) and the games."""
+
+    def games() -> dict[str, Any]:
+        log(f"evaluating {policy}: {args.eval_games} games")
+        cfg = PlayConfig(model=str(policy), episodes=args.eval_games, dev=args.dev, seed=EVAL_SEED)
+        results = play(cfg, log=lambda m: None)
+        return {
+            "policy": str(policy),
+            "games": args.eval_games,
+            "scores": [r.score for r in results],
+            "lengths": [r.steps for r in results],
+            "refills": [r.oxygen.refills if r.oxygen else None for r in results],
+            "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
+            "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
+            **{name: [_surface(r, key) for r in results] for name, key in SURFACE_FIGURES.items()},
+        }
+
+    return cached_json(cache, games, {"policy": file_digest(policy), "games": args.eval_games, "seed": EVAL_SEED})
+
+
+# evaluate_arm's record: its name -> the SurfaceCounts field per game
+SURFACE_FIGURES = {
+    "climbs": "low_climbs",
+    "surface_steps": "surface_steps",
+    "rescues": "rescues",
+    "diver_steps": "diver_steps",
+}
+
+
+def _surface(res: Any, key: str) -> float | None:
+    """A game's surface figure (``lib.behaviour``'s observer), None where the game had none."""
+    counts = getattr(res, "surface", None)
+    return None if counts is None else float(getattr(counts, key))
+
+
+def print_model_figures(what: str, rm: dict[str, Any]) -> None:
+    """A reward model's held-out figures: overall, per deciding rule, on low-gauge diver steps."""
+    during = rm.get("step_corr_finetune")
+    print(
+        f"{what} on {rm['heldout_segments']} never-seen segments of the round's DB: "
+        f"{100 * rm['teacher_agreement']:.1f}% agreement with the teacher ({rm['teacher_pairs']} pairs), "
+        f"{100 * rm['score_agreement']:.1f}% with the score; per-step correlation with the true reward "
+        f"{rm['step_corr_heldout']:+.2f} (held out)"
+        + (f", {during:+.2f} (during the rlhf fine-tune)" if during is not None else "")
+    )
+    if by_rule := rm.get("by_rule"):
+        parts = [f"{rule} {100 * v['agreement']:.1f}% ({v['pairs']} pairs)" for rule, v in by_rule.items()]
+        print("  held-out agreement per deciding rule: " + ", ".join(parts))
+    if "diver_climb_z" in rm:
+        print(
+            f"  mean normalised reward on held-out steps with a low gauge and a diver aboard: climbing "
+            f"{rm['diver_climb_z']:+.2f} ({rm['diver_climb_steps']} steps), not climbing "
+            f"{rm['diver_still_z']:+.2f} ({rm['diver_still_steps']} steps)"
+        )
+
+
+def print_evidence(ev: dict[str, Any]) -> None:
+    """How the labels were decided (``teacher_evidence``)."""
+    rules = ", ".join(f"{n} {rule}" for rule, n in sorted(ev.get("rules", {}).items(), key=lambda x: -x[1]))
+    print(
+        f"  the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
+        f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
+        f"{ev['cant_tell']} can't tell"
+        + (f"; by the rule recorded: {rules}" if rules else "")
+        + f"; {100 * behaviour_share(ev):.0f}% decided by a rule the score does not pay for"
+        + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
+        f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
+    )
