@@ -5,8 +5,9 @@ Imports no torch, so that ``--help`` stays fast."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from lib.envs import DEFAULT_ENV
 from lib.errors import UserError
@@ -30,83 +31,250 @@ REWARD_NORMS = ("running", "labels")  # --reward-norm: where the learned reward'
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
+def setting(default: Any = MISSING, help: str = "", *, group: str, flags: tuple[str, ...] = (), checks=(), **arg: Any):
+    """One flag of ``01_a2c.py``, declared once: its default, its ``--help`` text, the ``--help`` group
+    it is listed in, its own checks (``(ok(value), message)`` pairs, the message formatted with
+    ``v``) and what else argparse needs (``type``, ``choices``, ``metavar``). ``lib/a2c_cli.py``
+    builds the parser from these; ``A2CConfig.check`` runs the checks."""
+    meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg}
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+def _positive_count(flag: str):
+    return ((lambda v: v >= 0, flag + " must be >= 0, got {v}"),)
+
+
 @dataclass(frozen=True)
 class A2CConfig:
-    """Everything a run is told (the command line's flags, checked). Defaults are the CLI's."""
+    """Everything a run is told: each field is one flag of ``01_a2c.py`` (``setting``), listed in
+    ``--help`` order; ``check`` runs each flag's own checks, then those between flags."""
 
-    name: str
-    env: str = DEFAULT_ENV
-    dev: str = "cpu"
-    model: str | None = None
-    finetune: bool = False
-    reward: str | None = None
-    reward_penalty: float = 0.0
-    reward_reload: bool = False
-    reward_scale: float = 1.0
-    reward_norm: str = "running"
-    reward_oracle: bool = False
-    terminal: str = "life"
-    kl: float = 0.0
-    gamma: float = GAMMA
-    entropy: float = ENTROPY_BETA
-    n_steps: int = REWARD_STEPS
-    clip_grad: float = CLIP_GRAD
-    save: str | None = None
-    db_path: str | None = None
-    envs: int = 16
-    max_steps: int = 0
-    seed: int = 0
-    record_prob: float = DEFAULT_RECORD_PROB
-    segment_steps: int = DEFAULT_SEGMENT_STEPS
-    test_every: int = 100_000
-    test_episodes: int = 10
-    force: bool = False
-    resume: bool = False
-    lr: float | None = None
-    lr_decay_steps: int = 0
-    runs_dir: str = "runs"
-    bf16: bool = False
-    threads: int = 0
-    env_threads: int = 0
+    # core
+    name: str = setting(
+        help="run name: checkpoints go to saves/<name>, logs to runs/",
+        group="core",
+        flags=("-n", "--name"),
+        checks=[(lambda v: v and "/" not in v and v not in (".", ".."), "--name must be plain, got {v!r}")],
+    )
+    env: str = setting(DEFAULT_ENV, "ALE game, e.g. SeaquestNoFrameskip-v4 or BreakoutNoFrameskip-v4", group="core")
+    dev: str = setting("cpu", "torch device for the networks: cpu, cuda or cuda:N", group="core")
+    max_steps: int = setting(
+        0,
+        "stop cleanly after this many agent steps, summed over all envs (0: run until Ctrl-C)",
+        group="core",
+        checks=[
+            (lambda v: v <= MAX_STEP_COUNT, "--max-steps must be at most 1e13, got {v}"),
+            (lambda v: v >= 0, "--max-steps must be >= 0, got {v}"),
+        ],
+    )
+    seed: int = setting(
+        0,
+        "random seed for envs, network init and recording",
+        group="core",
+        checks=[(lambda v: 0 <= v <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {{v}}")],
+    )
+    envs: int = setting(
+        16,
+        "number of games played side by side",
+        group="core",
+        checks=[
+            (lambda v: v >= 1, "--envs must be at least 1, got {v}"),
+            (lambda v: v <= 4096, "--envs must be at most 4096, got {v}"),
+        ],
+    )
+    # policy: where it starts, how it learns
+    model: str | None = setting(
+        None,
+        "start from this saved policy (.pt) instead of from scratch; a run directory (saves/v0) means its best",
+        group="policy",
+        flags=("-m", "--model"),
+    )
+    finetune: bool = setting(
+        False, f"freeze the conv layers of -m and train the heads with lr {FINETUNE_LEARNING_RATE}", group="policy"
+    )
+    lr: float | None = setting(
+        None,
+        f"learning rate (default {LEARNING_RATE}, {FINETUNE_LEARNING_RATE} with --finetune); "
+        "decays linearly to 0 over --lr-decay-steps",
+        group="policy",
+        type=float,
+        checks=[(lambda v: v is None or 0 < v < 1, "--lr must be a number in (0, 1), got {v}")],
+    )
+    lr_decay_steps: int = setting(
+        0,
+        f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
+        group="policy",
+        checks=_positive_count("--lr-decay-steps"),
+    )
+    terminal: str = setting(
+        "life",
+        "what ends the learner's episode (the game resets as always): life = every lost life (DeepMind's), "
+        "game = a game over, none = nothing (the papers' one continuous episode under a learned reward: the "
+        "n-step return bootstraps across a reset; the time limit stays a truncation)",
+        group="policy",
+        choices=TERMINALS,
+        checks=[(lambda v: v in TERMINALS, "--terminal must be life, game or none, got {v!r}")],
+    )
+    kl: float = setting(
+        0.0,
+        "add B * KL(pi || pi_start) to the loss, a pull toward the policy -m starts from "
+        "(finetune/kl_to_start in TensorBoard is logged for every run from -m)",
+        group="policy",
+        metavar="B",
+        checks=[(lambda v: 0 <= v < 1e6, "--kl must be a number in [0, 1e6), got {v}")],
+    )
+    gamma: float = setting(
+        GAMMA,
+        "discount of the n-step returns (the book's)",
+        group="policy",
+        checks=[(lambda v: 0 < v <= 1, "--gamma must be in (0, 1], got {v}")],
+    )
+    entropy: float = setting(
+        ENTROPY_BETA,
+        "entropy bonus of the loss",
+        group="policy",
+        metavar="BETA",
+        checks=[(lambda v: 0 <= v < 1e3, "--entropy must be in [0, 1000), got {v}")],
+    )
+    n_steps: int = setting(
+        REWARD_STEPS,
+        "rewards summed before bootstrapping",
+        group="policy",
+        checks=[(lambda v: 1 <= v <= 1000, "--n-steps must be in 1..1000, got {v}")],
+    )
+    clip_grad: float = setting(
+        CLIP_GRAD,
+        "gradient-norm clip of each update",
+        group="policy",
+        checks=[(lambda v: 0 < v < 1e9, "--clip-grad must be a positive number, got {v}")],
+    )
+    resume: bool = setting(
+        False,
+        "continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
+        group="policy",
+    )
+    force: bool = setting(
+        False,
+        "start the run <name> over even though saves/<name> holds checkpoints (its best_*.pt and last.pt "
+        "are removed first)",
+        group="policy",
+    )
+    # labels: the reward it learns from, the segments it records
+    reward: str | None = setting(
+        None,
+        "learn from this reward model (.pt from 03_reward_train.py) instead of the game score",
+        group="labels",
+        flags=("-r", "--reward"),
+    )
+    reward_penalty: float = setting(
+        0.0,
+        "with an ensemble reward model (-r, --ensemble K): learn from mean - L * std of the members' "
+        "normalised predictions, lower where they disagree (0: the mean)",
+        group="labels",
+        metavar="L",
+        checks=[(lambda v: 0 <= v < math.inf, "--reward-penalty must be >= 0, got {v}")],
+    )
+    reward_reload: bool = setting(
+        False,
+        "live rounds: keep watching the -r file (a stat about once a second) and switch to each new version "
+        "between two steps, without stopping (03_reward_train.py --follow installs them); its normalisation "
+        "restarts from the new model's stored stats; a broken or wrong-game file is skipped with one warning; "
+        "TensorBoard's reward_model/version names the version in use",
+        group="labels",
+    )
+    reward_scale: float = setting(
+        1.0,
+        "-r: the std of the learned reward the learner gets (the papers: 0.05, near the clipped score's 0.11)",
+        group="labels",
+        metavar="S",
+        checks=[(lambda v: 0 < v < 1e6, "--reward-scale must be in (0, 1e6), got {v}")],
+    )
+    reward_norm: str = setting(
+        "running",
+        "-r: where the reward's centre and std come from: running = the agent's own last 10,000 predictions "
+        "(median-centred), labels = fixed, the mean and std over the labelled clips stored in the checkpoint "
+        "(each version's own under --reward-reload)",
+        group="labels",
+        choices=REWARD_NORMS,
+        checks=[(lambda v: v in REWARD_NORMS, "--reward-norm is running or labels, not {v!r}")],
+    )
+    reward_oracle: bool = setting(
+        False,
+        "-r: learn from the game's true per-step score sent through the learned reward's path (its "
+        "--reward-norm, --reward-scale, clip and --terminal) instead of the model's prediction; with "
+        "--reward-norm labels the score's statistics over the same labelled clips, stored in -r's checkpoint "
+        "(experiments.round --oracle-arm: what the path costs apart from the model's errors)",
+        group="labels",
+    )
+    db_path: str | None = setting(
+        None, "record segments into this DB directory (recording is off without it)", group="labels"
+    )
+    record_prob: float = setting(
+        DEFAULT_RECORD_PROB,
+        "per agent step and env, probability to start recording a segment "
+        "(the default gives ~2,500 segments over 10M steps)",
+        group="labels",
+        checks=[(lambda v: 0.0 <= v <= 1.0, "--record-prob must be in [0, 1], got {v}")],
+    )
+    segment_steps: int = setting(
+        DEFAULT_SEGMENT_STEPS,
+        "agent steps per recorded segment",
+        group="labels",
+        checks=[(lambda v: 1 <= v <= MAX_SEGMENT_STEPS, f"--segment-steps must be in 1..{MAX_SEGMENT_STEPS}")],
+    )
+    # output: checkpoints, evaluation, logs
+    save: str | None = setting(None, "checkpoint directory (default: saves/<name>)", group="output")
+    test_every: int = setting(
+        100_000,
+        "evaluate every this many agent steps (0: never)",
+        group="output",
+        checks=_positive_count("--test-every"),
+    )
+    test_episodes: int = setting(
+        10,
+        "full games (all lives) per evaluation, played side by side",
+        group="output",
+        checks=[(lambda v: v >= 1, "--test-episodes must be at least 1, got {v}")],
+    )
+    runs_dir: str = setting("runs", "TensorBoard log root", group="output")
+    # speed
+    bf16: bool = setting(
+        False,
+        "run the networks' forward passes in bfloat16 autocast (weights and loss stay float32): "
+        "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
+        group="speed",
+    )
+    threads: int = setting(0, "torch CPU threads (0: one per core)", group="speed", checks=_positive_count("--threads"))
+    env_threads: int = setting(
+        0,
+        "emulator threads of every vector env (training and evaluation; 0: the cores this process may "
+        "use, divided among the ranks of a torchrun on this machine)",
+        group="speed",
+        metavar="N",
+        checks=_positive_count("--env-threads"),
+    )
 
     @property
     def save_dir(self) -> Path:
         return Path(self.save or Path("saves") / self.name)
 
     def check(self) -> None:
-        """UserError with one line for every flag value that cannot work."""
+        """UserError with one line for the first flag value that cannot work: each flag's own checks
+        (``setting``) in ``--help`` order, then the ones between flags."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            for ok, message in f.metadata["checks"]:
+                if not ok(value):
+                    raise UserError(message.format(v=value))
         wrong = [
-            (self.envs < 1, f"--envs must be at least 1, got {self.envs}"),
-            (not 0.0 <= self.record_prob <= 1.0, f"--record-prob must be in [0, 1], got {self.record_prob}"),
-            (not 1 <= self.segment_steps <= MAX_SEGMENT_STEPS, f"--segment-steps must be in 1..{MAX_SEGMENT_STEPS}"),
-            (self.envs > 4096, f"--envs must be at most 4096, got {self.envs}"),
-            (self.max_steps > MAX_STEP_COUNT, f"--max-steps must be at most 1e13, got {self.max_steps}"),
-            (self.max_steps < 0, f"--max-steps must be >= 0, got {self.max_steps}"),
-            (self.test_every < 0, f"--test-every must be >= 0, got {self.test_every}"),
-            (self.test_episodes < 1, f"--test-episodes must be at least 1, got {self.test_episodes}"),
-            (self.lr is not None and not 0 < self.lr < 1, f"--lr must be a number in (0, 1), got {self.lr}"),
-            (not 0 <= self.seed <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {self.seed}"),
-            (self.threads < 0, f"--threads must be >= 0, got {self.threads}"),
-            (self.env_threads < 0, f"--env-threads must be >= 0, got {self.env_threads}"),
-            (self.lr_decay_steps < 0, f"--lr-decay-steps must be >= 0, got {self.lr_decay_steps}"),
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
-            (not 0 <= self.reward_penalty < math.inf, f"--reward-penalty must be >= 0, got {self.reward_penalty}"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
-            (self.terminal not in TERMINALS, f"--terminal must be life, game or none, got {self.terminal!r}"),
-            (not 0 < self.reward_scale < 1e6, f"--reward-scale must be in (0, 1e6), got {self.reward_scale}"),
-            (self.reward_norm not in REWARD_NORMS, f"--reward-norm is running or labels, not {self.reward_norm!r}"),
             (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
             (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
-            (not 0 <= self.kl < 1e6, f"--kl must be a number in [0, 1e6), got {self.kl}"),
-            (not 0 < self.gamma <= 1, f"--gamma must be in (0, 1], got {self.gamma}"),
-            (not 0 <= self.entropy < 1e3, f"--entropy must be in [0, 1000), got {self.entropy}"),
-            (not 1 <= self.n_steps <= 1000, f"--n-steps must be in 1..1000, got {self.n_steps}"),
-            (not 0 < self.clip_grad < 1e9, f"--clip-grad must be a positive number, got {self.clip_grad}"),
             (self.kl > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
-            (not self.name or "/" in self.name or self.name in (".", ".."), f"--name must be plain, got {self.name!r}"),
         ]  # fmt: skip
         for bad, message in wrong:
             if bad:

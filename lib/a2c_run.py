@@ -195,9 +195,9 @@ class Progress:
         }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
-    """What a training run is made of (``build_run``) and how it saves itself."""
+    """What a training run is made of (``build_run``) and how it saves itself; built by name only."""
 
     cfg: A2CConfig
     device: torch.device
@@ -457,23 +457,23 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         if cfg.reward_reload and dist.is_main:
             print(f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True)
     return Run(
-        cfg,
-        device,
-        game,
-        base_env,
-        env,
-        recorder,
-        eval_env,
-        net,
-        finetune,
-        optimizer,
-        scheduler,
-        lr,
-        decay_steps,
-        progress,
-        writer,
-        tb_dir,
-        resume_ck is not None,
+        cfg=cfg,
+        device=device,
+        game=game,
+        base_env=base_env,
+        env=env,
+        recorder=recorder,
+        eval_env=eval_env,
+        net=net,
+        finetune=finetune,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        lr=lr,
+        decay_steps=decay_steps,
+        progress=progress,
+        writer=writer,
+        tb_dir=tb_dir,
+        resumed=resume_ck is not None,
         eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
         dist=dist,
         start=start,

@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from lib.cli_help import DefaultsOnceFormatter
 from lib.errors import EXIT_INTERRUPTED, UserError
 from lib.reward_config import ARCHS, INPUTS, FollowConfig, TrainConfig
 
@@ -167,7 +168,7 @@ def _baseline_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     for add in (_core_args, _follow_args, _model_args, _label_args, _output_args, _baseline_args):
         add(p)

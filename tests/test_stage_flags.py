@@ -106,3 +106,25 @@ def test_a_bad_reward_model_leaves_no_new_db(tmp_path: Path, reward: str, extra:
     assert p.returncode == 2 and len(err) == 1 and msg in err[0], p.stderr
     assert not (new / "db.json").exists()
     assert not (tmp_path / "saves").exists()
+
+
+def argument_blocks(text: str) -> list[str]:
+    """Each argument of argparse's help with its help text, continuation lines joined."""
+    blocks: list[str] = []
+    for line in text.splitlines():
+        if re.match(r"  -", line):
+            blocks.append(line.strip())
+        elif blocks and re.match(r"\s{8,}\S", line):
+            blocks[-1] += " " + line.strip()
+        else:
+            blocks.append("")
+    return [b for b in blocks if b]
+
+
+@pytest.mark.parametrize("script", sorted(FLAGS))
+def test_help_shows_each_default_once_and_none_where_there_is_none(script: str) -> None:
+    """``lib.cli_help.DefaultsOnceFormatter``: no "(default: None)" or "(default: False)", and no
+    flag whose help names its default and gets it appended again."""
+    for block in argument_blocks(help_text(script)):
+        assert "(default: None)" not in block and "(default: False)" not in block, block
+        assert len(re.findall(r"\(default\b", block)) <= 1, block
