@@ -677,14 +677,20 @@ class SegmentWatch:
     directory, which changes the directory's time), never opens a segment, and says only what it
     has not said before. Temp files (``NN/.SSSSSSSS.dat.*.tmp``) are never listed (``scan_db``), so a
     segment shows once it is whole. A directory changed within ``RACY_NS`` of a scan is listed again
-    at the next one (a rename in the same clock tick leaves the time as it was). Thread-safe."""
+    at the next one (a rename in the same clock tick leaves the time as it was). Thread-safe.
+
+    ``agent_steps`` opens the newest segments of each env directory (once each): one it finds
+    unreadable is said once and left out of ``segments`` from then on (``unreadable``)."""
 
     def __init__(self, db_root: str | os.PathLike, warn: Warn | None = warn) -> None:
         self.root = Path(db_root)
         self.warn = warn
-        self.segments: list[str] = []  # sorted, as ``list_segments``
+        self.segments: list[str] = []  # sorted, as ``list_segments``, less ``unreadable``
+        self.unreadable: dict[str, str] = {}  # segment -> why, found by ``agent_steps``
         self._dirs: dict[str, tuple[int, bool, list[str]]] = {}  # NN -> (mtime_ns, racy, names)
         self._said: set[str] = set()
+        self._why_not_counted: dict[str, str | None] = {}  # segment -> why its counter is no step count
+        self._env_steps: dict[str, tuple[list[str], int]] = {}  # NN -> (its names, their step count)
         self._lock = threading.Lock()
         self.refresh()
 
@@ -715,7 +721,7 @@ class SegmentWatch:
                 dirs[d.name] = (mtime, mtime < 0 or now - mtime < RACY_NS, one.segments)
             old = set(self.segments)
             self._dirs = dirs
-            self.segments = [rel for name in sorted(dirs) for rel in dirs[name][2]]
+            self._list()
             fresh = {k: v for k, v in listing.ignored.items() if k not in self._said}
             self._said.update(fresh)
             line = DbListing([], fresh).warning(self.root)
@@ -723,13 +729,57 @@ class SegmentWatch:
                 self.warn(line)
             return [rel for rel in self.segments if rel not in old]
 
+    def _list(self) -> None:
+        self.segments = [
+            rel for name in sorted(self._dirs) for rel in self._dirs[name][2] if rel not in self.unreadable
+        ]
+
     def agent_steps(self) -> int:
         """The agent steps the DB's segments tell of: the sum over env directories of the largest
-        step counter in their segment names (each env's counter is the steps it had taken when its
-        newest segment ended). Never more than the steps taken; behind by what each env played
-        since its newest segment."""
+        step counter of a segment that counts (each env's counter is the steps it had taken when its
+        newest segment ended; behind by what each env played since).
+
+        A segment counts when it reads and records the env index and step counter its name gives,
+        within what a recorder reaches (``MAX_ENV_INDEX``, ``MAX_ENV_STEP``: its checkpoint refuses
+        more): a name alone (a 1-byte ``08/999999999999.dat``, a copy under another name) moves
+        nothing, so T never exceeds the steps a recorder took. Each directory's newest names are
+        opened newest first until one counts, each once (what does not count is said once)."""
         with self._lock:
-            return sum(max(segment_env_step(r)[1] for r in v[2]) for v in self._dirs.values() if v[2])
+            total = 0
+            for name, (_, _, rels) in self._dirs.items():
+                kept = self._env_steps.get(name)
+                if kept is None or kept[0] is not rels:
+                    kept = self._env_steps[name] = (rels, self._newest_counted(rels))
+                total += kept[1]
+            return total
+
+    def _newest_counted(self, rels: list[str]) -> int:
+        """The largest step counter among ``rels`` of a segment that counts (``agent_steps``); 0 when none."""
+        for step, rel in sorted(((segment_env_step(r)[1], r) for r in rels), reverse=True):
+            if rel not in self._why_not_counted:
+                why = self._why_not_counted[rel] = self._not_counted(rel)
+                if why is not None and self.warn is not None:
+                    self.warn(why)
+            if self._why_not_counted[rel] is None:
+                return step
+        return 0
+
+    def _not_counted(self, rel: str) -> str | None:
+        """Why segment ``rel``'s step counter is not a count of agent steps, or None (it counts)."""
+        env, step = segment_env_step(rel)
+        where = f"{self.root / rel}: not counted toward the agent steps"
+        if env > MAX_ENV_INDEX or step > MAX_ENV_STEP:
+            return f"{where} (env {env}, step {step:,}: beyond what a recorder reaches, {MAX_ENV_STEP:,} steps per env)"
+        try:
+            seg = read_segment(self.root, rel)
+        except SegmentError as e:
+            self.unreadable[rel] = str(e)
+            self._list()
+            return f"skipped: {e}"
+        if seg.env_index != env or seg.step != step or len(seg) > step:
+            told = f"env {seg.env_index}, step {seg.step}, {len(seg)} steps"
+            return f"{where} (it records {told}: not what its name says)"
+        return None
 
 
 def list_segments(db_root: str | os.PathLike, warn: Warn | None = warn) -> list[str]:

@@ -143,7 +143,8 @@ def test_labels_due_constant_and_paper() -> None:
 
 
 def test_watch_lists_only_whole_new_segments_and_counts_agent_steps(seaquest: Path, tmp_path: Path) -> None:
-    """T is the sum over env dirs of their largest step counter; temp files never show; a directory
+    """T is the sum over env dirs of their largest step counter of a readable segment (the cut one
+    is said once, left out, and env 01 counts its 100 steps); temp files never show; a directory
     that did not change is not listed again; a name that is not a segment is said once."""
     import lib.segments
 
@@ -156,11 +157,11 @@ def test_watch_lists_only_whole_new_segments_and_counts_agent_steps(seaquest: Pa
     temp, cut = plant_partial_files(db, seaquest)
     (db / "01" / "notes.txt").write_text("x")
     new = record(db, seaquest, "00/00000150.dat", 0, 5000)
-    assert watch.refresh() == [new, cut]  # the temp file is not a segment; the cut one is (its read fails)
-    assert watch.agent_steps() == 5000 + 150
-    assert len(said) == 1 and "01/notes.txt" in said[0]
+    assert watch.refresh() == [new, cut]  # the temp file is not a segment; the cut one is named like one
+    assert watch.agent_steps() == 5000 + 100 and cut not in watch.segments  # the cut one does not read
+    assert len(said) == 2 and "01/notes.txt" in said[0] and cut in said[1]
     watch.refresh()
-    assert len(said) == 1  # said once
+    assert watch.agent_steps() == 5000 + 100 and len(said) == 2  # said once
     # Directories whose time is older than RACY_NS are not listed again until they change.
     past = time.time_ns() - 10 * RACY_NS
     for env in ("00", "01"):
@@ -367,8 +368,9 @@ def test_a_rescan_folds_new_segments_into_the_rare_looks(seaquest: Path, tmp_pat
 
 def test_follow_oracle_labels_a_segment_that_appears_mid_run(seaquest: Path, tmp_path: Path) -> None:
     """T = 200 at start: at 10 labels / 1,000 steps the schedule owes 2 labels, then waits. A new
-    segment at step 5,000 makes T 5,150: the oracle labels every pair left (10 in all, then it is
-    done, exit 0); the new segment is in 4 of them, the temp file and the cut file in none."""
+    segment at step 5,000 makes T 5,100 (the cut 01/00000150.dat does not read: env 01 is at 100):
+    the oracle labels every pair left (10 in all, then it is done, exit 0); the new segment is in 4
+    of them, the temp file and the cut file in none."""
     db = db_of(seaquest, tmp_path / "db")
     p = Stage2("-d", str(db), "--oracle", "10", "--follow", "--label-rate", "10", "--poll", "0.1", "--seed", "0")
     p.read_until("2/10 labels")
@@ -380,13 +382,44 @@ def test_follow_oracle_labels_a_segment_that_appears_mid_run(seaquest: Path, tmp
     rc, rest, err = p.finish()
     out += rest
     assert rc == 0, err
-    assert "T 5,150 agent steps, 6 segments seen" in out[-2] and "10 oracle labels" in out[-1]
+    assert "T 5,100 agent steps, 5 segments seen" in out[-2] and "10 oracle labels" in out[-1]
     lines = whole_lines(db)
     assert len(lines) == 10 and all(x["source"] == "oracle" for x in lines)
     assert len({pair_key(x["sample1"], x["sample2"]) for x in lines}) == 10
     assert sum(new in (x["sample1"], x["sample2"]) for x in lines) == 4
     assert not any({temp, cut} & {x["sample1"], x["sample2"]} for x in lines)
     assert err.count("warning:") == 1 and cut in err, err  # the cut segment: one warning, skipped
+
+
+def test_names_alone_do_not_move_the_agent_steps(tmp_path: Path) -> None:
+    """Audit 5 item 6: T counts readable segments that record what their names say, within what a
+    recorder reaches. A 1-byte 08/999999999999.dat (was: T 10^12, every label owed at once), a
+    1-byte 09/00050000.dat, a real segment copied to 10/00070000.dat and a whole segment past the
+    8-digit counter (11/100000000.dat) leave T at 96: at 50 labels / 1,000 steps a following oracle
+    owes 4 labels, not its 28. Each is said once; the unreadable one is never paired."""
+    db = tmp_path / "db"
+    segs = make_synthetic_db(db, 8, seed=3)  # 4 envs, steps 12 and 24: T = 4 x 24 = 96
+    copy = (db / segs[-1]).read_bytes()
+    for rel, data in (("08/999999999999.dat", b"x"), ("09/00050000.dat", b"x"), ("10/00070000.dat", copy)):
+        (db / rel).parent.mkdir()
+        (db / rel).write_bytes(data)
+    save_segment(db, dataclasses.replace(load_segment(db / segs[0]), env_index=11, step=10**8), fsync=False)
+    said: list[str] = []
+    watch = SegmentWatch(db, warn=said.append)
+    assert watch.agent_steps() == 96 and watch.agent_steps() == 96
+    assert len(said) == 4 and "09/00050000.dat" not in watch.segments, said
+    assert all(rel in " ".join(said) for rel in ("08/999999999999", "09/00050000", "10/00070000", "11/100000000"))
+    logged: list[str] = []
+    stop = SignalStop()
+
+    def log(line: str) -> None:  # stop after the first batch written
+        logged.append(line)
+        if "labels (+" in line:
+            stop.event.set()
+
+    (s,) = oracle_follow([db], FollowSettings(28, "constant", 50.0, 0.05), seed=0, stop=stop, log=log)
+    assert s.labeled == 4 and "4/28 labels (+4), T 96 agent steps" in logged[-1], logged
+    assert not any("09/00050000.dat" in (x["sample1"], x["sample2"]) for x in whole_lines(db))
 
 
 def test_follow_oracle_waits_for_a_db_without_segments_and_says_so(seaquest: Path, tmp_path: Path) -> None:
