@@ -80,12 +80,13 @@ def encode_times(db: Path, cache: Path) -> tuple[list[float], list[float]]:
 
 
 def big_db(src: Path, dst: Path, n: int) -> None:
-    """A DB of ``n`` segments: hard links to real segments (no disk space), 100 per env dir."""
+    """A DB of ``n`` segments: copies of real segments, 100 per env dir (copies, not hard links: a
+    second name of one file is one segment, ``lib.segments.DbListing.one_per_file``)."""
     segs = [src / rel for rel in list_segments(src)]
     for k in range(n):
         d = dst / f"{k // 100:02d}"
         d.mkdir(parents=True, exist_ok=True)
-        os.link(segs[k % len(segs)], d / f"{(k % 100 + 1) * 50:08d}.dat")
+        shutil.copyfile(segs[k % len(segs)], d / f"{(k % 100 + 1) * 50:08d}.dat")
 
 
 def startup(db: Path, cache: Path) -> tuple[float, float, float, float]:
@@ -309,14 +310,13 @@ def startup_rows(db: Path, tmp: Path, n_segments: int) -> list[Row]:
 
 
 def tiny_db(root: Path, n: int, envs: int = 100) -> None:
-    """A DB of ``n`` tiny segments (2 frames of 8x8; their own files, none opened by what is timed),
-    ``envs`` env directories, names ``NN/SSSSSSSS.dat`` 50 steps apart."""
+    """A DB of ``n`` files, each its own copy of one tiny segment (2 frames of 8x8; nothing timed
+    opens them), ``envs`` env directories, names ``NN/SSSSSSSS.dat`` 50 steps apart."""
+    data = encode_segment(Segment(np.zeros((2, 8, 8, 3), np.uint8), np.zeros(2, np.int64), env_index=0, step=50))
+    for env in range(envs):
+        (root / f"{env:02d}").mkdir(parents=True, exist_ok=True)
     for k in range(n):
-        env, step = k % envs, (k // envs + 1) * 50
-        seg = Segment(np.zeros((2, 8, 8, 3), np.uint8), np.zeros(2, np.int64), env_index=env, step=step)
-        path = root / f"{env:02d}" / f"{step:08d}.dat"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(encode_segment(seg))
+        (root / f"{k % envs:02d}" / f"{(k // envs + 1) * 50:08d}.dat").write_bytes(data)
 
 
 async def loop_cpu(work, repeats: int) -> tuple[list[float], list[float], list[float]]:

@@ -591,10 +591,33 @@ def remove_stale_segment_temps(
 
 @dataclass
 class DbListing:
-    """What ``scan_db`` found: segment names (sorted), and entries it ignored with the reason."""
+    """What ``scan_db`` found: segment names (sorted), entries it ignored with the reason, and the
+    file each name is (``files``: device, inode, whether the name goes through a symlink)."""
 
     segments: list[str]
     ignored: dict[str, str] = field(default_factory=dict)
+    files: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+
+    def one_per_file(self) -> None:
+        """One name per file: a name that is another's alias inside the DB (a symlink, a hard link,
+        a linked env directory) moves to ``ignored``, so no pair compares a file with itself. The
+        name that does not go through a symlink is kept, else the first."""
+        keep: dict[tuple[int, int], str] = {}
+        for rel in self.segments:
+            dev, ino, linked = self.files[rel]
+            first = keep.setdefault((dev, ino), rel)
+            if first != rel and self.files[first][2] and not linked:
+                keep[(dev, ino)] = rel
+        if len(keep) == len(self.segments):
+            return
+        out = []
+        for rel in self.segments:
+            first = keep[self.files[rel][:2]]
+            if first == rel:
+                out.append(rel)
+            else:
+                self.ignored[rel] = f"the same file as {first}"
+        self.segments = out
 
     def warning(self, root: str | os.PathLike) -> str | None:
         """One line about the ignored entries (None when there are none)."""
@@ -608,8 +631,9 @@ class DbListing:
 def scan_db(db_root: str | os.PathLike) -> DbListing:
     """The segments of a DB: regular files named ``NN/SSSSSSSS.dat`` that stay inside it.
 
-    Other names, symlinks leading outside the DB, FIFOs, devices and directories in the place of a
-    segment are left out and listed in ``ignored``. Nothing is opened."""
+    Other names, symlinks leading outside the DB, FIFOs, devices, directories in the place of a
+    segment, and a second name of one file (``DbListing.one_per_file``) are left out and listed in
+    ``ignored``. Nothing is opened."""
     root = Path(db_root)
     listing = DbListing([])
     if not root.is_dir():
@@ -617,6 +641,7 @@ def scan_db(db_root: str | os.PathLike) -> DbListing:
     real_root = os.path.realpath(root)
     for d in _env_dirs(root, listing):
         _scan_env_dir(d, real_root, listing)
+    listing.one_per_file()
     return listing
 
 
@@ -650,16 +675,19 @@ def _scan_env_dir(d: os.DirEntry, real_root: str, listing: DbListing) -> None:
             listing.ignored[rel.encode("utf-8", "backslashreplace").decode()] = "not named NN/SSSSSSSS.dat"
             continue
         try:
-            if (d.is_symlink() or f.is_symlink()) and not inside(real_root, f.path):
+            linked = d.is_symlink() or f.is_symlink()
+            if linked and not inside(real_root, f.path):
                 listing.ignored[rel] = "symlink leading outside the DB"
                 continue
             if not f.is_file():  # follows an inside symlink; FIFOs, devices, dirs are not files
                 listing.ignored[rel] = "not a regular file"
                 continue
+            st = f.stat()  # the file itself (an alias's target): ``DbListing.one_per_file``
         except OSError as e:
             listing.ignored[rel] = e.strerror or "unreadable"
             continue
         listing.segments.append(rel)
+        listing.files[rel] = (st.st_dev, st.st_ino, linked)
 
 
 def segment_env_step(rel: str) -> tuple[int, int]:
@@ -679,15 +707,18 @@ class SegmentWatch:
     segment shows once it is whole. A directory changed within ``RACY_NS`` of a scan is listed again
     at the next one (a rename in the same clock tick leaves the time as it was). Thread-safe.
 
-    ``agent_steps`` opens the newest segments of each env directory (once each): one it finds
-    unreadable is said once and left out of ``segments`` from then on (``unreadable``)."""
+    One name per file (``DbListing.one_per_file``): an alias of a segment inside the DB is said once
+    and not listed. ``agent_steps`` opens the newest segments of each env directory (once each): one
+    it finds unreadable is said once and left out of ``segments`` from then on (``unreadable``)."""
 
     def __init__(self, db_root: str | os.PathLike, warn: Warn | None = warn) -> None:
         self.root = Path(db_root)
         self.warn = warn
         self.segments: list[str] = []  # sorted, as ``list_segments``, less ``unreadable``
         self.unreadable: dict[str, str] = {}  # segment -> why, found by ``agent_steps``
-        self._dirs: dict[str, tuple[int, bool, list[str]]] = {}  # NN -> (mtime_ns, racy, names)
+        self._dirs: dict[str, tuple[int, bool, DbListing]] = {}  # NN -> (mtime_ns, racy, its listing)
+        self._listed: list[str] = []  # every directory's names, one per file
+        self._aliases: set[str] = set()  # names left out as another's alias
         self._said: set[str] = set()
         self._why_not_counted: dict[str, str | None] = {}  # segment -> why its counter is no step count
         self._env_steps: dict[str, tuple[list[str], int]] = {}  # NN -> (its names, their step count)
@@ -698,7 +729,7 @@ class SegmentWatch:
         """List again what changed; returns the names that are new since the last call (sorted)."""
         with self._lock:
             listing = DbListing([])
-            dirs: dict[str, tuple[int, bool, list[str]]] = {}
+            dirs: dict[str, tuple[int, bool, DbListing]] = {}
             real_root = os.path.realpath(self.root)
             now = time.time_ns()
             try:
@@ -718,8 +749,16 @@ class SegmentWatch:
                 one = DbListing([])
                 _scan_env_dir(d, real_root, one)
                 listing.ignored.update(one.ignored)
-                dirs[d.name] = (mtime, mtime < 0 or now - mtime < RACY_NS, one.segments)
+                dirs[d.name] = (mtime, mtime < 0 or now - mtime < RACY_NS, one)
             old = set(self.segments)
+            if dirs.keys() != self._dirs.keys() or any(dirs[k] is not self._dirs[k] for k in dirs):
+                whole = DbListing([rel for name in sorted(dirs) for rel in dirs[name][2].segments])
+                for name in dirs:
+                    whole.files.update(dirs[name][2].files)
+                whole.one_per_file()
+                listing.ignored.update(whole.ignored)
+                self._listed, self._aliases = whole.segments, set(whole.ignored)
+                self._env_steps = {}  # which names count may change with the aliases
             self._dirs = dirs
             self._list()
             fresh = {k: v for k, v in listing.ignored.items() if k not in self._said}
@@ -730,9 +769,7 @@ class SegmentWatch:
             return [rel for rel in self.segments if rel not in old]
 
     def _list(self) -> None:
-        self.segments = [
-            rel for name in sorted(self._dirs) for rel in self._dirs[name][2] if rel not in self.unreadable
-        ]
+        self.segments = [rel for rel in self._listed if rel not in self.unreadable] if self.unreadable else self._listed
 
     def agent_steps(self) -> int:
         """The agent steps the DB's segments tell of: the sum over env directories of the largest
@@ -746,7 +783,8 @@ class SegmentWatch:
         opened newest first until one counts, each once (what does not count is said once)."""
         with self._lock:
             total = 0
-            for name, (_, _, rels) in self._dirs.items():
+            for name, (_, _, one) in self._dirs.items():
+                rels = one.segments
                 kept = self._env_steps.get(name)
                 if kept is None or kept[0] is not rels:
                     kept = self._env_steps[name] = (rels, self._newest_counted(rels))
@@ -755,7 +793,7 @@ class SegmentWatch:
 
     def _newest_counted(self, rels: list[str]) -> int:
         """The largest step counter among ``rels`` of a segment that counts (``agent_steps``); 0 when none."""
-        for step, rel in sorted(((segment_env_step(r)[1], r) for r in rels), reverse=True):
+        for step, rel in sorted(((segment_env_step(r)[1], r) for r in rels if r not in self._aliases), reverse=True):
             if rel not in self._why_not_counted:
                 why = self._why_not_counted[rel] = self._not_counted(rel)
                 if why is not None and self.warn is not None:

@@ -21,14 +21,16 @@ import pytest
 import zstandard
 from numpy._core import multiarray, numeric
 
-from bench.dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db
+from bench.dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db, make_synthetic_db
 from lib.errors import UserError
 from lib.files import UMASK
 from lib.labels import Label, append_labels, load_labels, read_label_log
+from lib.oracle import oracle_label_db
 from lib.segments import (
     FORMAT_NAME,
     Segment,
     SegmentError,
+    SegmentWatch,
     check_db_game,
     check_same_game,
     claim_db,
@@ -290,20 +292,50 @@ def test_scan_keeps_regular_files_named_like_segments_inside_the_db(tmp_path):
     db = tmp_path / "db"
     save_segment(db, _tiny(0, 1))
     save_segment(db, _tiny(1, 2))
-    os.symlink("../01/00000002.dat", db / "00" / "00000003.dat")  # inside the DB: fine
+    os.symlink("../01/00000002.dat", db / "00" / "00000003.dat")  # inside the DB: reads, but is 01/00000002.dat
     hostile_dir(db, tmp_path / "outside")
     listing = scan_db(db)
-    assert listing.segments == ["00/00000001.dat", "00/00000003.dat", "01/00000002.dat"]
+    assert listing.segments == ["00/00000001.dat", "01/00000002.dat"]
+    assert listing.ignored["00/00000003.dat"] == "the same file as 01/00000002.dat"
     assert listing.ignored["00/00000010.dat"] == "symlink leading outside the DB"
     assert listing.ignored["00/00000011.dat"] == "symlink leading outside the DB"
     assert listing.ignored["00/00000012.dat"] == "not a regular file"
     assert listing.ignored["00/00000013.dat"] == "not a regular file"
     assert listing.ignored["77/00000099.dat"] == "symlink leading outside the DB"
-    assert "00/$(touch pwned).dat" in listing.ignored and len(listing.ignored) == 10
+    assert "00/$(touch pwned).dat" in listing.ignored and len(listing.ignored) == 11
     lines = []
     assert list_segments(db, warn=lines.append) == listing.segments
-    assert len(lines) == 1 and "ignored 10 entries" in lines[0]
+    assert len(lines) == 1 and "ignored 11 entries" in lines[0]
     assert read_segment(db, "00/00000003.dat").step == 2
+
+
+def test_an_alias_inside_the_db_is_one_segment(tmp_path):
+    """Audit 5 item 7: a symlink alias (50/X.dat -> ../00/X.dat), one listed before its target, a
+    hard link and a linked env directory are the file they name, said once: the oracle labels the
+    6 pairs of the 4 files, none compares a file with itself (was: 28 pairs of 8 names, 4 of them a
+    file with itself). The name that is not a symlink is kept."""
+    db = tmp_path / "db"
+    segs = make_synthetic_db(db, 4, seed=5)  # 00/00000012.dat .. 03/00000012.dat
+    for env in ("50", "51"):
+        (db / env).mkdir()
+    os.symlink("../00/00000012.dat", db / "50" / "00000012.dat")
+    os.symlink("../03/00000012.dat", db / "00" / "00000001.dat")
+    os.link(db / "01" / "00000012.dat", db / "51" / "00000012.dat")
+    os.symlink("02", db / "52")
+    listing = scan_db(db)
+    said: list[str] = []
+    assert listing.segments == segs and SegmentWatch(db, warn=said.append).segments == segs  # the page's, --follow's
+    assert len(said) == 1 and "ignored 4 entries" in said[0]
+    assert listing.ignored == {
+        "00/00000001.dat": "the same file as 03/00000012.dat",
+        "50/00000012.dat": "the same file as 00/00000012.dat",
+        "51/00000012.dat": "the same file as 01/00000012.dat",
+        "52/00000012.dat": "the same file as 02/00000012.dat",
+    }
+    s = oracle_label_db(db, 50, seed=0)
+    labels = read_label_log(db)
+    assert not [(x.sample1, x.sample2) for x in labels if os.path.samefile(db / x.sample1, db / x.sample2)]
+    assert s.labeled == len(labels) == 6
 
 
 @pytest.mark.parametrize(
