@@ -56,7 +56,7 @@ from experiments.stages import (
 from lib.errors import UserError, run_cli
 from lib.reward_follow import read_versions, versions_log
 from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import TEACHERS
+from lib.teachers import DEFAULT_TEACHER, TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         "runs/demo-live* (the previous demo's are removed first).",
     )
     p.add_argument("--minutes", type=float, default=5.0, help="how long the whole demo runs (default 5)")
-    p.add_argument("--teacher", choices=TEACHERS, default="score", help="the oracle's teacher (default score)")
+    p.add_argument("--teacher", choices=TEACHERS, default=DEFAULT_TEACHER, help="the oracle's teacher")
     p.add_argument("--envs", type=int, default=8, help="envs of each A2C (default 8: 2 cores run four processes)")
     p.add_argument("--label-rate", type=float, default=10.0, help="oracle labels per 1,000 agent steps (default 10)")
     p.add_argument("--retrain-every", type=int, default=10, help="new labels between reward-model versions")

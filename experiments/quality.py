@@ -44,10 +44,10 @@ from bench.table import print_table
 from experiments.round import LIFE_LOSS_LEAD, held_out_figures
 from lib.errors import UserError, run_cli
 from lib.labels import EQUAL, load_labels
-from lib.oracle import oracle_label_db
+from lib.oracle import OracleSettings, oracle_label_db
 from lib.reward_model import load_reward_model
 from lib.segments import list_segments
-from lib.teachers import TEACHERS
+from lib.teachers import DEFAULT_TEACHER, TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def split_and_label(db: Path, work: Path, seed: int, args: argparse.Namespace) -
             shutil.copy2(db / segs[i], train_db / segs[i])
         if (db / "db.json").is_file():
             shutil.copy2(db / "db.json", train_db / "db.json")
-        oracle_label_db(train_db, args.labels, seed=seed, teacher=args.teacher)
+        oracle_label_db(train_db, args.labels, seed=seed, settings=OracleSettings(teacher=args.teacher))
     ties = sum(1 for lab in load_labels(train_db, warn=None).values() if lab.label == EQUAL)
     return train_db, hold, ties
 
@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--record-prob", type=float, default=0.004, help="recording probability of that run")
     ap.add_argument("--labels", type=int, default=300, help="teacher labels to train on")
     ap.add_argument("--holdout", type=float, default=0.25, help="share of segments never trained on")
-    ap.add_argument("--teacher", choices=TEACHERS, default="score", help="the synthetic labeler (lib/teachers.py)")
+    ap.add_argument(
+        "--teacher", choices=TEACHERS, default=DEFAULT_TEACHER, help="the synthetic labeler (lib/teachers.py)"
+    )
     ap.add_argument("--seeds", default="0", help="comma-separated seeds: split, labels and training seed")
     ap.add_argument(
         "--variant",

@@ -80,7 +80,7 @@ from lib.files import atomic_write
 from lib.seeds import MAX_SEED
 from lib.segments import list_segments
 from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import TEACHERS
+from lib.teachers import TEACHER_ENTRIES, TEACHERS
 
 ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
@@ -247,7 +247,10 @@ def check(args: argparse.Namespace) -> None:
         (not 0 <= args.teacher_noise <= 1, f"--teacher-noise must be in [0, 1], got {args.teacher_noise}"),
         (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
         (not 0 <= args.death_penalty < 1e9, f"--death-penalty must be a number of points >= 0, not {args.death_penalty}"),  # noqa: E501
-        (args.death_penalty > 0 and args.teacher != "score", "--death-penalty is the score teacher's (02_label_ui.py)"),
+        (
+            args.death_penalty > 0 and not TEACHER_ENTRIES[args.teacher].death_penalty,
+            "--death-penalty is the score teacher's (02_label_ui.py)",
+        ),
         (args.oracle_arm and (args.live or args.reward_only), "--oracle-arm is an arm of the staged rounds"),
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),

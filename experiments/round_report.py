@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from lib.stats import mean_ci95
+from lib.teachers import TEACHER_ENTRIES
 
 ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
 # (key in a row, column title, format); the behaviour columns read "n/a" for games without them
@@ -82,13 +83,23 @@ def table(
 
 
 def targets(teacher: str, rounds: list[dict[str, dict[str, float]]]) -> list[tuple[str, bool]]:
-    """The issue's targets for this teacher, each with whether it held (after the last round; the
-    score teacher's in every round)."""
-    if teacher == "score":
-        return [
+    """The targets of the teacher's entry (``lib.teachers.TeacherEntry.report``), each with whether
+    it held: ``score_each_round`` in every round, ``refills`` after the last."""
+    report = TEACHER_ENTRIES[teacher].report
+    out: list[tuple[str, bool]] = []
+    if "score_each_round" in report:
+        out += [
             (f"round {k}: rlhf scores at least 0.9x control", r["rlhf"]["score"] >= 0.9 * r["control"]["score"])
             for k, r in enumerate(rounds, start=1)
         ]
+    if "refills" in report:
+        out += refill_targets(rounds)
+    return out
+
+
+def refill_targets(rounds: list[dict[str, dict[str, float]]]) -> list[tuple[str, bool]]:
+    """The oxygen teachers' targets after the last round: the agent refills, loses fewer lives to
+    oxygen, and scores no less."""
     last = rounds[-1]
     rl, ctl = last["rlhf"], last["control"]
     if "refills" not in rl:
@@ -109,11 +120,12 @@ MIN_RULE_AGREEMENT, MIN_BEHAVIOUR_LABELS = 0.8, 0.25
 
 
 def model_targets(teacher: str, rounds: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
-    """The surface teacher's reward-model targets per round (``run_round``'s ``reward_model`` and
-    ``evidence``): from round 2 on, held-out agreement of at least 80% on the diver-climb and refill
-    pairs (None: no such held-out pair); every round, at least 25% of the labels decided by a rule
-    the score does not pay for (``behaviour``: that count)."""
-    if teacher != "surface":
+    """The reward-model targets per round of a teacher whose entry reports ``behaviour_labels`` (the
+    surface teacher; ``run_round``'s ``reward_model`` and ``evidence``): from round 2 on, held-out
+    agreement of at least 80% on the diver-climb and refill pairs (None: no such held-out pair);
+    every round, at least 25% of the labels decided by a rule the score does not pay for
+    (``behaviour``: that count)."""
+    if "behaviour_labels" not in TEACHER_ENTRIES[teacher].report:
         return []
     out: list[tuple[str, bool | None]] = []
     for k, r in enumerate(rounds, start=1):

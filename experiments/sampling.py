@@ -40,7 +40,7 @@ from experiments.round import held_out_figures, log, run_stage, split_db, teache
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import LABELS_FILE, check_relpath, load_labels
-from lib.oracle import oracle_label_db
+from lib.oracle import OracleSettings, oracle_label_db
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import db_game
 from lib.teachers import TEACHERS
@@ -132,10 +132,9 @@ def curve(
                 tdb,
                 n - have,
                 seed=seed * 1000 + n,
-                teacher=teacher,
-                sampling=how,
-                reward=model if how != "random" else None,
-                pool=args.pool,
+                settings=OracleSettings(
+                    teacher=teacher, sampling=how, reward=model if how != "random" else None, pool=args.pool
+                ),
             )
             log(f"{name}: {s.labeled} {how} labels from the {teacher} teacher: {s.counts}")
         model = train(tdb, tdb.parent, name, seed, args)

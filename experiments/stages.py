@@ -39,7 +39,7 @@ from lib.errors import UserError
 from lib.files import atomic_write
 from lib.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
 from lib.model import BEST_GLOB, best_checkpoint
-from lib.oracle import oracle_label_db
+from lib.oracle import OracleSettings, oracle_label_db
 from lib.play import play
 from lib.play_config import PlayConfig
 from lib.reward_eval import oracle_agreement, predict_segments, score
@@ -296,11 +296,13 @@ def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: 
         tdb,
         upto - have,
         seed=args.seed if args.sampling == "random" else args.seed * 1000 + upto,  # random: as before --sampling
-        teacher=args.teacher,
-        noise=args.teacher_noise,
-        sampling=how,
-        reward=reward,
-        death_penalty=args.death_penalty,
+        settings=OracleSettings(
+            teacher=args.teacher,
+            noise=args.teacher_noise,
+            sampling=how,
+            reward=reward,
+            death_penalty=args.death_penalty,
+        ),
     )
     log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
 

@@ -20,7 +20,7 @@ from lib.sampling import MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, SegmentWatch, db_game, list_segments, read_segment
 from lib.signals import SignalStop
-from lib.teachers import GAUGE_TEACHERS, SegmentFacts, Teacher, segment_facts
+from lib.teachers import DEFAULT_TEACHER, GAUGE_TEACHERS, SegmentFacts, Teacher, segment_facts
 
 BATCH = 100  # labels appended at a time: a full disk keeps the batches written before
 SCHEDULES = ("constant", "paper")  # --follow: labels owed by agent step T (``labels_due``)
@@ -128,7 +128,7 @@ class OracleSettings:
     answers, ``ties`` equal|skip) and how pairs are picked (``lib.sampling``: ``sampling`` mode,
     ``reward`` model, ``pool`` of candidates, only the ``recent`` newest segments)."""
 
-    teacher: str = "score"
+    teacher: str = DEFAULT_TEACHER
     noise: float = 0.0
     ties: str = "equal"
     sampling: str = "random"
@@ -234,19 +234,11 @@ def oracle_label_db(
     db_root: str | os.PathLike,
     n_pairs: int,
     seed: int | None = None,
-    teacher: str = "score",
-    noise: float = 0.0,
-    ties: str = "equal",
-    sampling: str = "random",
-    reward: str | os.PathLike | None = None,
-    pool: int | None = None,
-    recent: int = 0,
-    death_penalty: float = 0.0,
+    settings: OracleSettings = OracleSettings(),
 ) -> OracleSummary:
-    """Label ``n_pairs`` new pairs of a DB with a synthetic teacher (``lib.teachers``: ``score``,
-    ``oxygen`` or ``surface``, ``noise`` share of random answers, ``ties`` equal|skip), the pairs
-    picked as the label page would pick them (``lib.sampling``: ``sampling`` mode, ``reward``
-    model, ``pool`` of candidates, only the ``recent`` newest segments). Each label records source
+    """Label ``n_pairs`` new pairs of a DB with a synthetic teacher, as ``settings`` say (the same
+    object ``--follow`` takes: the teacher, its noise and ties, and how pairs are picked, as the
+    label page would pick them). Each label records source
     "oracle", the teacher, the rule that decided (``rule``: ``lib.teachers``' rule names, "noise"
     for a random answer) and what it saw: ``returns``, and for SeaQuest ``oxygen_deaths``,
     ``refills``, ``climb`` (rows climbed with a low gauge), ``idle`` (steps at the surface with a
@@ -257,7 +249,6 @@ def oracle_label_db(
     if not root.is_dir():
         raise UserError(f"DB not found: {root}")
     segs = list_segments(root)
-    settings = OracleSettings(teacher, noise, ties, sampling, reward, pool, recent, death_penalty)
     labeler = _Labeler(root, np.random.default_rng(seed), settings)
     if len(segs) < 2:
         raise UserError(f"DB {root} has {len(segs)} segment(s): at least 2 are needed to make a pair")

@@ -61,8 +61,6 @@ import numpy as np
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER
 from lib.seaquest import OxygenCounts, SurfaceCounts, oxygen_counts, shows_gauge, surface_counts
 
-TEACHERS = ("score", "oxygen", "surface")
-GAUGE_TEACHERS = ("oxygen", "surface")  # teachers that read SeaQuest's gauge (lib.seaquest)
 TIE_RULES = ("equal", "skip")
 CLIMB_MIN_ROWS = 8  # surface teacher: low-gauge climbs with a diver closer than this do not decide
 IDLE_MIN_STEPS = 20  # surface teacher: idle-at-the-surface counts closer than this do not decide
@@ -121,13 +119,13 @@ def _by_oxygen_events(a: OxygenCounts, b: OxygenCounts) -> Verdict | None:
     return None
 
 
-def _by_oxygen(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
+def _by_oxygen(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
     if a.oxygen is None or b.oxygen is None:
         return None
     return _by_oxygen_events(a.oxygen, b.oxygen) or _by_score(a, b)
 
 
-def _by_surface(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
+def _by_surface(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
     if a.oxygen is None or b.oxygen is None or a.surface is None or b.surface is None:
         return None
     oa, ob, sa, sb = a.oxygen, b.oxygen, a.surface, b.surface
@@ -144,17 +142,72 @@ def _by_surface(a: SegmentFacts, b: SegmentFacts) -> Verdict | None:
     return _by_score(a, b)
 
 
-_RULES: dict[str, Callable[[SegmentFacts, SegmentFacts], Verdict | None]] = {
-    "score": _by_score,
-    "oxygen": _by_oxygen,
-    "surface": _by_surface,
+@dataclass(frozen=True)
+class TeacherEntry:
+    """One synthetic teacher, all of it in one place: adding a teacher is adding an entry to
+    ``TEACHER_ENTRIES`` (and its judge above). ``summary``: what it prefers, for ``--teacher``'s
+    help; ``rules``: the rule names that decide its labels, first to last (what a label's ``rule``
+    records); ``judge(a, b, death_penalty)``: its verdict, None where it cannot tell;
+    ``reads_gauge``: it reads SeaQuest's oxygen gauge (``lib.seaquest``), so a DB of another game is
+    refused; ``death_penalty``: it takes ``--death-penalty``; ``old_facts``: the label fields, first to
+    last, that say how a label written before labels named their rule was decided; ``report``: the
+    round report's target sets for it (``experiments/round_report.py``)."""
+
+    name: str
+    summary: str
+    rules: tuple[str, ...]
+    judge: Callable[[SegmentFacts, SegmentFacts, float], Verdict | None]
+    reads_gauge: bool = False
+    death_penalty: bool = False
+    old_facts: tuple[str, ...] = ()
+    report: tuple[str, ...] = ()
+
+
+TEACHER_ENTRIES: dict[str, TeacherEntry] = {
+    t.name: t
+    for t in (
+        TeacherEntry(
+            "score",
+            "prefers the higher true return (a lost life costs --death-penalty points)",
+            ("death", "score", "tie"),
+            _by_score,
+            death_penalty=True,
+            old_facts=("returns",),
+            report=("score_each_round",),
+        ),
+        TeacherEntry(
+            "oxygen",
+            "(SeaQuest) prefers fewer lives lost to an empty oxygen gauge, then more refills at the surface, "
+            "then the higher return",
+            ("oxygen_death", "refill", "score", "tie"),
+            _by_oxygen,
+            reads_gauge=True,
+            old_facts=("oxygen_deaths", "refills", "returns"),
+            report=("refills",),
+        ),
+        TeacherEntry(
+            "surface",
+            "(SeaQuest) prefers fewer lives lost, more refills, the sub that climbs more with a low gauge and "
+            "a diver aboard, more rescues, less idling at the surface with a full gauge, then the higher return",
+            ("death", "refill", "diver_climb", "rescue", "idle", "score", "tie"),
+            _by_surface,
+            reads_gauge=True,
+            report=("refills", "behaviour_labels"),
+        ),
+    )
 }
-# The facts each rule compares, first to last (the first that differs decides), by the names an
-# oracle label records them under (lib/oracle.py): how a label recorded before labels named their
-# rule was decided. Labels now record the rule itself (``extra["rule"]``, the names in the module
-# docstring); the surface teacher's climb and idle rules have thresholds, so only that says how
-# one of its labels was decided.
-RULE_FACTS: dict[str, tuple[str, ...]] = {"score": ("returns",), "oxygen": ("oxygen_deaths", "refills", "returns")}
+DEFAULT_TEACHER = "score"  # the teacher of --oracle, the live loop and the quality benchmark
+TEACHERS = tuple(TEACHER_ENTRIES)
+GAUGE_TEACHERS = tuple(t.name for t in TEACHER_ENTRIES.values() if t.reads_gauge)
+# How a label recorded before labels named their rule was decided (``old_facts``). Labels now record
+# the rule itself (``extra["rule"]``); the surface teacher's climb and idle rules have thresholds,
+# so only that says how one of its labels was decided.
+RULE_FACTS: dict[str, tuple[str, ...]] = {t.name: t.old_facts for t in TEACHER_ENTRIES.values() if t.old_facts}
+
+
+def teacher_help() -> str:
+    """``--teacher``'s help: each teacher's ``summary``."""
+    return "; ".join(f"'{t.name}' {t.summary}" for t in TEACHER_ENTRIES.values()) + " (lib/teachers.py)"
 
 
 @dataclass
@@ -162,14 +215,14 @@ class Teacher:
     """A synthetic labeler: ``answer(a, b)`` -> 1 / 2 / 0 / -1 (labels.py's values);
     ``answer_rule`` also says which rule decided."""
 
-    name: str = "score"
+    name: str = DEFAULT_TEACHER
     noise: float = 0.0
     ties: str = "equal"
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     death_penalty: float = 0.0  # score teacher: points a lost life costs in a clip's sum
 
     def __post_init__(self) -> None:
-        if self.name not in _RULES:
+        if self.name not in TEACHER_ENTRIES:
             raise ValueError(f"unknown teacher {self.name!r}: choose from {', '.join(TEACHERS)}")
         if self.ties not in TIE_RULES:
             raise ValueError(f"unknown tie rule {self.ties!r}: choose from {', '.join(TIE_RULES)}")
@@ -177,12 +230,13 @@ class Teacher:
             raise ValueError(f"teacher noise must be in [0, 1], got {self.noise}")
         if not 0.0 <= self.death_penalty < 1e9:
             raise ValueError(f"the death penalty must be a number >= 0, got {self.death_penalty}")
+        if self.death_penalty and not TEACHER_ENTRIES[self.name].death_penalty:
+            raise ValueError(f"the {self.name} teacher takes no death penalty: it ranks lost lives itself")
 
     def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
         """The teacher's own answer, without noise, and the rule that decided it (module
         docstring); (-1, "cant_tell") where it cannot judge the pair."""
-        score = self.name == "score"
-        verdict = _by_score(a, b, self.death_penalty) if score else _RULES[self.name](a, b)
+        verdict = TEACHER_ENTRIES[self.name].judge(a, b, self.death_penalty)
         if verdict is None:
             return CANT_TELL, "cant_tell"
         answer, rule = verdict

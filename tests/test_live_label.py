@@ -32,7 +32,7 @@ from lib.errors import UserError
 from lib.files import atomic_write
 from lib.label_ui.cli import main
 from lib.labels import Label, append_labels, pair_key, parse_label_line, read_label_log
-from lib.oracle import FollowSettings, labels_due, oracle_follow, oracle_label_db
+from lib.oracle import FollowSettings, OracleSettings, labels_due, oracle_follow, oracle_label_db
 from lib.sampling import SegmentLooks, recent_segments
 from lib.segments import RACY_NS, SegmentWatch, load_segment, save_segment
 from lib.signals import SignalStop
@@ -229,7 +229,7 @@ def test_oracle_recent_labels_only_the_newest(tmp_path: Path, sampling: str) -> 
     # Labels of old pairs do not use up the window's pairs.
     old = [s for s in segs if s not in newest]
     append_labels(db, [Label(a, b, 1, source="human") for i, a in enumerate(old) for b in old[i + 1 :]][:20])
-    s = oracle_label_db(db, 10, seed=0, sampling=sampling, recent=4)
+    s = oracle_label_db(db, 10, seed=0, settings=OracleSettings(sampling=sampling, recent=4))
     assert s.labeled == 6  # every pair of the 4 newest, and no other
     mine = [lab for lab in read_label_log(db) if lab.source == "oracle"]
     assert len(mine) == 6 and all({lab.sample1, lab.sample2} <= newest for lab in mine)
@@ -538,4 +538,4 @@ def test_oracle_without_follow_still_needs_two_segments(tmp_path: Path) -> None:
     db = tmp_path / "db"
     db.mkdir()
     with pytest.raises(UserError, match="at least 2 are needed"):
-        oracle_label_db(db, 3, recent=5)
+        oracle_label_db(db, 3, settings=OracleSettings(recent=5))

@@ -20,7 +20,7 @@ from bench.dbs import SEAQUEST, action_model, write_action_db
 from lib.errors import UserError
 from lib.label_ui.state import AppState, DbState
 from lib.labels import Label, append_labels, load_labels, pair_key, read_label_log
-from lib.oracle import oracle_label_db
+from lib.oracle import OracleSettings, oracle_label_db
 from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
 from lib.sampling import SegmentBeliefs, choose_pairs, exploit_ranking, preference
 
@@ -119,7 +119,7 @@ def test_a_model_of_other_frames_is_one_error(tmp_path: Path) -> None:
 def test_oracle_labels_what_the_page_would_show(db, tmp_path: Path) -> None:
     root, segs = db
     model = action_model(SIZE, tmp_path / "m.pt", [VALUES])
-    summary = oracle_label_db(root, 3, seed=0, sampling="uncertain", reward=model, pool=1000)
+    summary = oracle_label_db(root, 3, seed=0, settings=OracleSettings(sampling="uncertain", reward=model, pool=1000))
     assert summary.labeled == 3
     log = read_label_log(root)
     assert all(lab.extra["sampling"] == "uncertain" for lab in log)
@@ -211,7 +211,7 @@ def test_oracle_with_rare_labels_the_odd_clip_first(rare_db, tmp_path: Path) -> 
     root, _, odd = rare_db
     db = tmp_path / "db"
     shutil.copytree(root, db)
-    summary = oracle_label_db(db, 1, seed=0, teacher="surface", sampling="rare")
+    summary = oracle_label_db(db, 1, seed=0, settings=OracleSettings(teacher="surface", sampling="rare"))
     (lab,) = read_label_log(db)
     assert summary.labeled == 1 and odd in (lab.sample1, lab.sample2) and lab.extra["sampling"] == "rare"
     # The page (the looks computed before serving) offers the least-labelled rarest next: not the odd one.

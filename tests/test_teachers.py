@@ -25,7 +25,7 @@ from bench.dbs import (
 )
 from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
-from lib.oracle import oracle_label_db
+from lib.oracle import OracleSettings, oracle_label_db
 from lib.seaquest import (
     GAUGE_COLS,
     GAUGE_ROWS,
@@ -224,7 +224,7 @@ def test_oracle_with_the_oxygen_teacher_on_real_segments(
     for name, seg in (("refill", with_refill), ("plain", plain), ("died", died)):
         seg = dataclasses.replace(seg, env_index=len(names))
         names[save_segment(db, seg, fsync=False).relative_to(db).as_posix()] = name
-    summary = oracle_label_db(db, 3, seed=0, teacher="oxygen")
+    summary = oracle_label_db(db, 3, seed=0, settings=OracleSettings(teacher="oxygen"))
     assert summary.labeled == 3
     winners = {}
     for lab in read_label_log(db):
@@ -327,7 +327,7 @@ def save_clips(db: Path, clips: dict[str, Segment]) -> dict[str, str]:
 def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips: dict[str, Segment]) -> None:
     db = tmp_path / "db"
     names = save_clips(db, surface_clips)
-    summary = oracle_label_db(db, 100, seed=0, teacher="surface")
+    summary = oracle_label_db(db, 100, seed=0, settings=OracleSettings(teacher="surface"))
     assert summary.labeled == len(SURFACE_VERDICTS) == 45
     seen = {}
     for lab in read_label_log(db):
@@ -345,7 +345,7 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
     # The oxygen teacher on the same DB sees no climb and no idling: the score, or a tie.
     oxygen_db = tmp_path / "oxygen"
     names = save_clips(oxygen_db, surface_clips)
-    oracle_label_db(oxygen_db, 100, seed=0, teacher="oxygen")
+    oracle_label_db(oxygen_db, 100, seed=0, settings=OracleSettings(teacher="oxygen"))
     rules = {
         frozenset((names[lab.sample1], names[lab.sample2])): lab.extra["rule"] for lab in read_label_log(oxygen_db)
     }
@@ -354,7 +354,7 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
     # Random answers record "noise".
     noisy = tmp_path / "noisy"
     save_clips(noisy, surface_clips)
-    oracle_label_db(noisy, 10, seed=0, teacher="surface", noise=1.0)
+    oracle_label_db(noisy, 10, seed=0, settings=OracleSettings(teacher="surface", noise=1.0))
     assert [lab.extra["rule"] for lab in read_label_log(noisy)] == ["noise"] * 10
 
 
@@ -362,7 +362,7 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
 def test_gauge_teachers_refuse_another_game(tmp_path: Path, teacher: str) -> None:
     make_synthetic_db(tmp_path / "db", 6, seed=1)  # 'Pong' frames, not SeaQuest
     with pytest.raises(UserError, match=f"the {teacher} teacher reads SeaQuest's oxygen gauge"):
-        oracle_label_db(tmp_path / "db", 3, teacher=teacher)
+        oracle_label_db(tmp_path / "db", 3, settings=OracleSettings(teacher=teacher))
 
 
 def test_label_ui_oracle_flags(tmp_path: Path) -> None:
@@ -465,3 +465,41 @@ def test_label_ui_death_penalty_flag(tmp_path: Path) -> None:
     for bad in (["--death-penalty", "-5"], ["--death-penalty", "10", "--teacher", "surface"]):
         p = subprocess.run([*main, *bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (bad, p.stderr)
+
+
+def _random_facts(rng: np.random.Generator) -> SegmentFacts:
+    """Facts of a SeaQuest clip drawn so that every rule of every teacher gets to decide."""
+    deaths = int(rng.integers(0, 2))
+    oxygen = OxygenCounts(
+        refills=int(rng.integers(0, 2)), deaths=deaths, oxygen_deaths=int(rng.integers(0, deaths + 1))
+    )
+    surface = SurfaceCounts(
+        diver_climb_rows=int(rng.choice([0, 4, 12])),
+        rescues=int(rng.integers(0, 2)),
+        idle_steps=int(rng.choice([0, 10, 30])),
+    )
+    return SegmentFacts(float(rng.choice([0.0, 20.0])), oxygen, surface, lives_lost=deaths)
+
+
+def test_a_teacher_is_one_entry_whose_rules_are_the_ones_it_decides_by():
+    """``lib.teachers.TEACHER_ENTRIES``: each entry's ``rules`` are exactly the rules its judge
+    answers with (first to last as its docstring orders them), the --teacher choices and help
+    come from the entries, and only an entry that takes the death penalty accepts one."""
+    from lib.label_ui.config import build_parser
+    from lib.teachers import DEFAULT_TEACHER, TEACHER_ENTRIES, TEACHERS, teacher_help
+
+    rng = np.random.default_rng(0)
+    for entry in TEACHER_ENTRIES.values():
+        seen = set()
+        for _ in range(4000):
+            verdict = entry.judge(_random_facts(rng), _random_facts(rng), 100.0 if entry.death_penalty else 0.0)
+            assert verdict is not None
+            seen.add(verdict[1])
+        assert seen == set(entry.rules), entry.name
+    assert tuple(TEACHER_ENTRIES) == TEACHERS and DEFAULT_TEACHER in TEACHERS
+    teacher_flag = next(a for a in build_parser()._actions if "--teacher" in a.option_strings)
+    assert tuple(teacher_flag.choices) == TEACHERS and teacher_flag.default == DEFAULT_TEACHER
+    assert all(f"'{name}'" in teacher_help() for name in TEACHERS)
+    Teacher("score", death_penalty=100.0)
+    with pytest.raises(ValueError, match="takes no death penalty"):
+        Teacher("surface", death_penalty=100.0)

@@ -5,7 +5,6 @@ Kept free of NiceGUI imports so that bad input and ``--oracle`` answer at once."
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 
 from lib.errors import EXIT_INTERRUPTED, UserError, fail
 from lib.label_ui.config import LabelConfig, parse_config
@@ -19,21 +18,22 @@ def run_oracle(cfg: LabelConfig) -> None:
     teacher; print a summary."""
     assert cfg.oracle is not None
     for db in cfg.dbs:
-        s = oracle_label_db(db, cfg.oracle, cfg.seed, **asdict(_oracle_settings(cfg)))
+        s = oracle_label_db(db, cfg.oracle, cfg.seed, _oracle_settings(cfg))
         short = f" (only {s.labeled} unlabeled pairs were left)" if s.labeled < s.requested else ""
         print(_summary_line(cfg, s, short))
 
 
 def _oracle_settings(cfg: LabelConfig) -> OracleSettings:
+    """The one settings object ``--oracle`` and ``--follow`` both label by."""
     return OracleSettings(
-        cfg.teacher,
-        cfg.teacher_noise,
-        cfg.teacher_ties,
-        cfg.sampling,
-        cfg.reward,
-        cfg.pool,
-        cfg.recent,
-        cfg.death_penalty,
+        teacher=cfg.teacher,
+        noise=cfg.teacher_noise,
+        ties=cfg.teacher_ties,
+        sampling=cfg.sampling,
+        reward=cfg.reward,
+        pool=cfg.pool,
+        recent=cfg.recent,
+        death_penalty=cfg.death_penalty,
     )
 
 

@@ -18,7 +18,7 @@ from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES
 from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
 from lib.seeds import check_seed
 from lib.segments import check_same_game
-from lib.teachers import TEACHERS, TIE_RULES
+from lib.teachers import DEFAULT_TEACHER, TEACHER_ENTRIES, TEACHERS, TIE_RULES, teacher_help
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
 MAX_PAIRS = 10_000  # one tab's list
@@ -43,7 +43,7 @@ class LabelConfig:
     fps: float = 15.0
     cache_dir: Path = DEFAULT_CACHE_DIR
     oracle: int | None = None
-    teacher: str = "score"
+    teacher: str = DEFAULT_TEACHER
     teacher_noise: float = 0.0
     teacher_ties: str = "equal"
     death_penalty: float = 0.0
@@ -166,10 +166,7 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
         "--teacher",
         choices=TEACHERS,
         default=d.teacher,
-        help="with --oracle: 'score' prefers the higher true return; 'oxygen' (SeaQuest) prefers fewer lives "
-        "lost to an empty oxygen gauge, then more refills at the surface, then the higher return; 'surface' "
-        "(SeaQuest) as 'oxygen', then, before the return, the sub that climbs more with a low gauge, then the "
-        "one idling less at the surface with a full gauge (lib/teachers.py)",
+        help="with --oracle: " + teacher_help(),
     )
     p.add_argument(
         "--teacher-noise",
@@ -363,7 +360,7 @@ def _check_values(args: argparse.Namespace) -> None:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
     if not 0.0 <= args.death_penalty < 1e9:
         raise UserError(f"--death-penalty must be a number of points >= 0, got {args.death_penalty:g}")
-    if args.death_penalty and args.teacher != "score":
+    if args.death_penalty and not TEACHER_ENTRIES[args.teacher].death_penalty:
         raise UserError(f"--death-penalty is the score teacher's; the {args.teacher} teacher ranks lost lives already")
     if not 0 <= args.recent <= MAX_RECENT:
         raise UserError(f"--recent must be between 0 (every segment) and {MAX_RECENT:,} segments, got {args.recent}")
