@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from lib.reward_model import step_next_frames
-
 if TYPE_CHECKING:
     from lib.seaquest import OxygenCounts, SurfaceCounts
 
@@ -151,7 +149,7 @@ def play_games(
     episodes: int,
     *,
     observers: Sequence[GameObserver] = (),
-    predict: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    predict: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None,
     max_steps: int | None = None,
     stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
@@ -159,10 +157,11 @@ def play_games(
     """Play ``episodes`` full games in ``venv`` (an ``AtariVec``-like env), results in episode order.
 
     policy:    (N, 4, 84, 84) uint8 observations -> (N,) actions, one call per step for all envs
-    predict:   (frames (K, H, W, 3), actions (K,), next frames (K, H, W, 3)) -> (K,) per-step
-               predictions for the running games, handed to the observer (the reward view);
-               None: no predictions. The next frames are those the steps led to
-               (``step_next_frames``)
+    predict:   (frames (K, H, W, 3), actions (K,), shown (K, H, W, 3), game_over (K,)) -> (K,)
+               per-step predictions for the running games, handed to the observer (the reward
+               view); None: no predictions. ``shown``: what the env showed after the steps,
+               ``game_over``: the steps that ended a game (``lib.reward_model.reward_input`` makes
+               the model's input of them)
     max_steps: cut a game after this many agent steps ("max steps"); games cut in every slot
                restart all envs with new seeds
     stop:      polled every step; when it returns True the games are abandoned and None returned
@@ -184,8 +183,7 @@ def play_games(
             obs = step.obs
             preds = None
             if predict is not None:
-                after = step_next_frames(frames, venv.frames[active], step.game_over[active])
-                preds = predict(frames, actions[active], after)
+                preds = predict(frames, actions[active], venv.frames[active], step.game_over[active])
             vec_steps += 1
             if log is not None and vec_steps % PROGRESS_EVERY == 0:
                 done = len(games.results)

@@ -226,8 +226,8 @@ def _play_loop(
         with torch.no_grad():
             return select_actions(net(torch.as_tensor(obs, device=dev))[0], greedy, rng)
 
-    def predict(frames: np.ndarray, actions: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
-        return np.asarray(rm.predict(frames, actions, next_frames), dtype=np.float32).reshape(-1)
+    def predict(frames: np.ndarray, actions: np.ndarray, shown: np.ndarray, game_over: np.ndarray) -> np.ndarray:
+        return np.asarray(rm.predict(frames, actions, shown, game_over), dtype=np.float32).reshape(-1)
 
     norm = RunningNorm(DEFAULT_NORM_WINDOW, prior=norm_prior(rm)) if rm is not None else None
     recorder = _GameRecorder(venv.n_envs, vdir, model, norm, gif, log)

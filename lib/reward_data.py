@@ -8,10 +8,10 @@ Roles, one verb each:
   unreadable are left out (counted). Segments stay COMPRESSED in memory (~20-50 KB instead of
   ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
 - ``decode_segments``: decode the segments of one micro-batch (~1 ms each).
-- ``model_inputs``: a network's input for some segments (the book's: the frames; the diff net's:
-  grey 84x84 frame and next frame, made once per segment and cached).
-- ``step_features``: the diff net's per-step features, computed once per segment and cached
-  (they hold no trained weight).
+- ``model_inputs``: a network's input for some segments (``lib.reward_model.reward_input`` of each:
+  the book's net, the frames; the diff net's, grey 84x84 frame and next frame).
+- ``step_features``: the diff net's per-step features (and actions), computed once per segment and
+  cached (they hold no trained weight).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.envs import DEFAULT_ENV, game_of, grey84, rom_name
+from lib.envs import DEFAULT_ENV, game_of, rom_name
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, load_labels
-from lib.reward_model import INPUT_CHUNK, DiffRewardModel
+from lib.reward_model import INPUT_CHUNK, DiffRewardModel, reward_input
 from lib.segments import (
     SegmentError,
     check_same_game,
@@ -71,10 +71,10 @@ class PreferenceData:
     dbs: list[str]
     skipped: dict[str, int] = field(default_factory=dict)
     pair_labels: list[tuple[int, str, str]] = field(default_factory=list)
-    # the diff net's input per segment, made on first use (``_grey_steps``): 350 KB a 50-step
-    # segment, against decoding 5 MB and resizing it again every epoch
-    grey_cache: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    # the diff net's features and actions per segment, made on first use (``step_features``): 60 KB
+    # a 50-step segment, against decoding 5 MB and resizing it again every epoch
     feature_cache: dict[tuple[Any, int], torch.Tensor] = field(default_factory=dict, repr=False)
+    step_actions: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def n_pairs(self) -> int:
@@ -328,40 +328,28 @@ def decode_segments(data: PreferenceData, ids: Sequence[int]) -> tuple[np.ndarra
     return frames, actions, owner
 
 
-def _grey_steps(data: PreferenceData, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Segment ``i`` in the diff net's terms: its grey 84x84 frames (T, 84, 84), per step the
-    index of the frame the step led to (``segment_next_frames``' rule: the last step and a step
-    that ended the game point at themselves), and its actions. Cached in ``data.grey_cache``."""
-    got = data.grey_cache.get(i)
-    if got is None:
-        seg = decode_segment(data.blobs[i], data.names[i])
-        t = len(seg)
-        nxt = np.minimum(np.arange(t) + 1, t - 1)
-        if seg.game_over is not None:
-            nxt[seg.game_over] = np.flatnonzero(seg.game_over)
-        got = data.grey_cache[i] = (grey84(seg.frames), nxt, seg.actions)
-    return got
-
-
 def model_inputs(data: PreferenceData, ids: Sequence[int], arch: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The network input of segments ``ids`` for a model of ``arch``: ``decode_segments``' frames
-    for the book's net; (F, 2, 84, 84) uint8 (frame, next frame) for the diff net. Returns
-    (input, actions, owner) as ``decode_segments`` does."""
-    if arch == "book":
-        return decode_segments(data, ids)
+    """The network input of segments ``ids`` for a model of ``arch``, one clip after another, each
+    made by ``lib.reward_model.reward_input`` (the book's net: the frames, (F, H, W, 3) uint8; the
+    diff net: (F, 2, 84, 84) uint8, frame and next frame). Returns (input, actions, owner) as
+    ``decode_segments`` does."""
     total = int(data.lengths[list(ids)].sum())
-    x = np.empty((total, 2, 84, 84), dtype=np.uint8)
+    x: np.ndarray | None = None
     actions = np.empty(total, dtype=np.int64)
     owner = np.empty(total, dtype=np.int64)
     pos = 0
     for j, i in enumerate(ids):
-        grey, nxt, acts = _grey_steps(data, int(i))
-        t = len(grey)
-        x[pos : pos + t, 0] = grey
-        x[pos : pos + t, 1] = grey[nxt]
-        actions[pos : pos + t] = acts
+        seg = decode_segment(data.blobs[i], data.names[i])
+        t = len(seg)
+        xi = np.asarray(reward_input(arch, seg.frames, None, seg.game_over))
+        if x is None:
+            x = np.empty((total, *xi.shape[1:]), dtype=xi.dtype)
+        x[pos : pos + t] = xi
+        actions[pos : pos + t] = seg.actions
         owner[pos : pos + t] = j
         pos += t
+    if x is None:  # no segments
+        x = np.asarray(reward_input(arch, np.empty((0, *data.frame_shape), dtype=np.uint8)))
     return x, actions, owner
 
 
@@ -376,14 +364,16 @@ def step_features(
     cache = data.feature_cache
     missing = [i for i in dict.fromkeys(int(i) for i in ids) if (key, i) not in cache]
     if missing:
-        x, _, owner = model_inputs(data, missing, "diff")
+        x, acts, owner = model_inputs(data, missing, "diff")
         # plain tensors even when called under inference_mode (evaluation): training reuses them
         with torch.inference_mode(False), torch.no_grad():
             chunks = range(0, len(x), INPUT_CHUNK)
             f = torch.cat([model.features(torch.from_numpy(x[s : s + INPUT_CHUNK]).to(device)) for s in chunks])
             for j, i in enumerate(missing):
-                cache[(key, i)] = f[torch.from_numpy(np.flatnonzero(owner == j)).to(device)]
+                rows = np.flatnonzero(owner == j)
+                cache[(key, i)] = f[torch.from_numpy(rows).to(device)]
+                data.step_actions[i] = acts[rows]
     feats = torch.cat([cache[(key, int(i))] for i in ids])
-    actions = np.concatenate([_grey_steps(data, int(i))[2] for i in ids]).astype(np.int64, copy=False)
+    actions = np.concatenate([data.step_actions[int(i)] for i in ids]).astype(np.int64, copy=False)
     owner = np.repeat(np.arange(len(ids)), data.lengths[list(ids)])
     return feats, actions, owner

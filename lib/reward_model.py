@@ -4,7 +4,7 @@ the full-colour frame the action was chosen on (``RewardModel``), each plus a on
 ``--arch diff`` (``DiffRewardModel``): the grey 84x84 frame and its absolute change to the frame
 the step led to, averaged over a grid of blocks (4x12 pixels), scaled per feature, then the book's head. A
 step's outcome (the score changing) shows in the NEXT frame, so every consumer hands it the frame
-each step led to (``segment_next_frames`` for a recorded clip, ``step_next_frames`` in play).
+each step led to: ``reward_input`` makes every caller's input, from a recorded clip or from play.
 
 ``--arch book``, architecture (Lapan, ch. 19, ``lib/rlhf.py``; DESIGN "Reward model and loss"): 4 conv layers of
 16 filters (kernels 7/5/3/3, strides 3/2/1/1), each followed by BatchNorm, Dropout(0.5) and
@@ -178,11 +178,6 @@ class RewardModel(nn.Module):
         size = math.prod(self.conv_out_shape)
         self.out = nn.Sequential(nn.Linear(size + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
 
-    @staticmethod
-    def prepare(frames: np.ndarray, next_frames: np.ndarray | None = None) -> np.ndarray:
-        """The network's input for these steps: the frames themselves (the next ones are unused)."""
-        return frames
-
     def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """(B, H, W, 3) uint8 -> (B, 3, H/d, W/d) float in [0, 1], channels-last memory."""
         x = to_input(frames, self.downscale)
@@ -223,26 +218,14 @@ def to_input(frames: torch.Tensor, downscale: int = 1) -> torch.Tensor:
     return x
 
 
-# --- the diff net: what the step changed -----------------------------------------------------
+# --- the model's input: one function for every caller ----------------------------------------
 
 
-def segment_next_frames(frames: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
-    """The frame each step of a clip led to: ``frames[t + 1]``. The clip's last step (its next
-    frame was not recorded) and a step that ended the game (the next frame is a new game's) get
-    their own frame: no change."""
-    nxt = np.empty_like(frames)
-    nxt[:-1] = frames[1:]
-    nxt[-1:] = frames[-1:]
-    if game_over is not None and len(game_over) == len(frames) and np.any(game_over):
-        ended = np.asarray(game_over, dtype=bool)
-        nxt[ended] = frames[ended]
-    return nxt
-
-
-def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarray) -> np.ndarray:
-    """The frame each env's step led to: ``after``, except where the step ended the game (the
-    env already shows the next game's first frame): there ``before``, as in a recorded clip."""
-    ended = np.asarray(game_over, dtype=bool)
+def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
+    """The frame each step led to: ``after`` (what the env showed next), except where the step
+    ended the game (the env already shows the next game's first frame): there ``before``, its own
+    frame (no change). Any per-step arrays of the same shape: RGB frames, grey frames."""
+    ended = np.zeros(len(before), dtype=bool) if game_over is None else np.asarray(game_over, dtype=bool)
     if not ended.any():
         return after
     out = np.array(after, copy=True)
@@ -250,12 +233,51 @@ def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarra
     return out
 
 
-def diff_input(frames: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
-    """(B, H, W, 3) uint8 frames and the frames their steps led to -> (B, 2, 84, 84) uint8: both
-    in the policy's grey 84x84 (``lib.envs.grey84``); the net takes their difference itself."""
-    if next_frames.shape != frames.shape:
-        raise ValueError(f"next frames {tuple(next_frames.shape)} do not match frames {tuple(frames.shape)}")
-    return np.stack([grey84(frames), grey84(next_frames)], axis=1)
+def segment_next_frames(frames: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
+    """The frame each step of a clip led to: the clip's next frame; the clip's last step (its next
+    frame was not recorded) gets its own frame, as a step that ended the game does
+    (``step_next_frames``). A ``game_over`` of another length than the clip is not used."""
+    shown = np.concatenate([frames[1:], frames[-1:]])
+    ended = game_over if game_over is not None and len(game_over) == len(frames) else None
+    return step_next_frames(frames, shown, ended)
+
+
+def reward_input(
+    arch: str,
+    frames: np.ndarray | torch.Tensor,
+    shown: np.ndarray | torch.Tensor | None = None,
+    game_over: np.ndarray | None = None,
+) -> np.ndarray | torch.Tensor:
+    """The reward model's input for B steps: the one function that training, ``--evaluate``, the
+    reward wrapper, the label page's model view and ``04_play.py --reward`` all use, so they
+    cannot feed the net different things.
+
+    arch:      the model's ``arch``: "book" or "diff"
+    frames:    (B, H, W, 3) uint8, the frame each step's action was chosen on
+    shown:     (B, H, W, 3) uint8, what the env showed after each step (play); None: ``frames`` are
+               a recorded clip's consecutive steps (``segment_next_frames``)
+    game_over: (B,) bool, the steps that ended the game (their own frame stands in for the next)
+    -> the book's net: ``frames`` as they are (it sees no next frame); the diff net: (B, 2, 84, 84)
+       uint8, each frame and the frame its step led to, both in the policy's grey 84x84
+       (``lib.envs.grey84``); the net takes their difference itself. The actions go to the net as
+       they are (it one-hot encodes them).
+    Each frame is greyed once: the rule only picks frames, so picking grey ones is the same."""
+    if arch == "book":
+        return frames
+    if arch != "diff":
+        raise ValueError(f"unknown reward model arch {arch!r}")
+    grey = grey84(np.asarray(frames))
+    if shown is None:
+        led_to = segment_next_frames(grey, game_over)
+    else:
+        shown = np.asarray(shown)
+        if shown.shape != tuple(frames.shape):
+            raise ValueError(f"next frames {tuple(shown.shape)} do not match frames {tuple(frames.shape)}")
+        led_to = step_next_frames(grey, grey84(shown), game_over)
+    return np.stack([grey, led_to], axis=1)
+
+
+# --- the diff net: what the step changed -----------------------------------------------------
 
 
 class DiffRewardModel(nn.Module):
@@ -269,7 +291,7 @@ class DiffRewardModel(nn.Module):
     many top rows of both 84x84 frames (the paper's masking of the score: the model must then
     learn from the scene).
 
-    forward: x (B, 2, 84, 84) uint8 from ``prepare`` (frame, next frame), actions (B,) int64
+    forward: x (B, 2, 84, 84) uint8 from ``reward_input`` (frame, next frame), actions (B,) int64
              -> per-step rewards (B,) float32
     """
 
@@ -296,12 +318,6 @@ class DiffRewardModel(nn.Module):
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
         self.out = nn.Sequential(nn.Linear(n + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
-
-    @staticmethod
-    def prepare(frames: np.ndarray, next_frames: np.ndarray | None) -> np.ndarray:
-        if next_frames is None:
-            raise ValueError("the diff reward model needs the frames the steps led to (next_frames)")
-        return diff_input(np.asarray(frames), np.asarray(next_frames))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
@@ -486,7 +502,6 @@ class RewardPredictor:
         first = models[0]
         self.arch: str = first.arch
         self.needs_next: bool = first.needs_next
-        self._prepare = first.prepare
         self.path = path
         self.frame_shape: tuple[int, int, int] = first.frame_shape  # type: ignore[assignment]
         self.downscale = first.downscale
@@ -537,18 +552,22 @@ class RewardPredictor:
         frames: np.ndarray | torch.Tensor,
         actions: np.ndarray | torch.Tensor,
         next_frames: np.ndarray | torch.Tensor | None = None,
+        game_over: np.ndarray | None = None,
     ) -> torch.Tensor:
         """Every member's per-step rewards: (K, B) float32 tensor on the model's device.
-        ``next_frames`` (B, H, W, 3): the frame each step led to; a diff model needs them
-        (``segment_next_frames``, ``step_next_frames``), the book's ignores them."""
+        ``next_frames`` (B, H, W, 3): what the env showed after each step, and ``game_over`` (B,)
+        the steps that ended the game (``reward_input``); a diff model needs them, the book's
+        ignores them."""
         self._check(frames, actions)
         if self.needs_next:
             if next_frames is None:
                 raise ValueError("this reward model (--arch diff) needs next_frames: the frame each step led to")
             if tuple(next_frames.shape) != tuple(frames.shape):
                 raise ValueError(f"next_frames {tuple(next_frames.shape)} do not match frames {tuple(frames.shape)}")
-        else:
-            next_frames = None
+        return self._members(reward_input(self.arch, frames, next_frames, game_over), actions)
+
+    def _members(self, x: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """(K, B) member predictions from ``reward_input``'s ``x``, ``chunk`` steps a forward."""
         a = torch.as_tensor(actions)
         if a.numel() and (int(a.min()) < 0 or int(a.max()) >= self.n_actions):
             raise ValueError(f"actions must be in 0..{self.n_actions - 1}")
@@ -556,8 +575,7 @@ class RewardPredictor:
         with torch.inference_mode():
             for s in range(0, len(a), self.chunk):
                 e = s + self.chunk
-                x = self._prepare(frames[s:e], None if next_frames is None else np.asarray(next_frames[s:e]))
-                fc = torch.as_tensor(x).to(self.device, non_blocking=True)
+                fc = torch.as_tensor(x[s:e]).to(self.device, non_blocking=True)
                 ac = a[s:e].to(self.device, non_blocking=True)
                 for k, net in enumerate(self.nets):
                     out[k, s : s + len(fc)] = net(fc, ac)
@@ -568,17 +586,22 @@ class RewardPredictor:
         frames: np.ndarray | torch.Tensor,
         actions: np.ndarray | torch.Tensor,
         next_frames: np.ndarray | torch.Tensor | None = None,
+        game_over: np.ndarray | None = None,
     ) -> np.ndarray:
         """Raw per-step rewards (B,) float32 (the ensemble mean); see ``predict_members``."""
-        return self.predict_members(frames, actions, next_frames).mean(0).cpu().numpy().astype(np.float32)
+        return _ensemble_mean(self.predict_members(frames, actions, next_frames, game_over))
 
     def predict_clip(self, segment: Any, members: bool = False) -> np.ndarray | torch.Tensor:
         """Per-step rewards of a recorded clip (a ``lib.segments.Segment``): (T,) float32 numpy, or
         with ``members`` every member's (K, T) tensor. Each step's next frame is the clip's own."""
-        nxt = segment_next_frames(segment.frames, segment.game_over) if self.needs_next else None
-        if members:
-            return self.predict_members(segment.frames, segment.actions, nxt)
-        return self.predict(segment.frames, segment.actions, nxt)
+        self._check(segment.frames, segment.actions)
+        out = self._members(reward_input(self.arch, segment.frames, None, segment.game_over), segment.actions)
+        return out if members else _ensemble_mean(out)
+
+
+def _ensemble_mean(members: torch.Tensor) -> np.ndarray:
+    """(K, B) member predictions -> (B,) float32 numpy: their mean."""
+    return members.mean(0).cpu().numpy().astype(np.float32)
 
 
 # --- checkpoints -----------------------------------------------------------------------------

@@ -7,7 +7,8 @@ threads step the games (``step_async`` starts the env step, the forward runs, ``
 collects both). The book instead calls the model once per env per frame with batch size 1. A
 diff model (``03_reward_train.py --arch diff``) also reads the frame each step led to, so its
 forward runs in ``step_wait``, after the step (where the step ended a game, the env already shows
-the next game: the step's own frame stands in, as at the end of a recorded clip).
+the next game: ``lib.reward_model.reward_input`` lets the step's own frame stand in, as at the end of
+a recorded clip).
 
 What the learner gets (``VecStep``):
 - ``pred_rewards``: the raw predictions (N,) float32;
@@ -84,7 +85,7 @@ from lib.checkpoints import state_is_finite
 from lib.errors import UserError, warn
 from lib.files import file_state
 from lib.model import resolve_device
-from lib.reward_model import RewardPredictor, load_reward_model, step_next_frames
+from lib.reward_model import RewardPredictor, load_reward_model
 
 DEFAULT_NORM_WINDOW = 10_000
 DEFAULT_CLIP = 5.0
@@ -386,22 +387,27 @@ class RewardModelWrapper:
             self._before = (frames, acts)
             self._infer_s += time.perf_counter() - t0
             return
-        self._pending = self._forward(self.model, frames, acts, None)  # (K, N)
+        self._pending = self._forward(self.model, frames, acts)  # (K, N)
         self._infer_s += time.perf_counter() - t0
 
     def _forward(
-        self, model: RewardPredictor, frames: torch.Tensor, acts: torch.Tensor, after: np.ndarray | None
+        self,
+        model: RewardPredictor,
+        frames: torch.Tensor,
+        acts: torch.Tensor,
+        shown: np.ndarray | None = None,
+        game_over: np.ndarray | None = None,
     ) -> torch.Tensor:
         """``model``'s members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the env's
         C++ threads are busy stepping, or spin-waiting for the next step, and a forward on all
         cores would only fight them (OpenMP threads spin-wait too; measured 3-5x slower than one
         thread)."""
         if self.infer_threads is None:
-            return model.predict_members(frames, acts, after)
+            return model.predict_members(frames, acts, shown, game_over)
         threads = torch.get_num_threads()
         torch.set_num_threads(self.infer_threads)
         try:
-            return model.predict_members(frames, acts, after)
+            return model.predict_members(frames, acts, shown, game_over)
         finally:
             torch.set_num_threads(threads)
 
@@ -429,13 +435,13 @@ class RewardModelWrapper:
         self._before = None
         # the env hands out new frame arrays at each step_wait, so these stay this step's while the
         # next step runs (tests/test_reward_wrapper.py sends it before the forward)
-        after = step_next_frames(frames.numpy(), np.asarray(self.env.frames), st.game_over)
+        shown, ended = np.asarray(self.env.frames), np.array(st.game_over, dtype=bool)
         # this step's model and norms: a switch before complete() (the next step_async) is the next step's
         model, norm, member_norms = self.model, self.norm, self.member_norms
 
         def forward() -> None:
             t0 = time.perf_counter()
-            members = self._forward(model, frames, acts, after)
+            members = self._forward(model, frames, acts, shown, ended)
             self._infer_s += time.perf_counter() - t0
             self._predicted(st, members, norm, member_norms)
 

@@ -246,23 +246,24 @@ def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     np.testing.assert_allclose(RunningNorm(10_000, prior=norm_prior(rm)).normalise(raw), [0.0, 1.0, -1.0])
 
 
-def test_play_games_hands_predict_the_frame_each_step_led_to() -> None:
+def test_play_games_hands_predict_the_frame_each_step_showed_next() -> None:
     from lib.envs import AtariVec
     from lib.games import play_games
 
     env = AtariVec(n_envs=2, seed=3)
     seen: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def predict(frames: np.ndarray, actions: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
-        seen.append((frames.copy(), next_frames.copy()))
+    def predict(frames: np.ndarray, actions: np.ndarray, shown: np.ndarray, game_over: np.ndarray) -> np.ndarray:
+        assert not game_over.any()  # 40 steps of random play end no game
+        seen.append((frames.copy(), shown.copy()))
         return np.zeros(len(frames), np.float32)
 
     rng = np.random.default_rng(0)
     play_games(env, lambda obs: rng.integers(0, env.n_actions, len(obs)), 2, predict=predict, max_steps=40)
     env.close()
     assert len(seen) == 40
-    for (_, led_to), (then, _) in zip(seen[:-1], seen[1:], strict=True):
-        np.testing.assert_array_equal(led_to, then)  # the frame a step led to is the next step's frame
+    for (_, shown), (then, _) in zip(seen[:-1], seen[1:], strict=True):
+        np.testing.assert_array_equal(shown, then)  # what a step showed next is the next step's frame
     assert not all(np.array_equal(f, n) for f, n in seen)  # and not the step's own frame
 
 

@@ -24,6 +24,7 @@ from lib.reward_model import (
     load_reward_models,
     preference_loss,
     reward_checkpoint,
+    reward_input,
     save_reward_checkpoint,
     segment_next_frames,
     step_next_frames,
@@ -284,7 +285,7 @@ def test_diff_checkpoint_round_trip_on_real_frames(tmp_path):
     frames, actions, _ = _seaquest_frames(40)
     torch.manual_seed(3)
     models = [DiffRewardModel(18, FULL_FRAME, mask_rows=10) for _ in range(2)]
-    x = torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:]))
+    x = torch.from_numpy(reward_input("diff", frames[:-1], frames[1:]))
     assert x.shape == (40, 2, 84, 84) and x.dtype == torch.uint8
     for m in models:
         m.fit_scale(x)
@@ -349,14 +350,14 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
 
     torch.manual_seed(6)
     frames, actions, _ = _seaquest_frames(12)
-    fine.fit_scale(torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:])))
+    fine.fit_scale(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])))
     fine.eval()
     path = _save(tmp_path, [fine])
     ck = torch.load(path, weights_only=True)
     assert ck["diff_block"] == [4, 12]
     rm = load_reward_model(path)
     with torch.no_grad():
-        ref = fine(torch.from_numpy(DiffRewardModel.prepare(frames[:-1], frames[1:])), torch.from_numpy(actions))
+        ref = fine(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])), torch.from_numpy(actions))
     np.testing.assert_allclose(rm.predict(frames[:-1], actions, frames[1:]), ref.numpy(), rtol=1e-5, atol=1e-6)
 
     old = reward_checkpoint([coarse.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)

@@ -347,3 +347,67 @@ def test_oracle_sends_the_true_score_through_the_same_path(tmp_path):
     save_reward_checkpoint(ck, path)
     with pytest.raises(UserError, match="score's statistics"):
         RewardModelWrapper(env, path, norm="labels", oracle=True)
+
+
+class RecordedVec(FakeVec):
+    """FakeVec with the lives the recorder keeps."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.lives = np.full(self.n_envs, 3, np.int32)
+
+
+class NetSpy(torch.nn.Module):
+    """Stands in for a reward net: keeps every input it is given, predicts 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        self.seen.append((x.cpu().numpy().copy(), actions.cpu().numpy().copy()))
+        return torch.zeros(len(actions))
+
+
+def test_the_wrapper_feeds_the_net_what_training_feeds_it_for_the_same_recorded_clip(tmp_path):
+    """01_a2c.py -r --db-path: the reward wrapper's per-step input (frame, next frame, action) and
+    the input stage 3 trains on for the clip the recorder wrote of the same steps are the same bytes
+    (one function makes both: lib.reward_model.reward_input). A step that ended the game, inside
+    the clip, has its own frame for the next in both. The clip's last step is the one exception:
+    its next frame was not recorded, so training gives it its own; the wrapper saw the real one."""
+    from lib.labels import Label, append_labels
+    from lib.recorder import EpisodeRecorderWrapper
+    from lib.reward_data import load_preferences, model_inputs
+    from lib.segments import list_segments
+
+    steps = 8
+    ck = reward_checkpoint([DiffRewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
+    save_reward_checkpoint(ck, tmp_path / "d.pt")
+    base = RecordedVec(n_envs=2, seed=5)
+    w = RewardModelWrapper(base, tmp_path / "d.pt")  # stacked as lib.a2c_run does it
+    recorder = EpisodeRecorderWrapper(base, tmp_path / "db", record_prob=1.0, segment_steps=steps)
+    w.env = recorder
+    spy = NetSpy()
+    w.model.nets = [spy]
+    rng = np.random.default_rng(0)
+    w.reset()
+    for t in range(2 * steps):
+        base.ends[:] = False
+        base.ends[1] = t in (3, steps + 2)  # env 1's game ends inside each of its clips
+        w.step(rng.integers(0, 18, 2))
+    recorder.close()
+    rels = sorted(list_segments(tmp_path / "db"))
+    assert len(rels) == 4
+    append_labels(tmp_path / "db", [Label(rels[0], rels[1], 1), Label(rels[2], rels[3], 2)])
+    data = load_preferences([tmp_path / "db"], log=lambda m: None)
+    wrapper_x = np.stack([x for x, _ in spy.seen])  # (steps, envs, 2, 84, 84)
+    wrapper_a = np.stack([a for _, a in spy.seen])
+    for i, name in enumerate(data.names):
+        # NN/SSSSSSSS.dat: the env, its step count at the clip's end
+        env, end = int(Path(name).parent.name), int(Path(name).stem)
+        x, actions, _ = model_inputs(data, [i], "diff")
+        want = wrapper_x[end - steps : end, env]
+        np.testing.assert_array_equal(x[:-1], want[:-1])
+        np.testing.assert_array_equal(x[-1, 0], want[-1, 0])
+        np.testing.assert_array_equal(x[-1, 1], x[-1, 0])  # the clip's last step: its own frame
+        np.testing.assert_array_equal(actions, wrapper_a[end - steps : end, env])
