@@ -6,6 +6,7 @@ algorithm that uses it, the loss, the learner and the loop, is ``lib/a2c.py``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -94,6 +95,29 @@ def _make_dir(path: Path, what: str) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {what} {path}: {e.strerror or e}") from None
+
+
+def _make_dirs(dirs: list[tuple[Path, str]]) -> None:
+    """Make each directory in order. Where one cannot be made (a path the writable check passes,
+    such as one under /proc), remove the ones this call made and raise: a run that fails leaves no
+    directory behind."""
+    made: list[Path] = []
+    try:
+        for path, what in dirs:
+            missing = [p for p in (path, *path.parents) if not p.exists()]
+            _make_dir(path, what)
+            made += reversed(missing)
+    except UserError:
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+def _run_dirs(cfg: A2CConfig) -> list[tuple[Path, str]]:
+    """What a run writes into, in the order it is made: TensorBoard, checkpoints, the DB."""
+    dirs = [(Path(cfg.runs_dir), "TensorBoard dir"), (cfg.save_dir, "checkpoint dir")]
+    return dirs + ([(Path(cfg.db_path), "DB dir")] if cfg.db_path else [])
 
 
 def _finite_or_minus_inf(v: Any) -> None:
@@ -305,7 +329,8 @@ def make_env_stack(
         counters = (resume_ck or {}).get("env_steps")
         if counters is not None and (len(counters) != cfg.envs or dist.active):
             counters = None  # another --envs, or ranks (last.pt has rank 0's): the env's own files tell
-        _make_dir(Path(cfg.db_path), "DB dir")
+        # the first write of a run that records: its directories together (rank 0), after every check
+        _make_dirs(_run_dirs(cfg) if dist.is_main else [(Path(cfg.db_path), "DB dir")])
         checkpoint = str(cfg.model) if cfg.model else None
         if not dist.is_main:
             dist.barrier()  # rank 0 first: it takes the DB's recorder lock and writes db.json
@@ -446,8 +471,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     writer: Any = NullWriter()
     tb_dir = Path(cfg.runs_dir)
     if dist.is_main:
-        _make_dir(Path(cfg.runs_dir), "TensorBoard dir")  # first: /proc-like paths pass the writable check
-        _make_dir(cfg.save_dir, "checkpoint dir")
+        _make_dirs(_run_dirs(cfg))  # made already where the run records (make_env_stack)
         if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
             print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
         extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}

@@ -231,7 +231,8 @@ def test_help_explains_every_flag():
 )
 def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, args, message):
     """In-process (no subprocess per case): train() raises UserError, one line, before it writes
-    anything."""
+    anything: no saves/, runs/ or DB (issue 39 item 5: every check, not only -r's, comes before the
+    recorder writes the DB's db.json)."""
     from lib.a2c import train
     from lib.a2c_cli import parse_config
     from lib.errors import UserError
@@ -248,7 +249,9 @@ def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, ar
             tmp_path / "saves" / name / "last.pt",
         )
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs", *args]
+    # every check runs before the recorder makes its DB (a case's own --db-path, later, wins)
+    argv = ["-n", "new", "--max-steps", "32", "--envs", "2", "--test-every", "0", "--runs-dir", "runs"]
+    argv += ["--db-path", "newdb", *args]
     with pytest.raises(UserError) as e:
         train(parse_config(argv))
     assert message in str(e.value) and "\n" not in str(e.value)
