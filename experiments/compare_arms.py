@@ -37,7 +37,8 @@ def arm_runs(tb: Path) -> list[str]:
 def label(run: str) -> str:
     """A short legend label: the arm, and what its round directory says beyond the teacher."""
     short = run.removeprefix("round-").removesuffix("-r1").replace("-score-100", "")
-    return short.replace("ftterminalnonerewardscale0.05rewardnormlabels", "papers")[:48]
+    short = short.replace("ftterminalnonerewardscale0.05rewardnormlabels", "papers")
+    return short.replace("ftrewardscale0.05rewardnormlabels", "std0.05+labels")[:48]
 
 
 def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
