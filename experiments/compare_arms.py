@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.round import tb_scalars
 from experiments.round_report import _binned
+from experiments.stages import tb_scalars
 from lib.errors import UserError, run_cli
 
 PANELS = [

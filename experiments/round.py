@@ -62,16 +62,12 @@ from experiments.stages import (
     file_digest,
     ft_config,
     ft_settings,
-    held_out_figures,  # noqa: F401 (experiments.sampling and .quality import these four from here)
-    log,  # noqa: F401
     own_clip_figures,
     print_evidence,
     print_model_figures,
     reward_round,
-    run_stage,  # noqa: F401
     split_db,
     tb_scalars,
-    teacher_db,  # noqa: F401
     train_a2c,
 )
 from lib.a2c_config import A2CConfig
