@@ -32,6 +32,7 @@ import numpy as np
 from lib.envs import VecStep
 from lib.errors import UserError
 from lib.segments import (
+    MAX_ENV_STEP,
     MAX_SEGMENT_STEPS,
     Segment,
     SegmentWriter,
@@ -91,12 +92,13 @@ def lock_db(db_root: str | os.PathLike) -> int:
 def existing_step_counters(db_root: str | os.PathLike, n_envs: int, index_offset: int = 0) -> np.ndarray:
     """The highest step counter already used in the directories of envs ``index_offset`` ..
     ``index_offset + n_envs - 1`` (0 when none): a new run into the same DB continues from there,
-    so it never overwrites a segment."""
+    so it never overwrites a segment. A name beyond what a recorder writes (a counter over
+    ``MAX_ENV_STEP``, e.g. a planted ``08/999999999999.dat``) is no recorder's and moves nothing."""
     out = np.zeros(n_envs, dtype=np.int64)
     for rel in list_segments(db_root, warn=None):
         env, step = rel.removesuffix(".dat").split("/")
         i = int(env) - index_offset
-        if 0 <= i < n_envs:
+        if 0 <= i < n_envs and int(step) <= MAX_ENV_STEP:
             out[i] = max(out[i], int(step))
     return out
 

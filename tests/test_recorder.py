@@ -66,6 +66,19 @@ def test_never_overwrites_an_existing_db(tmp_path):
     assert list_segments(tmp_path) == ["00/00000004.dat", "00/00000008.dat"]
 
 
+def test_a_planted_huge_name_does_not_move_a_new_recorders_counter(tmp_path):
+    """A 1-byte 00/999999999999.dat (12 digits: no recorder writes it) made a new recorder continue
+    env 0 from 10**12, beyond what its checkpoint's env_steps accept (--resume was refused)."""
+    (tmp_path / "00").mkdir()
+    (tmp_path / "00" / "999999999999.dat").write_bytes(b"x")
+    env = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=4)
+    env.reset()
+    for _t in range(4):
+        env.step(np.array([0]))
+    env.close()
+    assert "00/00000004.dat" in list_segments(tmp_path, warn=None)
+
+
 def test_real_ale_frames_actions_rewards(tmp_path):
     """On the real emulator: the recorded frame is the one the action was chosen on."""
     base = AtariVec("SeaquestNoFrameskip-v4", 2, seed=1)
