@@ -40,6 +40,19 @@ def setting(default: Any = MISSING, help: str = "", *, group: str, flags: tuple[
     return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
+def _within(flag: str, lo: float, hi: float, ends: str = "[]"):
+    """A setting's check that its value lies between ``lo`` and ``hi``; ``ends`` says which ends
+    belong to the range, as the message writes them ("[)": lo does, hi does not)."""
+
+    def ok(v: float) -> bool:
+        return (lo <= v if ends[0] == "[" else lo < v) and (v <= hi if ends[1] == "]" else v < hi)
+
+    def text(x: float) -> str:
+        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+    return ((ok, f"{flag} must be in {ends[0]}{text(lo)}, {text(hi)}{ends[1]}, got {{v}}"),)
+
+
 def _positive_count(flag: str):
     return ((lambda v: v >= 0, flag + " must be >= 0, got {v}"),)
 
@@ -121,32 +134,32 @@ class A2CConfig:
         "(finetune/kl_to_start in TensorBoard is logged for every run from -m)",
         group="policy",
         metavar="B",
-        checks=[(lambda v: 0 <= v < 1e6, "--kl must be a number in [0, 1e6), got {v}")],
+        checks=_within("--kl", 0, 1e6, "[)"),
     )
     gamma: float = setting(
         GAMMA,
         "discount of the n-step returns (the book's)",
         group="policy",
-        checks=[(lambda v: 0 < v <= 1, "--gamma must be in (0, 1], got {v}")],
+        checks=_within("--gamma", 0, 1, "(]"),
     )
     entropy: float = setting(
         ENTROPY_BETA,
         "entropy bonus of the loss",
         group="policy",
         metavar="BETA",
-        checks=[(lambda v: 0 <= v < 1e3, "--entropy must be in [0, 1000), got {v}")],
+        checks=_within("--entropy", 0, 1000, "[)"),
     )
     n_steps: int = setting(
         REWARD_STEPS,
         "rewards summed before bootstrapping",
         group="policy",
-        checks=[(lambda v: 1 <= v <= 1000, "--n-steps must be in 1..1000, got {v}")],
+        checks=_within("--n-steps", 1, 1000),
     )
     clip_grad: float = setting(
         CLIP_GRAD,
         "gradient-norm clip of each update",
         group="policy",
-        checks=[(lambda v: 0 < v < 1e9, "--clip-grad must be a positive number, got {v}")],
+        checks=_within("--clip-grad", 0, 1e9, "()"),
     )
     resume: bool = setting(
         False,
@@ -187,7 +200,7 @@ class A2CConfig:
         "-r: the std of the learned reward the learner gets (the papers: 0.05, near the clipped score's 0.11)",
         group="labels",
         metavar="S",
-        checks=[(lambda v: 0 < v < 1e6, "--reward-scale must be in (0, 1e6), got {v}")],
+        checks=_within("--reward-scale", 0, 1e6, "()"),
     )
     reward_norm: str = setting(
         "running",
@@ -214,7 +227,7 @@ class A2CConfig:
         "per agent step and env, probability to start recording a segment "
         "(the default gives ~2,500 segments over 10M steps)",
         group="labels",
-        checks=[(lambda v: 0.0 <= v <= 1.0, "--record-prob must be in [0, 1], got {v}")],
+        checks=_within("--record-prob", 0, 1),
     )
     segment_steps: int = setting(
         DEFAULT_SEGMENT_STEPS,

@@ -5,6 +5,7 @@ Kept free of NiceGUI imports so that bad input and ``--oracle`` answer at once."
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 
 from lib.errors import EXIT_INTERRUPTED, UserError, fail
 from lib.label_ui.config import LabelConfig, parse_config
@@ -23,18 +24,13 @@ def run_oracle(cfg: LabelConfig) -> None:
         print(_summary_line(cfg, s, short))
 
 
+ORACLE_FLAGS = {"noise": "teacher_noise", "ties": "teacher_ties"}  # OracleSettings fields named otherwise here
+
+
 def _oracle_settings(cfg: LabelConfig) -> OracleSettings:
-    """The one settings object ``--oracle`` and ``--follow`` both label by."""
-    return OracleSettings(
-        teacher=cfg.teacher,
-        noise=cfg.teacher_noise,
-        ties=cfg.teacher_ties,
-        sampling=cfg.sampling,
-        reward=cfg.reward,
-        pool=cfg.pool,
-        recent=cfg.recent,
-        death_penalty=cfg.death_penalty,
-    )
+    """The one settings object ``--oracle`` and ``--follow`` both label by: each of its fields from
+    the flag of the same name (``ORACLE_FLAGS``: the two named after the teacher)."""
+    return OracleSettings(**{f.name: getattr(cfg, ORACLE_FLAGS.get(f.name, f.name)) for f in fields(OracleSettings)})
 
 
 def _summary_line(cfg: LabelConfig, s: OracleSummary, short: str) -> str:
