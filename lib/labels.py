@@ -137,10 +137,9 @@ def parse_label_line(raw: bytes | str) -> Label:
 _KNOWN = {"sample1", "sample2", "label", "time", "source"}
 
 
-def parse_label_lines(data: bytes, where: str, warn: Warn = warn, first_line: int = 1) -> list[Label]:
+def parse_label_lines(data: bytes, where: str, warn: Warn = warn) -> list[Label]:
     """Every good line of a label file's bytes; a bad line is skipped with a warning naming its
-    line number (a torn last line after a crash says so). ``first_line``: the number of the line
-    ``data`` starts with (a reader that follows the file reads only what was appended)."""
+    line number (a torn last line after a crash says so)."""
     out: list[Label] = []
     lines = data.split(b"\n")
     for i, line in enumerate(lines):
@@ -151,18 +150,16 @@ def parse_label_lines(data: bytes, where: str, warn: Warn = warn, first_line: in
         except (ValueError, RecursionError) as e:
             torn = i == len(lines) - 1  # no newline after it: a write cut short
             what = "a torn last line" if torn else "a bad line"
-            warn(f"{where}:{first_line + i}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
+            warn(f"{where}:{i + 1}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
     return out
 
 
-def read_label_log(
-    db_root: str | os.PathLike, warn: Warn = warn, names: tuple[str, ...] = (LEGACY_LABELS_FILE, LABELS_FILE)
-) -> list[Label]:
-    """Every line of the DB's label files (``names``) in order (legacy ``labels.json`` first). A
-    label file that is a symlink or not a regular file is not read (one warning)."""
+def read_label_log(db_root: str | os.PathLike, warn: Warn = warn) -> list[Label]:
+    """Every line of the DB's label files in order (legacy ``labels.json`` first). A label file
+    that is a symlink or not a regular file is not read (one warning)."""
     root = Path(db_root)
     out: list[Label] = []
-    for name in names:
+    for name in (LEGACY_LABELS_FILE, LABELS_FILE):
         p = root / name
         if not os.path.lexists(p):
             continue

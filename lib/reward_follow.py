@@ -37,10 +37,9 @@ import json
 import math
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +49,7 @@ from lib.checkpoints import stage_torch_save
 from lib.errors import UserError
 from lib.errors import warn as warn_line
 from lib.files import UnsafeFileError, file_state, install, open_append, read_regular
-from lib.labels import (
-    LABELS_FILE,
-    LEGACY_LABELS_FILE,
-    MAX_LABELS_BYTES,
-    Label,
-    Warn,
-    is_control,
-    pair_key,
-    parse_label_lines,
-    read_label_log,
-)
+from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, is_control, load_labels, pair_key
 from lib.reward_config import MAX_POLL, FollowConfig, TrainConfig
 from lib.reward_data import Log, PreferenceData, load_preferences
 from lib.reward_model import AnyRewardModel, load_reward_models, save_reward_checkpoint
@@ -131,119 +120,30 @@ def has_labels(db: str) -> bool:
     return any(p.is_file() for p in _label_files(db))
 
 
-TAIL_BYTES = 256  # LabelWatch: the last bytes read, checked again before reading on
-
-
-@dataclass
-class _Followed:
-    """One DB's label files as ``LabelWatch`` last read them."""
-
-    stamp: tuple[Any, ...]  # file_state of each label file
-    labels: dict[LabelKey, tuple[float, float | None]] = field(default_factory=dict)
-    ino: int | None = None  # labels.jsonl's inode; None: read whole at each change
-    offset: int = 0  # its bytes read so far (whole lines)
-    lines: int = 0  # the lines in them
-    tail: bytes = b""  # their last TAIL_BYTES: a file rewritten in place no longer holds them there
-
-    def feed(self, db: str, lab: Label) -> None:
-        """One label line, the rule of ``lib.labels.load_labels``: the last answer per pair wins, a
-        retraction or a "can't tell" takes the pair out, a control answer changes nothing."""
-        if is_control(lab):
-            return
-        self.labels.pop((db, *lab.key), None)  # kept in the order of each pair's last answer
-        if lab.preference is not None:
-            a, b, mu = oriented(lab.sample1, lab.sample2, lab.preference)
-            self.labels[(db, a, b)] = (mu, lab.time)
-
-    def took(self, data: bytes) -> None:
-        """``data`` (whole lines) was read at ``offset``."""
-        self.offset += len(data)
-        self.lines += data.count(b"\n")
-        self.tail = (self.tail + data)[-TAIL_BYTES:]
-
-
 class LabelWatch:
-    """The DBs' current training labels, kept in step with their label files.
+    """The DBs' current training labels, re-read only when a label file changed (``lib.files.file_state``).
 
     ``read()`` -> {(db, first, second): (P(first better), label time or None)}: the last answer per
-    pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out. A label file that
-    did not change (``lib.files.file_state``) is not read; ``labels.jsonl`` is append-only, so a
-    change reads only the whole lines appended since (a line still being written is read next
-    time). A file replaced (another inode), truncated, or rewritten in place (the last bytes read
-    are no longer there), and any change of the legacy ``labels.json``, read everything again."""
+    pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out."""
 
     def __init__(self, dbs: Sequence[str], warn: Warn) -> None:
         self.dbs, self.warn = list(dbs), warn
-        self._seen: dict[str, _Followed] = {}
+        self._seen: dict[str, tuple[Any, dict[LabelKey, tuple[float, float | None]]]] = {}
 
     def read(self) -> dict[LabelKey, tuple[float, float | None]]:
         out: dict[LabelKey, tuple[float, float | None]] = {}
         for db in self.dbs:
             stamp = tuple(file_state(p) for p in _label_files(db))
             got = self._seen.get(db)
-            if got is None or got.stamp != stamp:
-                if got is None or got.stamp[0] != stamp[0] or not self._read_on(db, got):
-                    got = self._seen[db] = self._read_all(db)
-                got.stamp = stamp
-            out.update(got.labels)
+            if got is None or got[0] != stamp:
+                labels: dict[LabelKey, tuple[float, float | None]] = {}
+                for lab in load_labels(db, warn=self.warn).values():
+                    if lab.preference is not None and not is_control(lab):
+                        a, b, mu = oriented(lab.sample1, lab.sample2, lab.preference)
+                        labels[(db, a, b)] = (mu, lab.time)
+                got = self._seen[db] = (stamp, labels)
+            out.update(got[1])
         return out
-
-    def _read_all(self, db: str) -> _Followed:
-        got = _Followed(())
-        for lab in read_label_log(db, self.warn, names=(LEGACY_LABELS_FILE,)):
-            got.feed(db, lab)
-        path = Path(db) / LABELS_FILE
-        if not os.path.lexists(path):
-            return got
-        try:
-            if path.is_symlink():
-                raise UnsafeFileError(f"{path} is a symlink")
-            ino = os.stat(path).st_ino  # a file put in its place meanwhile: another inode, read again
-            data = read_regular(path, MAX_LABELS_BYTES)
-        except OSError as e:
-            self.warn(f"{path}: not read ({e.strerror or e})")
-            return got
-        whole = data[: data.rfind(b"\n") + 1]
-        for lab in parse_label_lines(whole, str(path), self.warn):
-            got.feed(db, lab)
-        got.ino = ino
-        got.took(whole)
-        return got
-
-    def _read_on(self, db: str, got: _Followed) -> bool:
-        """Read the whole lines appended to ``labels.jsonl`` since ``got``; False (``got`` as it
-        was: read everything again) when the file is not the one read before, or not only longer."""
-        if got.ino is None:
-            return False
-        path = Path(db) / LABELS_FILE
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            st = os.fstat(fd)
-            start = got.offset - len(got.tail)
-            if (
-                not stat.S_ISREG(st.st_mode)
-                or st.st_ino != got.ino
-                or not got.offset <= st.st_size <= MAX_LABELS_BYTES
-                or os.pread(fd, len(got.tail), start) != got.tail
-            ):
-                return False
-            chunks, at = [], got.offset
-            while at < st.st_size and (chunk := os.pread(fd, min(1 << 20, st.st_size - at), at)):
-                chunks.append(chunk)
-                at += len(chunk)
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        whole = data[: data.rfind(b"\n") + 1]
-        for lab in parse_label_lines(whole, str(path), self.warn, first_line=got.lines + 1):
-            got.feed(db, lab)
-        got.took(whole)
-        return True
 
 
 def answers(labels: dict[LabelKey, tuple[float, float | None]]) -> dict[LabelKey, float]:
