@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -137,9 +138,10 @@ def parse_label_line(raw: bytes | str) -> Label:
 _KNOWN = {"sample1", "sample2", "label", "time", "source"}
 
 
-def parse_label_lines(data: bytes, where: str, warn: Warn = warn) -> list[Label]:
+def parse_label_lines(data: bytes, where: str, warn: Warn = warn, first_line: int = 1) -> list[Label]:
     """Every good line of a label file's bytes; a bad line is skipped with a warning naming its
-    line number (a torn last line after a crash says so)."""
+    line number (a torn last line after a crash says so). ``first_line``: the number in the file of
+    ``data``'s first line (``LabelTail`` reads only what was appended)."""
     out: list[Label] = []
     lines = data.split(b"\n")
     for i, line in enumerate(lines):
@@ -150,16 +152,18 @@ def parse_label_lines(data: bytes, where: str, warn: Warn = warn) -> list[Label]
         except (ValueError, RecursionError) as e:
             torn = i == len(lines) - 1  # no newline after it: a write cut short
             what = "a torn last line" if torn else "a bad line"
-            warn(f"{where}:{i + 1}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
+            warn(f"{where}:{first_line + i}: skipping {what} ({type(e).__name__}: {str(e)[:120]})")
     return out
 
 
-def read_label_log(db_root: str | os.PathLike, warn: Warn = warn) -> list[Label]:
-    """Every line of the DB's label files in order (legacy ``labels.json`` first). A label file
-    that is a symlink or not a regular file is not read (one warning)."""
+def read_label_log(
+    db_root: str | os.PathLike, warn: Warn = warn, names: tuple[str, ...] = (LEGACY_LABELS_FILE, LABELS_FILE)
+) -> list[Label]:
+    """Every line of the DB's label files (``names``) in order (legacy ``labels.json`` first). A
+    label file that is a symlink or not a regular file is not read (one warning)."""
     root = Path(db_root)
     out: list[Label] = []
-    for name in (LEGACY_LABELS_FILE, LABELS_FILE):
+    for name in names:
         p = root / name
         if not os.path.lexists(p):
             continue
@@ -172,6 +176,83 @@ def read_label_log(db_root: str | os.PathLike, warn: Warn = warn) -> list[Label]
             continue
         out.extend(parse_label_lines(data, str(p), warn))
     return out
+
+
+TAIL_CHECK = 256  # LabelTail: the last bytes read, compared again before reading on
+
+
+class LabelTail:
+    """A reader that follows one append-only label file (``<db>/labels.jsonl``): ``read_new``
+    parses only the whole lines appended since its last call (a line still being written is read
+    at the next), so following a file of 100,000 labels costs what the new lines cost.
+
+    It notices when the file is no longer the one it read: another inode (replaced), shorter
+    (truncated), or other bytes where its last read ended (rewritten in place); ``read_new`` then
+    returns None and the caller reads everything again (``reset``, then ``read_new`` reads the
+    file from its start). Bad lines are named by their line in the file. Not thread-safe: one
+    reader at a time (the caller's lock)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.said: str | None = None  # why the file was last not read: said once, not at every call
+        self.reset()
+
+    def reset(self) -> None:
+        self.ino: int | None = None  # the file read so far; None: nothing read yet
+        self.offset = 0  # bytes read, whole lines only
+        self.lines = 0  # lines in them
+        self.tail = b""  # their last TAIL_CHECK bytes
+
+    def read_new(self, warn: Warn = warn, torn_too: bool = False) -> list[Label] | None:
+        """The labels of the whole lines appended since the last call ([] when none, or when the
+        file is missing or unsafe before anything was read: said once through ``warn``); None when
+        the file is not the one read before (read everything again). ``torn_too``: a last line with
+        no newline yet is read too (a torn line after a crash: skipped with a warning) rather than
+        left for the next call (a line still being written)."""
+        fresh = self.ino is None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return [] if fresh else None
+        except OSError as e:  # a symlink (ELOOP), a permission
+            if fresh:
+                why = "a symlink" if os.path.islink(self.path) else (e.strerror or str(e))
+                return self._not_read(why, warn)
+            return None
+        try:
+            st = os.fstat(fd)
+            if fresh and (not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LABELS_BYTES):
+                return self._not_read(f"not a regular file of at most {MAX_LABELS_BYTES:,} bytes", warn)
+            start = self.offset - len(self.tail)
+            if not fresh and (
+                not stat.S_ISREG(st.st_mode)
+                or st.st_ino != self.ino
+                or not self.offset <= st.st_size <= MAX_LABELS_BYTES
+                or os.pread(fd, len(self.tail), start) != self.tail
+            ):
+                return None
+            chunks, at = [], self.offset
+            while at < st.st_size and (chunk := os.pread(fd, min(1 << 20, st.st_size - at), at)):
+                chunks.append(chunk)
+                at += len(chunk)
+        except OSError:
+            return [] if fresh else None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        whole = data if torn_too else data[: data.rfind(b"\n") + 1]
+        labels = parse_label_lines(whole, str(self.path), warn, first_line=self.lines + 1)
+        self.ino, self.said = st.st_ino, None
+        self.offset += len(whole)
+        self.lines += whole.count(b"\n")
+        self.tail = (self.tail + whole)[-TAIL_CHECK:]
+        return labels
+
+    def _not_read(self, why: str, warn: Warn) -> list[Label]:
+        if why != self.said:
+            warn(f"{self.path}: not read ({why})")
+            self.said = why
+        return []
 
 
 def is_control(lab: Label) -> bool:

@@ -39,7 +39,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,16 @@ from lib.checkpoints import stage_torch_save
 from lib.errors import UserError
 from lib.errors import warn as warn_line
 from lib.files import UnsafeFileError, file_state, install, open_append, read_regular
-from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, is_control, load_labels, pair_key
+from lib.labels import (
+    LABELS_FILE,
+    LEGACY_LABELS_FILE,
+    Label,
+    LabelTail,
+    Warn,
+    is_control,
+    pair_key,
+    read_label_log,
+)
 from lib.reward_config import MAX_POLL, FollowConfig, TrainConfig
 from lib.reward_data import Log, PreferenceData, load_preferences
 from lib.reward_model import AnyRewardModel, load_reward_models, save_reward_checkpoint
@@ -121,29 +130,55 @@ def has_labels(db: str) -> bool:
 
 
 class LabelWatch:
-    """The DBs' current training labels, re-read only when a label file changed (``lib.files.file_state``).
+    """The DBs' current training labels, kept in step with their label files.
 
     ``read()`` -> {(db, first, second): (P(first better), label time or None)}: the last answer per
-    pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out."""
+    pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out. A DB whose label
+    files did not change (``lib.files.file_state``) is not read; ``labels.jsonl`` is append-only,
+    so a change reads only the whole lines appended since (``lib.labels.LabelTail``: a line still
+    being written is read next time). A file replaced, truncated or rewritten in place, and any
+    change of the legacy ``labels.json``, read everything again."""
 
     def __init__(self, dbs: Sequence[str], warn: Warn) -> None:
         self.dbs, self.warn = list(dbs), warn
-        self._seen: dict[str, tuple[Any, dict[LabelKey, tuple[float, float | None]]]] = {}
+        self._seen: dict[str, _Followed] = {}
 
     def read(self) -> dict[LabelKey, tuple[float, float | None]]:
         out: dict[LabelKey, tuple[float, float | None]] = {}
         for db in self.dbs:
             stamp = tuple(file_state(p) for p in _label_files(db))
             got = self._seen.get(db)
-            if got is None or got[0] != stamp:
-                labels: dict[LabelKey, tuple[float, float | None]] = {}
-                for lab in load_labels(db, warn=self.warn).values():
-                    if lab.preference is not None and not is_control(lab):
-                        a, b, mu = oriented(lab.sample1, lab.sample2, lab.preference)
-                        labels[(db, a, b)] = (mu, lab.time)
-                got = self._seen[db] = (stamp, labels)
-            out.update(got[1])
+            if got is None or got.stamp != stamp:
+                new = None if got is None or got.stamp[0] != stamp[0] else got.tail.read_new(self.warn)
+                if new is None:  # the first look, labels.json changed, or labels.jsonl is another file
+                    got = self._seen[db] = _Followed(db, stamp, LabelTail(Path(db) / LABELS_FILE))
+                    new = read_label_log(db, self.warn, names=(LEGACY_LABELS_FILE,))
+                    new += got.tail.read_new(self.warn) or []
+                got.stamp = stamp
+                for lab in new:
+                    got.feed(lab)
+            out.update(got.labels)
         return out
+
+
+@dataclass
+class _Followed:
+    """One DB's training labels as ``LabelWatch`` last read them."""
+
+    db: str
+    stamp: tuple[Any, ...]  # file_state of each label file
+    tail: LabelTail  # where the read of labels.jsonl stands
+    labels: dict[LabelKey, tuple[float, float | None]] = field(default_factory=dict)
+
+    def feed(self, lab: Label) -> None:
+        """One label line, ``lib.labels.load_labels``'s rule: the last answer per pair wins, a
+        retraction or a "can't tell" takes the pair out, a control answer changes nothing."""
+        if is_control(lab):
+            return
+        self.labels.pop((self.db, *lab.key), None)  # in the order of each pair's last answer
+        if lab.preference is not None:
+            a, b, mu = oriented(lab.sample1, lab.sample2, lab.preference)
+            self.labels[(self.db, a, b)] = (mu, lab.time)
 
 
 def answers(labels: dict[LabelKey, tuple[float, float | None]]) -> dict[LabelKey, float]:

@@ -15,6 +15,7 @@ from lib.labels import (
     CANT_TELL,
     RETRACTED,
     Label,
+    LabelTail,
     append_label,
     append_labels,
     consistency,
@@ -173,6 +174,64 @@ def test_label_index_keeps_the_torn_line_warning(tmp_path: Path) -> None:
     index = LabelIndex(tmp_path)
     assert len(index.labels) == 1
     assert any("torn last line" in w for w in index.warnings)
+
+
+def _line(a: str, b: str, v: int) -> bytes:
+    return json.dumps({"sample1": a, "sample2": b, "label": v}).encode() + b"\n"
+
+
+def test_label_tail_reads_only_what_was_appended_and_notices_another_file(tmp_path: Path) -> None:
+    """``LabelTail.read_new`` parses only the whole lines appended since its last call (a bad line is
+    named by its line in the file, said once); a line still being written waits for its newline. A
+    file replaced (another inode), truncated, or rewritten in place (other bytes where the last read
+    ended, even at the same length) is not read on: None, read everything again."""
+    path = tmp_path / "labels.jsonl"
+    path.write_bytes(_line("00/a.dat", "01/b.dat", 1) + b"not a label\n")
+    said: list[str] = []
+    tail = LabelTail(path)
+    assert [lab.key for lab in tail.read_new(said.append)] == [pair_key("00/a.dat", "01/b.dat")]
+    assert len(said) == 1 and "labels.jsonl:2: skipping a bad line" in said[0]
+    assert tail.read_new(said.append) == [] and len(said) == 1  # nothing new: the bad line not read again
+    with open(path, "ab") as f:
+        f.write(b"bad again\n" + _line("00/a.dat", "02/c.dat", 2)[:20])  # the second, half written
+    assert tail.read_new(said.append) == [] and len(said) == 2 and "labels.jsonl:3: skipping a bad line" in said[1]
+    with open(path, "ab") as f:
+        f.write(_line("00/a.dat", "02/c.dat", 2)[20:])
+    assert [lab.label for lab in tail.read_new(said.append)] == [2] and len(said) == 2
+    whole = path.read_bytes()
+    path.write_bytes(whole.replace(b'"label": 1', b'"label": 0'))  # rewritten in place, same length
+    assert tail.read_new(said.append) is None
+    tail.reset()
+    assert [lab.label for lab in tail.read_new(lambda m: None)] == [0, 2]
+    path.write_bytes(_line("05/x.dat", "06/y.dat", 1))  # truncated: shorter than what was read
+    assert tail.read_new(said.append) is None
+    tail.reset()
+    tail.read_new(lambda m: None)
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(_line("05/x.dat", "06/y.dat", 1) + _line("07/z.dat", "06/y.dat", 2))  # longer, same start
+    other.replace(path)
+    assert tail.read_new(said.append) is None
+
+
+def test_label_tail_refuses_a_symlink_once(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.jsonl").write_bytes(_line("00/a.dat", "01/b.dat", 1))
+    (tmp_path / "labels.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    said: list[str] = []
+    tail = LabelTail(tmp_path / "labels.jsonl")
+    assert tail.read_new(said.append) == [] and tail.read_new(said.append) == []
+    assert len(said) == 1 and "not read (a symlink)" in said[0]
+
+
+def test_label_index_names_a_bad_appended_line_by_its_line_in_the_file(tmp_path: Path) -> None:
+    """The label server's reader (``LabelIndex.refresh``) follows the file with ``LabelTail``: a bad
+    line appended after three good ones is line 4, not line 1 of what was appended (was: line 1)."""
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 1)])
+    append_label(tmp_path, Label("00/a.dat", "03/d.dat", 2))
+    index = LabelIndex(tmp_path)
+    with open(tmp_path / "labels.jsonl", "ab") as f:
+        f.write(b"not a label\n" + _line("01/b.dat", "02/c.dat", 0))
+    assert index.refresh() == 1
+    assert len(index.labels) == 4 and any("labels.jsonl:4: skipping a bad line" in w for w in index.warnings)
 
 
 def test_control_answers_never_change_a_label_and_are_scored_per_labeler(tmp_path: Path) -> None:

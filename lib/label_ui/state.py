@@ -27,14 +27,15 @@ from lib.labels import (
     EQUAL,
     FIRST_BETTER,
     LABELS_FILE,
+    LEGACY_LABELS_FILE,
     RETRACTED,
     SECOND_BETTER,
     VALID_LABELS,
     ConsistencyTracker,
     Label,
+    LabelTail,
     append_labels,
     pair_key,
-    parse_label_lines,
     read_label_log,
 )
 from lib.sampling import (
@@ -116,7 +117,7 @@ class LabelIndex:
         self.tracker = ConsistencyTracker()
         self.labels: dict[PairKey, Label] = self.tracker.current
         self.warnings: list[str] = []
-        self._offset = 0
+        self.tail = LabelTail(self.path)
         self.version = 0  # changes whenever the current labels do
         self._lock = threading.Lock()  # guards the labels while they change
         self._read_lock = threading.Lock()  # one reader of the file at a time
@@ -128,13 +129,15 @@ class LabelIndex:
             self._load()
 
     def _load(self) -> None:
-        size = self.path.stat().st_size if self.path.is_file() and not self.path.is_symlink() else 0
         tracker = ConsistencyTracker()
-        for lab in read_label_log(self.root, warn=self.warnings.append):
+        self.tail.reset()
+        for lab in read_label_log(self.root, warn=self.warnings.append, names=(LEGACY_LABELS_FILE,)):
+            tracker.feed(lab)
+        for lab in self.tail.read_new(self.warnings.append, torn_too=True) or []:
             tracker.feed(lab)
         tallies = LabelTallies(tracker.current)
         with self._lock:
-            self.tracker, self.labels, self.tallies, self._offset = tracker, tracker.current, tallies, size
+            self.tracker, self.labels, self.tallies = tracker, tracker.current, tallies
             self.version += 1
 
     def _feed(self, lab: Label) -> None:
@@ -152,22 +155,13 @@ class LabelIndex:
     def refresh(self) -> int:
         """Apply whole lines appended since the last read; returns how many were read."""
         with self._read_lock:
-            if not self.path.is_file() or self.path.is_symlink():
-                return 0
-            with open(self.path, "rb") as f:
-                f.seek(0, 2)
-                size = f.tell()
-                if size < self._offset:  # replaced or truncated: start over
-                    self._load()
-                    return len(self.labels)
-                f.seek(self._offset)
-                data = f.read(size - self._offset)
-            end = data.rfind(b"\n") + 1  # a line still being written is read next time
-            new = parse_label_lines(data[:end], str(self.path), warn=self.warnings.append)
+            new = self.tail.read_new(self.warnings.append)  # a line still being written is read next time
+            if new is None:  # replaced, truncated or rewritten: start over
+                self._load()
+                return len(self.labels)
             with self._lock:
                 for lab in new:
                     self._feed(lab)
-                self._offset += end
             return len(new)
 
     def append(self, label: Label) -> None:
