@@ -323,6 +323,56 @@ def test_a_list_prepared_before_new_segments_came_is_made_again(seaquest: Path, 
     assert all(new in (it.a, it.b) for it in tab.items)
 
 
+def test_recent_window_moves_on_and_the_next_lists_come_from_it(seaquest: Path, tmp_path: Path) -> None:
+    """--recent 4 and lists of 3: after the first list, four newer segments come; the next two lists
+    are of them (its 6 pairs: 3 and 3), though the tab was given (and the server holds reserved)
+    pairs outside the new window. What is left is counted within the window (was: the pairs given
+    before counted against the window's 6 pairs, and the third list was empty: "No unlabeled pairs
+    left" with 3 free pairs)."""
+    from lib.label_ui.state import AppState, DbState, TabSession
+
+    db = db_of(seaquest, tmp_path / "db")
+    app = AppState([DbState.open(0, db, recent=4)], pairs=3, seed=0, control_rate=0)
+    tab = TabSession(app, "tab")
+    assert tab.resample() == 3
+    first = {it.key for it in tab.items}
+    tab.answer(1)
+    new = [record(db, seaquest, "00/00000150.dat", env, 5000 + env) for env in range(4)]
+    app.rescan()
+    lists = []
+    for _ in range(2):
+        assert tab.resample() == 3
+        lists.append({it.key for it in tab.items})
+        tab.upcoming()  # prepares the next list, as the page does near the end of one
+    assert all(a in new and b in new for pairs in lists for a, b in pairs)
+    assert lists[0] | lists[1] == {pair_key(a, b) for i, a in enumerate(new) for b in new[i + 1 :]}
+    assert not first & (lists[0] | lists[1])
+
+
+async def test_a_new_list_is_picked_off_the_event_loop(tmp_path: Path) -> None:
+    """The page's new list (``label_page.next_list``: the Resample button, a list's end, a new tab)
+    is picked in a worker thread, where its cost grows with the DB (160-449 ms at 50k segments under
+    --recent 50), not on the event loop every tab's requests wait on (was: ``TabSession.resample``
+    on the loop). ``AppState.sample`` is watched for the thread it runs on."""
+    from lib.label_ui.label_page import next_list
+    from lib.label_ui.state import AppState, DbState, TabSession
+
+    db = tmp_path / "db"
+    make_synthetic_db(db, 8, seed=1)
+    app = AppState([DbState.open(0, db)], pairs=3, seed=0, control_rate=0)
+    where: list[threading.Thread] = []
+    sample = app.sample
+
+    def watched(*args, **kwargs):
+        where.append(threading.current_thread())
+        return sample(*args, **kwargs)
+
+    app.sample = watched
+    tab = TabSession(app, "tab")
+    assert await next_list(app, tab) == 3 and len(tab.items) == 3
+    assert where and threading.current_thread() not in where, where
+
+
 def test_a_rescan_gives_new_segments_the_models_view_off_the_event_loop(tmp_path: Path) -> None:
     """--reward with a model's mode: a segment found by a rescan (run off the event loop by the
     pages) gets the model's view there, so picking the next list never waits on the model."""

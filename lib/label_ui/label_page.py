@@ -182,7 +182,9 @@ class LabelPage:
             if tab.item is None and tab.items and not any(it.status == "open" for it in tab.items):
                 await refresh_dbs(self.state, rescan=True)  # segments recorded meanwhile
                 if tab.item is None and not any(it.status == "open" for it in tab.items):  # still, after the wait
-                    n = tab.resample()  # the list is done: carry on with a new one
+                    n = await new_list(tab)  # the list is done: carry on with a new one
+                    if n is None:
+                        return  # the server is shutting down
                     self.build_list()
                     ui.notify(f"New list of {n} pairs" if n else "No unlabeled pairs left")
             self.update_view()
@@ -204,7 +206,7 @@ class LabelPage:
             self.vids[k].props["data-clip"] = url
         ids = [self.vids[1].html_id, self.vids[2].html_id]
         self.client.run_javascript(f"window.rlhfPlayer.show({json.dumps(ids)}, {json.dumps(urls)})")
-        background_tasks.create(self.prefetch(tab.upcoming(2)), name="prefetch-clips")
+        background_tasks.create(self.prefetch_next(), name="prefetch-clips")
 
     async def _ensure_clips(self, item: PairItem) -> bool | None:
         """Both clips of ``item`` encoded: True. An unreadable segment is marked and the tab moves
@@ -222,6 +224,16 @@ class LabelPage:
         if failed and self.tab.item is item:
             self.tab.select_next()
         return not failed
+
+    async def prefetch_next(self) -> None:
+        """Prefetch the next two pairs; near the end of the list they come from the next list,
+        picked off the event loop (``TabSession.prepare``)."""
+        tab = self.tab
+        items = tab.upcoming(2, prepare=False)
+        if len(items) < 2 and tab.current is not None and tab.prepared is None:
+            await run.io_bound(tab.prepare)
+            items = tab.upcoming(2, prepare=False)
+        await self.prefetch(items)
 
     async def prefetch(self, items: list[PairItem]) -> None:
         """Encode the next pairs' clips now and let the browser fetch them, so answering feels instant."""
@@ -291,6 +303,8 @@ class LabelPage:
 
     async def resample(self) -> None:
         n = await next_list(self.state, self.tab)
+        if n is None:
+            return  # the server is shutting down
         self.build_list()
         ui.notify(f"New list of {n} pairs" if n else "No unlabeled pairs left")
         await self.show_current()
@@ -332,11 +346,19 @@ class LabelPage:
                 await result
 
 
-async def next_list(state: AppState, tab: TabSession) -> int:
-    """A new list of pairs for the tab (``TabSession.resample``), after a look for the labels and
-    segments that came meanwhile (``refresh_dbs``); returns its length."""
+async def new_list(tab: TabSession) -> int | None:
+    """The tab's next list on show (``TabSession.resample``): picked off the event loop, where its
+    cost grows with the DB (``draw``), put on show on it (``use``). Its length; None when the server
+    is shutting down (nothing changed)."""
+    items = await run.io_bound(tab.draw)
+    return None if items is None else tab.use(items)
+
+
+async def next_list(state: AppState, tab: TabSession) -> int | None:
+    """A new list of pairs for the tab (``new_list``), after a look for the labels and segments
+    that came meanwhile (``refresh_dbs``); returns its length (None: shutting down)."""
     await refresh_dbs(state, rescan=True)
-    return tab.resample()
+    return await new_list(tab)
 
 
 PLOT_H = 48  # px: the model's plot under a clip, as wide as the clip
@@ -374,7 +396,7 @@ async def label_page(state: AppState, tab: TabSession) -> None:
         await page.client.connected()
         if page.client.is_deleted:
             return
-        await refresh_dbs(state, rescan=True)
-        tab.resample()
+        if await next_list(state, tab) is None:
+            return
     page.build_list()
     await page.show_current()

@@ -44,6 +44,7 @@ from lib.sampling import (
     SegmentLooks,
     SegmentView,
     choose_pairs,
+    pairs_within,
     preference,
     recent_segments,
 )
@@ -193,14 +194,24 @@ class LabelIndex:
             return sum(1 for s in segments if s not in self.tallies.touched)
 
     def count_within(self, segments: list[str]) -> int:
-        """How many current labels are of pairs of two of ``segments``: a walk over the labels or
-        over the pairs of ``segments``, whichever is shorter."""
+        """How many current labels are of pairs of two of ``segments`` (``pairs_within``)."""
+        return len(self.pairs_within(segments))
+
+    def pairs_within(self, segments: list[str]) -> set[PairKey]:
+        """The labelled pairs of two of ``segments``: a walk over the labels or over the pairs of
+        ``segments``, whichever is shorter (a --recent window of 50 is 1,225 pairs, whatever the
+        labels)."""
         inside = set(segments)
         with self._lock:
             if len(self.labels) <= len(inside) * (len(inside) - 1) // 2:
-                return sum(1 for a, b in self.labels if a in inside and b in inside)
+                return {(a, b) for a, b in self.labels if a in inside and b in inside}
             ordered = sorted(inside)
-            return sum(1 for i, a in enumerate(ordered) for b in ordered[i + 1 :] if pair_key(a, b) in self.labels)
+            return {k for i, a in enumerate(ordered) for b in ordered[i + 1 :] if (k := pair_key(a, b)) in self.labels}
+
+    def keys(self) -> set[PairKey]:
+        """The labelled pairs (a copy: safe while other threads append)."""
+        with self._lock:
+            return set(self.labels)
 
     def newest_first(self) -> Iterator[tuple[float, int, Label]]:
         """The current labels as ``(time, -seq, label)``, newest first (``LabelTallies.order``), as
@@ -224,10 +235,14 @@ class DbState:
     _segment_set: set[str] = field(default_factory=set, init=False, repr=False)
     _free: tuple[tuple[int, ...], int] | None = field(default=None, init=False, repr=False)
     _scans: int = field(default=0, init=False, repr=False)
+    # (segments, unreadable count, --recent's window of them, whether it is a part): sorted once
+    # per change, not per list
+    _window: tuple[list[str], int, list[str], bool] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.segments = self.watch.segments
         self._segment_set = set(self.segments)
+        self.window()
 
     @classmethod
     def open(cls, index: int, path: Path, recent: int = 0) -> DbState:
@@ -244,9 +259,11 @@ class DbState:
         ones. Blocking: the pages call it off the event loop (``common.refresh_dbs``)."""
         new = self.watch.refresh()  # what it ignores it says once (on stderr)
         segments = self.watch.segments
-        self._segment_set = set(segments)
-        self.segments = segments  # one assignment: the event loop sees the old list or the new one
-        self._scans += 1
+        if segments is not self.segments:
+            self._segment_set = set(segments)
+            self.segments = segments  # one assignment: the event loop sees the old list or the new one
+            self._scans += 1
+        self.window()  # here, off the event loop
         return new
 
     def has_segment(self, rel: str) -> bool:
@@ -261,16 +278,32 @@ class DbState:
     def usable_segments(self) -> list[str]:
         return [s for s in self.segments if s not in self.bad] if self.bad else self.segments
 
+    def window(self) -> list[str]:
+        """The readable segments pairs are drawn from: with ``recent``, the ``recent`` newest
+        (``lib.sampling.recent_segments``: a sort of every name), picked again only when the
+        segments or the unreadable ones changed; all of them without."""
+        segments, bad, kept = self.segments, len(self.bad), self._window
+        if kept is not None and kept[0] is segments and kept[1] == bad:
+            return kept[2]
+        usable = self.usable_segments()
+        window = recent_segments(usable, self.recent) if self.recent else usable
+        self._window = (segments, bad, window, len(window) < len(usable))
+        return window
+
+    def windowed(self) -> bool:
+        """Whether pairs come from a part of the readable segments (``recent``)."""
+        self.window()
+        return self._window is not None and self._window[3]
+
     def free_pairs(self) -> int:
         """Pairs of readable segments without a current label (approximately: labels of pairs
         with unreadable segments are still subtracted). With ``recent``: pairs of the newest
         ``recent`` segments, less their labels (counted again only when the segments or the
         labels changed)."""
-        segs = self.usable_segments()
-        if not self.recent or self.recent >= len(segs):
-            n = len(segs)
+        window = self.window()
+        if not self.windowed():
+            n = len(window)
             return max(n * (n - 1) // 2 - len(self.labels.labels), 0)
-        window = recent_segments(segs, self.recent)
         key = (self._scans, len(self.bad), self.labels.version)
         if self._free is None or self._free[0] != key:
             n = len(window)
@@ -356,6 +389,7 @@ class AppState:
         self.labeler = labeler
         self.seed_rng = np.random.default_rng(seed)
         self.reserved: dict[tuple[int, PairKey], str] = {}  # (db, pair) -> tab id
+        self.lock = threading.Lock()  # guards ``reserved``: tabs pick their lists off the event loop
         self.notices: list[str] = []  # server-wide, e.g. unreadable segments
         self.generation = 0  # grows when a rescan finds new segments: lists prepared before are stale
         self.clips = None  # set by the server: a lib.label_ui.clips.ClipStore
@@ -391,29 +425,36 @@ class AppState:
     ) -> list[PairItem]:
         """Up to ``count`` new unlabeled pairs, both segments of a pair from one DB, none labeled,
         none in another tab's list, none in ``exclude``; reserved for ``tab_id``. Never hangs:
-        fewer (or none) when the DBs run out."""
+        fewer (or none) when the DBs run out. Blocking (its cost grows with the DB): the page
+        calls it off the event loop (``TabSession.draw``, ``prepare``), and other tabs' lists may
+        change meanwhile (``reserved`` is read and written under ``lock``)."""
         free = np.array([d.free_pairs() for d in self.dbs], dtype=np.float64)
         if free.sum() <= 0:
             return []
         # Split the list over the DBs in proportion to what each has left to label.
         want = rng.multinomial(count, free / free.sum())
+        with self.lock:
+            reserved = list(self.reserved)
         out: list[PairItem] = []
         for d, k in zip(self.dbs, want, strict=True):
             if k == 0:
                 continue
-            taken = set(d.labels.labels)
-            taken.update(key for (i, key) in self.reserved if i == d.index)
-            taken.update(key for (i, key) in exclude if i == d.index)
+            segs = d.window()
+            taken = d.labels.pairs_within(segs) if d.windowed() else d.labels.keys()
+            others = [key for (i, key) in (*reserved, *exclude) if i == d.index]
+            # only pairs of the window: what is left is counted as its pairs less these
+            taken.update(pairs_within(set(others), segs) if d.windowed() else others)
             beliefs = self.beliefs[d.index] if self.beliefs is not None else None
             looks = self.looks[d.index] if self.looks is not None else None
-            segs = d.usable_segments()
-            for a, b in choose_pairs(segs, taken, int(k), rng, self.sampling, beliefs, self.pool, looks, d.recent):
+            for a, b in choose_pairs(segs, taken, int(k), rng, self.sampling, beliefs, self.pool, looks):
                 out.append(PairItem(d.index, a, b))
         if self.sampling == "random":  # the model's modes keep their order: most informative first
             order = rng.permutation(len(out))
             out = [out[i] for i in order]
-        for item in out:
-            self.reserved[(item.db, item.key)] = tab_id
+        with self.lock:
+            out = [item for item in out if (item.db, item.key) not in self.reserved]  # another tab's meanwhile
+            for item in out:
+                self.reserved[(item.db, item.key)] = tab_id
         return self._with_controls(out, rng, exclude)
 
     def _with_controls(
@@ -451,9 +492,14 @@ class AppState:
         return va, vb, float(preference(va, vb).mean())
 
     def release(self, tab_id: str, items: list[PairItem]) -> None:
-        for item in items:
-            if self.reserved.get((item.db, item.key)) == tab_id:
-                del self.reserved[(item.db, item.key)]
+        with self.lock:
+            for item in items:
+                if self.reserved.get((item.db, item.key)) == tab_id:
+                    del self.reserved[(item.db, item.key)]
+
+    def reserve(self, tab_id: str, item: PairItem) -> None:
+        with self.lock:
+            self.reserved[(item.db, item.key)] = tab_id
 
     def make_label(self, item: PairItem, value: int, **extra: object) -> Label:
         if self.labeler:
@@ -483,27 +529,45 @@ class TabSession:
         self.prepared_at = 0  # ``app.generation`` when it was made
         self.seen: set[tuple[int, PairKey]] = set()  # every pair this tab was given
         self.show_seq = 0
+        self._drawing = threading.Lock()  # one list picked at a time (``draw``, ``prepare``), in a thread
 
     # --- the list ---------------------------------------------------------------------------
 
     def resample(self) -> int:
-        """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool.
+        """A new list of ``app.pairs`` pairs; the open pairs of the old list go back to the pool:
+        ``use(draw())``. The page runs ``draw`` off the event loop and ``use`` on it."""
+        return self.use(self.draw())
 
-        The new list is the one ``upcoming`` prepared (and prefetched) near the end of the old
-        one, when there is one and no segment came since: the first pair of a new list then shows
-        as fast as any other."""
+    def draw(self) -> list[PairItem]:
+        """The next list, its pairs reserved: the one ``upcoming`` prepared (and prefetched) near
+        the end of the current one, when there is one and no segment came since (its first pair
+        then shows as fast as any other), else a new one. Blocking: the page runs it off the event
+        loop; the list on show is not touched."""
+        with self._drawing:
+            prepared, self.prepared = self.prepared, None
+            if prepared is not None and (self.prepared_at != self.app.generation or not prepared):
+                # made before new segments came, or when none was left: pick again
+                self.app.release(self.tab_id, prepared)
+                self.seen.difference_update((it.db, it.key) for it in prepared)
+                prepared = None
+            return prepared if prepared is not None else self._sample()
+
+    def use(self, items: list[PairItem]) -> int:
+        """Put ``items`` (``draw``'s) on show as the tab's list, the first open pair selected; the
+        open pairs of the old list go back to the pool. Returns the list's length."""
         self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
-        if self.prepared is not None and self.prepared_at != self.app.generation:
-            self.app.release(self.tab_id, self.prepared)  # made before new segments came: pick again
-            self.seen.difference_update((it.db, it.key) for it in self.prepared)
-            self.prepared = None
-        if self.prepared is not None:
-            self.items, self.prepared = self.prepared, None
-        else:
-            self.items = self._sample()
+        self.items = items
         self.current = None
         self.select_next(start=0)
-        return len(self.items)
+        return len(items)
+
+    def prepare(self) -> None:
+        """Pick the next list now, if none is prepared (``upcoming``). Blocking: the page runs it
+        off the event loop."""
+        with self._drawing:
+            if self.prepared is None:
+                at = self.app.generation  # before the pick: a rescan meanwhile makes it stale
+                self.prepared, self.prepared_at = self._sample(), at
 
     def _sample(self) -> list[PairItem]:
         items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen)
@@ -561,21 +625,23 @@ class TabSession:
                 return item
         return None
 
-    def upcoming(self, n: int = 2) -> list[PairItem]:
+    def upcoming(self, n: int = 2, prepare: bool = True) -> list[PairItem]:
         """The next ``n`` open pairs after the current one: what to prefetch. Near the end of the
-        list they come from the next list, prepared here."""
+        list they come from the next list, prepared here (``prepare``; else only when the page
+        prepared it off the event loop)."""
         out: list[PairItem] = []
-        if self.current is None:
+        items, current = self.items, self.current
+        if current is None:
             return out
-        for k in range(1, len(self.items)):
-            it = self.items[(self.current + k) % len(self.items)]
-            if it.status == "open" and it is not self.item:
+        for k in range(1, len(items)):
+            it = items[(current + k) % len(items)]
+            if it.status == "open" and it is not items[current]:
                 out.append(it)
                 if len(out) == n:
                     return out
-        if self.prepared is None:
-            self.prepared, self.prepared_at = self._sample(), self.app.generation
-        return out + self.prepared[: n - len(out)]
+        if prepare:
+            self.prepare()
+        return out + (self.prepared or [])[: n - len(out)]
 
     # --- answers ----------------------------------------------------------------------------
 
@@ -603,7 +669,7 @@ class TabSession:
                 break
         item.status, item.answer = "open", None
         if not item.control:
-            self.app.reserved[(item.db, item.key)] = self.tab_id
+            self.app.reserve(self.tab_id, item)
         self.current = next(i for i, it in enumerate(self.items) if it is item)
 
     def undo(self) -> tuple[PairItem, Label] | None:
@@ -628,7 +694,7 @@ class TabSession:
         if before is None:
             item.status, item.answer, item.note = "open", None, ""
             if not item.control:
-                self.app.reserved[(item.db, item.key)] = self.tab_id
+                self.app.reserve(self.tab_id, item)
         else:  # an answer that replaced an earlier one: the earlier one is back
             mine = any(e.item is item for e in self.history)
             item.status, item.answer = ("answered", before.label) if mine else ("taken", before.label)
