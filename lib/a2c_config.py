@@ -36,6 +36,10 @@ def setting(default: Any = MISSING, help: str = "", *, group: str, flags: tuple[
     it is listed in, its own checks (``(ok(value), message)`` pairs, the message formatted with
     ``v``) and what else argparse needs (``type``, ``choices``, ``metavar``). ``lib/a2c_cli.py``
     builds the parser from these; ``A2CConfig.check`` runs the checks."""
+    if "choices" in arg:  # a value set in code is checked against them too, not only a flag argparse read
+        choices = tuple(arg["choices"])
+        one_of = (lambda v: v in choices, f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}")
+        checks = (*checks, one_of)
     meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg}
     return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
@@ -51,6 +55,14 @@ def _within(flag: str, lo: float, hi: float, ends: str = "[]"):
         return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
     return ((ok, f"{flag} must be in {ends[0]}{text(lo)}, {text(hi)}{ends[1]}, got {{v}}"),)
+
+
+def _book_value(
+    default: float, help: str, flag: str, lo: float, hi: float, ends: str = "[]", metavar: str | None = None
+):
+    """A setting of the A2C's learning rule (``--gamma``, ``--entropy``, ...): the book's value as its
+    default, in the policy group, checked to lie in the range ``_within`` writes."""
+    return setting(default, help, group="policy", metavar=metavar, checks=_within(flag, lo, hi, ends))
 
 
 def _positive_count(flag: str):
@@ -126,7 +138,6 @@ class A2CConfig:
         "n-step return bootstraps across a reset; the time limit stays a truncation)",
         group="policy",
         choices=TERMINALS,
-        checks=[(lambda v: v in TERMINALS, "--terminal must be life, game or none, got {v!r}")],
     )
     kl: float = setting(
         0.0,
@@ -136,31 +147,11 @@ class A2CConfig:
         metavar="B",
         checks=_within("--kl", 0, 1e6, "[)"),
     )
-    gamma: float = setting(
-        GAMMA,
-        "discount of the n-step returns (the book's)",
-        group="policy",
-        checks=_within("--gamma", 0, 1, "(]"),
-    )
-    entropy: float = setting(
-        ENTROPY_BETA,
-        "entropy bonus of the loss",
-        group="policy",
-        metavar="BETA",
-        checks=_within("--entropy", 0, 1000, "[)"),
-    )
-    n_steps: int = setting(
-        REWARD_STEPS,
-        "rewards summed before bootstrapping",
-        group="policy",
-        checks=_within("--n-steps", 1, 1000),
-    )
-    clip_grad: float = setting(
-        CLIP_GRAD,
-        "gradient-norm clip of each update",
-        group="policy",
-        checks=_within("--clip-grad", 0, 1e9, "()"),
-    )
+    # the book's constants, each a flag with the book's value as its default
+    gamma: float = _book_value(GAMMA, "discount of the n-step returns", "--gamma", 0, 1, "(]")
+    entropy: float = _book_value(ENTROPY_BETA, "entropy bonus of the loss", "--entropy", 0, 1000, "[)", "BETA")
+    n_steps: int = _book_value(REWARD_STEPS, "rewards summed before bootstrapping", "--n-steps", 1, 1000)
+    clip_grad: float = _book_value(CLIP_GRAD, "gradient-norm clip of each update", "--clip-grad", 0, 1e9, "()")
     resume: bool = setting(
         False,
         "continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
@@ -209,7 +200,6 @@ class A2CConfig:
         "(each version's own under --reward-reload)",
         group="labels",
         choices=REWARD_NORMS,
-        checks=[(lambda v: v in REWARD_NORMS, "--reward-norm is running or labels, not {v!r}")],
     )
     reward_oracle: bool = setting(
         False,
@@ -278,7 +268,8 @@ class A2CConfig:
             value = getattr(self, f.name)
             for ok, message in f.metadata["checks"]:
                 if not ok(value):
-                    raise UserError(message.format(v=value))
+                    flag = (f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",))[-1]
+                    raise UserError(message.format(v=value, flag=flag))
         wrong = [
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),

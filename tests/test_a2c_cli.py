@@ -282,6 +282,20 @@ def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
     assert cfg.model == str(run / best_checkpoint_name(20_000, 200.0, 500))
 
 
+def test_a_choice_set_in_code_is_checked_against_its_choices() -> None:
+    """A setting with choices (``--terminal``, ``--reward-norm``) refuses another value when the
+    config is made in code (experiments build an A2CConfig), not only when argparse read the flag;
+    the line names the flag and its choices."""
+    from lib.a2c_config import A2CConfig
+    from lib.errors import UserError
+
+    A2CConfig(name="x", terminal="none", reward_norm="labels").check()
+    with pytest.raises(UserError, match=r"^--terminal must be one of life, game, none, got 'lives'$"):
+        A2CConfig(name="x", terminal="lives").check()
+    with pytest.raises(UserError, match=r"^--reward-norm must be one of running, labels, got 'label'$"):
+        A2CConfig(name="x", reward_norm="label").check()
+
+
 def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     """experiments/round.py runs 01_a2c.py from an A2CConfig: every field, set away from its
     default, comes back the same through the documented command line."""
