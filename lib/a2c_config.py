@@ -167,8 +167,8 @@ class A2CConfig:
     reward: str | None = setting(
         None,
         "learn from this reward model (.pt from 03_reward_train.py) instead of the game score",
-        group="labels",
         flags=("-r", "--reward"),
+        group="labels",
     )
     reward_penalty: float = setting(
         0.0,
