@@ -449,6 +449,7 @@ def print_round_notes(k: int, r: dict[str, Any]) -> None:
             f"  on the rlhf agent's own {own['segments']} clips: normalised reward where a life is lost "
             f"{own['life_loss_z']:+.2f} ({own['life_losses']} losses), the {LIFE_LOSS_LEAD} steps before "
             f"{own['pre_loss_z']:+.2f} (the median step is 0)"
+            + (f", the mean step {own['mean_z']:+.3f}" if "mean_z" in own else "")
         )
     w = r["watch"]
     print(

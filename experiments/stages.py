@@ -551,7 +551,9 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
 
     ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the
     ``LIFE_LOSS_LEAD`` steps before each of them (what the agent is paid for heading into a death);
-    ``life_losses``: how many there were. NaN where there is none."""
+    ``life_losses``: how many there were. NaN where there is none. ``mean_z``: the mean step (the
+    median is 0): below 0, a life that goes on costs about ``mean_z`` a step, and under
+    ``--terminal life`` a death that costs less than the rest of the life is the way out."""
     pred_steps = np.asarray(pred_steps, dtype=np.float64)
     life_lost = np.asarray(life_lost, dtype=bool)
     if pred_steps.shape != life_lost.shape:
@@ -566,6 +568,7 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
         "life_losses": int(len(at)),
         "life_loss_z": float(z[at].mean()) if len(at) else math.nan,
         "pre_loss_z": float(z[lead].mean()) if lead.any() else math.nan,
+        "mean_z": float(z.mean()) if len(z) else math.nan,
     }
 
 

@@ -133,6 +133,7 @@ def test_life_loss_rewards_are_in_the_learners_units():
     assert f["life_loss_z"] == pytest.approx((3.0 - 1.0) / 2 / std)
     lead = np.r_[pred[40 - LIFE_LOSS_LEAD : 40], pred[95 - LIFE_LOSS_LEAD : 95]]
     assert f["pre_loss_z"] == pytest.approx(lead.mean() / std)
+    assert f["mean_z"] == pytest.approx((pred.mean() - np.median(pred)) / std)  # the median step is 0
     none = life_loss_rewards(pred, np.zeros(100, dtype=bool))
     assert none["life_losses"] == 0 and np.isnan(none["life_loss_z"]) and np.isnan(none["pre_loss_z"])
     with pytest.raises(ValueError):
