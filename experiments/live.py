@@ -201,7 +201,7 @@ def live_loop(sr: SeedRun, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], 
         if owed > 0:
             oracle = [PY, ROOT / "02_label_ui.py", "-d", db, "--oracle", str(owed), "--follow"]
             oracle += ["--teacher", args.teacher, "--sampling", args.sampling, "--recent", str(LIVE_RECENT)]
-            oracle += ["--death-penalty", str(args.death_penalty)] if args.death_penalty else []
+            oracle += ["--death-penalty", str(args.death_penalty)]  # 0 too: unset, 02_label_ui.py takes its default
             oracle += ["--schedule", "constant", "--label-rate", f"{plan['rate']:.6g}", "--seed", str(args.seed)]
             procs.append(spawn("oracle", oracle, logs / f"oracle-{ldir.parent.name}-live.log"))
         trainer = [PY, ROOT / "03_reward_train.py", "-n", "live", "-o", ldir, "--follow"]

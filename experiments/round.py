@@ -76,7 +76,7 @@ from lib.files import atomic_write
 from lib.seeds import MAX_SEED
 from lib.segments import list_segments
 from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import TEACHER_ENTRIES, TEACHERS
+from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS, death_penalty_for
 
 ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
@@ -145,10 +145,11 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--death-penalty",
         type=float,
-        default=0.0,
+        default=None,
         metavar="P",
         help="the score teacher: each life lost in a clip costs P points of its sum (02_label_ui.py "
-        "--death-penalty); names the round's directory",
+        f"--death-penalty; default {DEFAULT_DEATH_PENALTY:g}, 0 for the other teachers); names the round's "
+        "directory",
     )
     p.add_argument(
         "--reward-args",
@@ -223,6 +224,10 @@ def check(args: argparse.Namespace) -> None:
         except ValueError as e:
             raise UserError(f"{flag} cannot be split into flags ({e}): {value!r}") from None
     check_ft_args(args.ft_args)
+    try:
+        args.death_penalty = death_penalty_for(args.teacher, args.death_penalty)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if not (math.isfinite(args.scale) and 0 < args.scale <= MAX_SCALE):
         raise UserError(f"--scale must be a number in (0, {MAX_SCALE:g}], got {args.scale}")
     if min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1:
@@ -242,11 +247,6 @@ def check(args: argparse.Namespace) -> None:
         (not args.scale > 0, f"--scale must be positive, got {args.scale}"),
         (not 0 <= args.teacher_noise <= 1, f"--teacher-noise must be in [0, 1], got {args.teacher_noise}"),
         (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
-        (not 0 <= args.death_penalty < 1e9, f"--death-penalty must be a number of points >= 0, not {args.death_penalty}"),  # noqa: E501
-        (
-            args.death_penalty > 0 and not TEACHER_ENTRIES[args.teacher].death_penalty,
-            "--death-penalty is the score teacher's (02_label_ui.py)",
-        ),
         (args.oracle_arm and (args.live or args.reward_only), "--oracle-arm is an arm of the staged rounds"),
         (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
         (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),

@@ -13,7 +13,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from lib.a2c_config import (
     ADAM_EPS,
     BATCH_SIZE,
     FINETUNE_LEARNING_RATE,
+    KL_LEARNED_REWARD,
     LEARNING_RATE,
     LR_DECAY_STEPS,
     MAX_RECORD_ENVS,
@@ -132,6 +133,7 @@ RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, op
     "env_steps": (optional(list_of(int_in(0, MAX_ENV_STEP), max_len=4096)), False),
     "tb_dir": (optional(text(4096)), False),
     "kl_start": (optional(is_dict), False),
+    "kl": (optional(float_in(0, 1e6)), False),
 }
 PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "step": (int_in(0, MAX_STEP_COUNT), True),
@@ -283,6 +285,7 @@ class Run:
             env_steps=self.recorder.env_steps.tolist() if self.recorder else None,
             tb_dir=str(self.tb_dir),
             kl_start=self.start.state_dict() if self.start is not None else None,
+            kl=self.cfg.kl,
         )
 
     def close(self) -> None:
@@ -423,6 +426,16 @@ def _start_policy(cfg: A2CConfig, net: AtariA2C, resume_ck: dict[str, Any] | Non
     return start
 
 
+def kl_beta(cfg: A2CConfig, start: StartPolicy | None, resume_ck: dict[str, Any] | None) -> float:
+    """--kl as given; unset, the B the resumed run had, else ``KL_LEARNED_REWARD`` for a fine-tune on
+    a learned reward (-r with a start policy) and 0 for any other run."""
+    if cfg.kl is not None:
+        return cfg.kl
+    if resume_ck is not None and resume_ck.get("kl") is not None:
+        return float(resume_ck["kl"])
+    return KL_LEARNED_REWARD if cfg.reward and start is not None else 0.0
+
+
 def env_threads(cfg: A2CConfig, dist: Dist) -> int:
     """--env-threads, or the cores this process may use shared among the ranks on this machine."""
     return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
@@ -461,6 +474,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
     start = _start_policy(cfg, net, resume_ck)
+    cfg = replace(cfg, kl=kl_beta(cfg, start, resume_ck))
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
     eval_env = None
     if cfg.test_every and dist.is_main:

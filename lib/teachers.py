@@ -142,6 +142,13 @@ def _by_surface(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) ->
     return _by_score(a, b)
 
 
+# The score teacher's --death-penalty: a clip with a lost life loses 100 points (a few shots'
+# worth). Its models agreed more with the score on held-out pairs than without it on both seeds
+# (79.3% against 70.9% on seed 1, 70.7% against 69.5% on seed 0: docs/results.md, the frozen-model
+# test), and both papers' oracles penalise a death; without it a death ties with idling.
+DEFAULT_DEATH_PENALTY = 100.0
+
+
 @dataclass(frozen=True)
 class TeacherEntry:
     """One synthetic teacher, all of it in one place: adding a teacher is adding an entry to
@@ -149,16 +156,16 @@ class TeacherEntry:
     help; ``rules``: the rule names that decide its labels, first to last (what a label's ``rule``
     records); ``judge(a, b, death_penalty)``: its verdict, None where it cannot tell;
     ``reads_gauge``: it reads SeaQuest's oxygen gauge (``lib.seaquest``), so a DB of another game is
-    refused; ``death_penalty``: it takes ``--death-penalty``; ``old_facts``: the label fields, first to
-    last, that say how a label written before labels named their rule was decided; ``report``: the
-    round report's target sets for it (``experiments/round_report.py``)."""
+    refused; ``death_penalty``: its ``--death-penalty`` default (None: it takes none); ``old_facts``:
+    the label fields, first to last, that say how a label written before labels named their rule was
+    decided; ``report``: the round report's target sets for it (``experiments/round_report.py``)."""
 
     name: str
     summary: str
     rules: tuple[str, ...]
     judge: Callable[[SegmentFacts, SegmentFacts, float], Verdict | None]
     reads_gauge: bool = False
-    death_penalty: bool = False
+    death_penalty: float | None = None
     old_facts: tuple[str, ...] = ()
     report: tuple[str, ...] = ()
 
@@ -171,7 +178,7 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             "prefers the higher true return (a lost life costs --death-penalty points)",
             ("death", "score", "tie"),
             _by_score,
-            death_penalty=True,
+            death_penalty=DEFAULT_DEATH_PENALTY,
             old_facts=("returns",),
             report=("score_each_round",),
         ),
@@ -205,6 +212,19 @@ GAUGE_TEACHERS = tuple(t.name for t in TEACHER_ENTRIES.values() if t.reads_gauge
 RULE_FACTS: dict[str, tuple[str, ...]] = {t.name: t.old_facts for t in TEACHER_ENTRIES.values() if t.old_facts}
 
 
+def death_penalty_for(teacher: str, given: float | None) -> float:
+    """The ``--death-penalty`` a teacher labels with: ``given``, or unset, its default (0 for a
+    teacher that takes none). ValueError for a penalty out of range or given to such a teacher."""
+    entry = TEACHER_ENTRIES[teacher]
+    if given is None:
+        return entry.death_penalty or 0.0
+    if not 0.0 <= given < 1e9:
+        raise ValueError(f"--death-penalty must be a number of points >= 0, got {given:g}")
+    if given and entry.death_penalty is None:
+        raise ValueError(f"--death-penalty is the score teacher's; the {teacher} teacher ranks lost lives already")
+    return given
+
+
 def teacher_help() -> str:
     """``--teacher``'s help: each teacher's ``summary``."""
     return "; ".join(f"'{t.name}' {t.summary}" for t in TEACHER_ENTRIES.values()) + " (lib/teachers.py)"
@@ -230,7 +250,7 @@ class Teacher:
             raise ValueError(f"teacher noise must be in [0, 1], got {self.noise}")
         if not 0.0 <= self.death_penalty < 1e9:
             raise ValueError(f"the death penalty must be a number >= 0, got {self.death_penalty}")
-        if self.death_penalty and not TEACHER_ENTRIES[self.name].death_penalty:
+        if self.death_penalty and TEACHER_ENTRIES[self.name].death_penalty is None:
             raise ValueError(f"the {self.name} teacher takes no death penalty: it ranks lost lives itself")
 
     def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:

@@ -364,3 +364,25 @@ def test_gamma_n_steps_entropy_and_clip_are_settings(tmp_path, monkeypatch):
     assert batch.steps.max() == 3
     np.testing.assert_allclose(batch.returns, (1 - 0.5**batch.steps) / (1 - 0.5), rtol=1e-6)
     assert set(betas) == {0.25} and set(clips) == {7.0}
+
+
+def test_kl_defaults_to_the_learned_rewards_pull_only_for_a_fine_tune_on_one():
+    """--kl unset: KL_LEARNED_REWARD for -r with a start policy, 0 for any other run; a resumed run
+    keeps the B its last.pt recorded; a B given on the command line always wins."""
+    from lib.a2c_run import kl_beta
+
+    start = object()  # what _start_policy returns for a run from -m (or a resumed one that kept it)
+    auto = a2c_config.KL_LEARNED_REWARD
+    assert auto > 0
+    cases = [
+        (dict(reward="r.pt"), start, None, auto),
+        (dict(reward="r.pt"), None, None, 0.0),  # from scratch on a learned reward: nothing to pull toward
+        (dict(), start, None, 0.0),  # a fine-tune on the score
+        (dict(reward="r.pt", kl=0.0), start, None, 0.0),
+        (dict(reward="r.pt", kl=0.3), start, None, 0.3),
+        (dict(reward="r.pt", resume=True), start, {"kl": 0.0}, 0.0),  # a run started with --kl 0
+        (dict(reward="r.pt", resume=True), start, {"kl": None}, auto),  # a last.pt from before the field
+        (dict(reward="r.pt", resume=True, kl=2.0), start, {"kl": 0.0}, 2.0),
+    ]
+    for kw, st, ck, want in cases:
+        assert kl_beta(a2c_config.A2CConfig(name="x", **kw), st, ck) == want, (kw, ck)

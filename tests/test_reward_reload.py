@@ -467,3 +467,36 @@ def test_ctrl_c_after_a_switch_leaves_the_checkpoint_whole(tmp_path):
     assert not [line for line in live.err if line.startswith("warning:")], live.err
     _checkpoints_whole(tmp_path, live)
     assert _tb(tmp_path).Scalars("reward_model/version")[-1].value == 2.0
+
+
+def test_a_fine_tune_on_a_learned_reward_pulls_toward_its_start_by_default(tmp_path, monkeypatch):
+    """The real emulator, a reward model and a start policy: with --kl unset the learner's loss gets
+    B = KL_LEARNED_REWARD and last.pt records it; the same fine-tune on the score gets 0."""
+    import lib.a2c as a2c
+    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
+    from lib.envs import AtariVec
+    from lib.model import AtariA2C, policy_checkpoint
+
+    env = AtariVec("SeaquestNoFrameskip-v4", n_envs=1)
+    torch.manual_seed(0)
+    net = AtariA2C(env.obs_shape, env.n_actions)
+    atomic_torch_save(policy_checkpoint(net, env.env_id, env.game, env.action_meanings, step=0), tmp_path / "v0.pt")
+    env.close()
+    reward = _tiny_real_model(tmp_path / "reward.pt")
+    betas: list[float] = []
+    real_loss = a2c.a2c_loss
+
+    def spy(*args, **kw):
+        betas.append(args[8] if len(args) > 8 else kw.get("kl_beta", 0.0))
+        return real_loss(*args, **kw)
+
+    monkeypatch.setattr(a2c, "a2c_loss", spy)
+    for name, kw, want in (("rlhf", {"reward": str(reward)}, KL_LEARNED_REWARD), ("control", {}, 0.0)):
+        betas.clear()
+        cfg = A2CConfig(
+            name=name, model=str(tmp_path / "v0.pt"), finetune=True, envs=2, max_steps=256, test_every=0,
+            save=str(tmp_path / name), runs_dir=str(tmp_path / "runs"), threads=1, env_threads=1, **kw,
+        )  # fmt: skip
+        assert a2c.train(cfg) == 0
+        assert betas and set(betas) == {want}, (name, betas)
+        assert torch.load(tmp_path / name / "last.pt", weights_only=True)["kl"] == want

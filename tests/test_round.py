@@ -420,6 +420,20 @@ def test_ft_args_and_the_death_penalty_name_the_round_and_reach_the_rlhf_arm(tmp
     assert plain == A2CConfig(name="arm", model="p.pt", reward="r.pt")
 
 
+def test_the_score_teacher_counts_deaths_by_default_and_its_directory_says_so(tmp_path: Path) -> None:
+    """--death-penalty unset: the teacher's default (DEFAULT_DEATH_PENALTY for score, 0 for the
+    others), resolved by check() before anything names a directory; --death-penalty 0 is today's."""
+    from experiments.round import check, round_name
+    from lib.teachers import DEFAULT_DEATH_PENALTY
+
+    cases = [((), f"score-15-death{DEFAULT_DEATH_PENALTY:g}"), (("--death-penalty", "0"), "score-15")]
+    cases += [(("--teacher", "surface"), "surface-15"), (("--teacher", "oxygen", "--death-penalty", "0"), "oxygen-15")]
+    for extra, name in cases:
+        args = _round_args(tmp_path, *extra)
+        check(args)
+        assert round_name(args) == name, extra
+
+
 @pytest.mark.parametrize(
     "extra, msg",
     [

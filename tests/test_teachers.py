@@ -5,6 +5,7 @@ with a low gauge, a sub parked at the surface (the last two: tests/test_seaquest
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,15 @@ from lib.seaquest import (
     sub_rows,
 )
 from lib.segments import Segment, save_segment
-from lib.teachers import CLIMB_MIN_ROWS, IDLE_MIN_STEPS, SegmentFacts, Teacher, segment_facts
+from lib.teachers import (
+    CLIMB_MIN_ROWS,
+    DEFAULT_DEATH_PENALTY,
+    IDLE_MIN_STEPS,
+    SegmentFacts,
+    Teacher,
+    death_penalty_for,
+    segment_facts,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -438,6 +447,17 @@ def test_death_penalty_decides_a_pair_that_otherwise_ties() -> None:
         Teacher("score", death_penalty=-1)
 
 
+def test_each_teacher_has_its_own_death_penalty_default() -> None:
+    """Unset, --death-penalty is the score teacher's DEFAULT_DEATH_PENALTY and 0 for the teachers that
+    rank lost lives themselves; a penalty for those, or below 0, is refused."""
+    assert death_penalty_for("score", None) == DEFAULT_DEATH_PENALTY > 0
+    assert death_penalty_for("score", 0.0) == 0.0 and death_penalty_for("score", 7.0) == 7.0
+    assert death_penalty_for("surface", None) == death_penalty_for("oxygen", 0.0) == 0.0
+    for teacher, given in (("surface", 10.0), ("score", -1.0), ("score", float("nan"))):
+        with pytest.raises(ValueError, match="--death-penalty"):
+            death_penalty_for(teacher, given)
+
+
 def test_label_ui_death_penalty_flag(tmp_path: Path) -> None:
     """02_label_ui.py --oracle N --death-penalty P: segments' lost lives reach the teacher and the label."""
     db = tmp_path / "db"
@@ -453,7 +473,12 @@ def test_label_ui_death_penalty_flag(tmp_path: Path) -> None:
         seg = read_segment(db, rel)
         (db / rel).unlink()
         save_segment(db, dataclasses.replace(seg, rewards=np.zeros_like(seg.rewards)))
+    unset = tmp_path / "unset"
+    shutil.copytree(db, unset)
     main = [sys.executable, str(ROOT / "02_label_ui.py"), "-d", str(db), "--oracle", "15", "--seed", "1"]
+    p = subprocess.run([*main[:3], str(unset), *main[4:]], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr  # unset: the score teacher's default
+    assert {lab.extra.get("death_penalty") for lab in read_label_log(unset)} == {DEFAULT_DEATH_PENALTY}
     p = subprocess.run([*main, "--death-penalty", "50"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     log = read_label_log(db)

@@ -18,7 +18,7 @@ from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES
 from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
 from lib.seeds import check_seed
 from lib.segments import check_same_game
-from lib.teachers import DEFAULT_TEACHER, TEACHER_ENTRIES, TEACHERS, TIE_RULES, teacher_help
+from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, TIE_RULES, death_penalty_for, teacher_help
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
 MAX_PAIRS = 10_000  # one tab's list
@@ -46,7 +46,7 @@ class LabelConfig:
     teacher: str = DEFAULT_TEACHER
     teacher_noise: float = 0.0
     teacher_ties: str = "equal"
-    death_penalty: float = 0.0
+    death_penalty: float = 0.0  # the resolved one (--death-penalty unset: the teacher's default)
     seed: int | None = None
     labeler: str | None = None
     public_hosts: tuple[str, ...] = ()
@@ -184,11 +184,11 @@ def _add_oracle_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--death-penalty",
         type=float,
-        default=d.death_penalty,
+        default=None,
         metavar="P",
         help="with --oracle and the score teacher: each life lost in a clip costs P points of its sum, as the "
-        "papers' synthetic oracles penalise an episode end (0: a clip where the sub dies ties with one where "
-        "it idles)",
+        f"papers' synthetic oracles penalise an episode end (default {DEFAULT_DEATH_PENALTY:g}, chosen in "
+        "docs/results.md; 0: a clip where the sub dies ties with one where it idles)",
     )
 
 
@@ -358,10 +358,10 @@ def _check_values(args: argparse.Namespace) -> None:
         raise UserError(f"--pool must be {what}, got {args.pool}")
     if not 0.0 <= args.teacher_noise <= 1.0:
         raise UserError(f"--teacher-noise must be in [0, 1], got {args.teacher_noise:g}")
-    if not 0.0 <= args.death_penalty < 1e9:
-        raise UserError(f"--death-penalty must be a number of points >= 0, got {args.death_penalty:g}")
-    if args.death_penalty and not TEACHER_ENTRIES[args.teacher].death_penalty:
-        raise UserError(f"--death-penalty is the score teacher's; the {args.teacher} teacher ranks lost lives already")
+    try:
+        args.death_penalty = death_penalty_for(args.teacher, args.death_penalty)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if not 0 <= args.recent <= MAX_RECENT:
         raise UserError(f"--recent must be between 0 (every segment) and {MAX_RECENT:,} segments, got {args.recent}")
     _check_follow(args)
