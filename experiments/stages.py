@@ -198,12 +198,34 @@ def a2c_progress(save_dir: Path) -> int | None:
     return int(ck.get("progress", {}).get("step", 0))
 
 
+def check_same_kl(cfg: A2CConfig) -> None:
+    """A run in ``cfg.save_dir`` is reused or continued only if it pulled toward its start policy
+    with the --kl the arm asks for now: its last.pt records the B it ran with (a run from before
+    that record, whose B the directory's name alone told, is reused only where --kl was given)."""
+    from lib.a2c_run import kl_beta
+
+    last = cfg.save_dir / "last.pt"
+    had, want = read_checkpoint(last, "model").get("kl"), kl_beta(cfg, bool(cfg.model), None)
+    if had is not None and (isinstance(had, bool) or not isinstance(had, int | float)):
+        had = math.nan  # not a number: never the B asked for
+    if had is None and (cfg.kl is not None or want == 0):
+        return
+    if had != want:
+        ran = f"--kl {had:g}" if had is not None else "no --kl recorded (before its default for a learned reward)"
+        raise UserError(
+            f"{cfg.save_dir} was fine-tuned with {ran}; this arm asks for --kl {want:g}: "
+            "remove the directory, or give --ft-args with the --kl it ran with"
+        )
+
+
 def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
     """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
     evaluations): skipped when done, continued (``resume``) when stopped."""
     steps = cfg.max_steps
     done = a2c_progress(cfg.save_dir)
+    if done is not None:
+        check_same_kl(cfg)
     if done is not None and done >= steps:
         log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
         return

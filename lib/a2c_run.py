@@ -426,14 +426,14 @@ def _start_policy(cfg: A2CConfig, net: AtariA2C, resume_ck: dict[str, Any] | Non
     return start
 
 
-def kl_beta(cfg: A2CConfig, start: StartPolicy | None, resume_ck: dict[str, Any] | None) -> float:
+def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict[str, Any] | None) -> float:
     """--kl as given; unset, the B the resumed run had, else ``KL_LEARNED_REWARD`` for a fine-tune on
     a learned reward (-r with a start policy) and 0 for any other run."""
     if cfg.kl is not None:
         return cfg.kl
     if resume_ck is not None and resume_ck.get("kl") is not None:
         return float(resume_ck["kl"])
-    return KL_LEARNED_REWARD if cfg.reward and start is not None else 0.0
+    return KL_LEARNED_REWARD if cfg.reward and has_start else 0.0
 
 
 def env_threads(cfg: A2CConfig, dist: Dist) -> int:
@@ -474,7 +474,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
     start = _start_policy(cfg, net, resume_ck)
-    cfg = replace(cfg, kl=kl_beta(cfg, start, resume_ck))
+    cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
     eval_env = None
     if cfg.test_every and dist.is_main:

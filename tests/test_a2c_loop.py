@@ -371,12 +371,12 @@ def test_kl_defaults_to_the_learned_rewards_pull_only_for_a_fine_tune_on_one():
     keeps the B its last.pt recorded; a B given on the command line always wins."""
     from lib.a2c_run import kl_beta
 
-    start = object()  # what _start_policy returns for a run from -m (or a resumed one that kept it)
+    start = True  # a run from -m, or a resumed one whose last.pt kept its start policy
     auto = a2c_config.KL_LEARNED_REWARD
     assert auto > 0
     cases = [
         (dict(reward="r.pt"), start, None, auto),
-        (dict(reward="r.pt"), None, None, 0.0),  # from scratch on a learned reward: nothing to pull toward
+        (dict(reward="r.pt"), False, None, 0.0),  # from scratch on a learned reward: nothing to pull toward
         (dict(), start, None, 0.0),  # a fine-tune on the score
         (dict(reward="r.pt", kl=0.0), start, None, 0.0),
         (dict(reward="r.pt", kl=0.3), start, None, 0.3),

@@ -3,6 +3,7 @@ model, both fine-tune arms, evaluation games), and a second run with the same --
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -432,6 +433,38 @@ def test_the_score_teacher_counts_deaths_by_default_and_its_directory_says_so(tm
         args = _round_args(tmp_path, *extra)
         check(args)
         assert round_name(args) == name, extra
+
+
+def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
+    """A finished arm's last.pt records its --kl; a round that asks for another B (the default for
+    a learned reward, 1, against a run from before it, which records none) says so in one line
+    instead of reusing it."""
+    from experiments.stages import train_a2c
+    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
+    from lib.checkpoints import atomic_torch_save
+    from lib.errors import UserError
+
+    args = _round_args(tmp_path)
+    save = tmp_path / "arm"
+    save.mkdir()
+    rlhf = A2CConfig(name="arm", save=str(save), max_steps=100, model="v0.pt", reward="r.pt")
+    control = A2CConfig(name="arm", save=str(save), max_steps=100, model="v0.pt")
+    for recorded, cfg, reused in [
+        ({"kl": KL_LEARNED_REWARD}, rlhf, True),
+        ({"kl": 0.0}, rlhf, False),  # run with --kl 0: not the default arm
+        ({}, rlhf, False),  # from before the default: it ran without the pull
+        ({}, dataclasses.replace(rlhf, kl=KL_LEARNED_REWARD), True),  # --ft-args "--kl 1" named its directory
+        ({}, control, True),
+        ({"kl": "1"}, rlhf, False),
+        ({"kl": 0.0}, dataclasses.replace(rlhf, kl=0.0), True),
+    ]:
+        atomic_torch_save({"progress": {"step": 100}, **recorded}, save / "last.pt")
+        if reused:
+            train_a2c(cfg, 1, args)  # done: nothing runs
+        else:
+            with pytest.raises(UserError, match="remove the directory") as e:
+                train_a2c(cfg, 1, args)
+            assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(
