@@ -199,12 +199,14 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
     """--sampling uncertain: 5 random labels, a model, 5 it is least sure of, a model, 5 more; the
     last model is the round's. Run again, everything is reused."""
     from bench.dbs import make_square_db
-    from experiments.round import round_name, seed_args
+    from experiments.round import check, round_name, seed_args
     from experiments.stages import label_and_train
 
     db = tmp_path / "db"
     make_square_db(db, n_segments=30, steps=10, seed=0)
-    args = seed_args(_round_args(tmp_path / "out", "--sampling", "uncertain", "--reward-args", "--epochs 2"), 0)
+    given = _round_args(tmp_path / "out", "--sampling", "uncertain", "--reward-args", "--epochs 2")
+    check(given)  # as the round does: the teacher's --death-penalty default resolved
+    args = seed_args(given, 0)
     tdir = args.out / round_name(args)
     tdir.mkdir(parents=True)
     model = label_and_train(db, tdir, args)
