@@ -189,23 +189,29 @@ def run_stage(name: str, cmd: list[str], logfile: Path) -> None:
         raise UserError(f"stage {name} failed (exit {rc}); its output is in {logfile}")
 
 
-def a2c_progress(save_dir: Path) -> int | None:
-    """Agent steps a run in ``save_dir`` has done (from its last.pt), None when it has none."""
+def _last_checkpoint(save_dir: Path) -> dict[str, Any] | None:
+    """A run's last.pt in ``save_dir``, None when it has none."""
     last = save_dir / "last.pt"
-    if not last.exists():
-        return None
-    ck = read_checkpoint(last, "model")
+    return read_checkpoint(last, "model") if last.exists() else None
+
+
+def _steps_done(ck: dict[str, Any]) -> int:
     return int(ck.get("progress", {}).get("step", 0))
 
 
-def check_same_kl(cfg: A2CConfig) -> None:
+def a2c_progress(save_dir: Path) -> int | None:
+    """Agent steps a run in ``save_dir`` has done (from its last.pt), None when it has none."""
+    ck = _last_checkpoint(save_dir)
+    return None if ck is None else _steps_done(ck)
+
+
+def check_same_kl(cfg: A2CConfig, last: dict[str, Any]) -> None:
     """A run in ``cfg.save_dir`` is reused or continued only if it pulled toward its start policy
-    with the --kl the arm asks for now: its last.pt records the B it ran with (a run from before
-    that record, whose B the directory's name alone told, is reused only where --kl was given)."""
+    with the --kl the arm asks for now: its last.pt (``last``) records the B it ran with (a run from
+    before that record, whose B the directory's name alone told, is reused only where --kl was given)."""
     from lib.a2c_run import kl_beta
 
-    last = cfg.save_dir / "last.pt"
-    had, want = read_checkpoint(last, "model").get("kl"), kl_beta(cfg, bool(cfg.model), None)
+    had, want = last.get("kl"), kl_beta(cfg, bool(cfg.model), None)
     if had is not None and (isinstance(had, bool) or not isinstance(had, int | float)):
         had = math.nan  # not a number: never the B asked for
     if had is None and (cfg.kl is not None or want == 0):
@@ -223,9 +229,10 @@ def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
     evaluations): skipped when done, continued (``resume``) when stopped."""
     steps = cfg.max_steps
-    done = a2c_progress(cfg.save_dir)
-    if done is not None:
-        check_same_kl(cfg)
+    last = _last_checkpoint(cfg.save_dir)  # read once: it is tens of MB
+    done = None if last is None else _steps_done(last)
+    if last is not None:
+        check_same_kl(cfg, last)
     if done is not None and done >= steps:
         log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
         return
