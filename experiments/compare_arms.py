@@ -41,8 +41,10 @@ def label(run: str) -> str:
     return short.replace("ftrewardscale0.05rewardnormlabels", "std0.05+labels")[:48]
 
 
-def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
-    """Draw the panels; returns (arm, mean eval score from 50% of the steps on, last eval score)."""
+def figure(tb: Path):
+    """The panels as a matplotlib figure, and (arm, mean eval score from 50% of the steps on, last
+    eval score) per arm. An arm has one colour in every panel, also where another arm has no curve
+    (the control has no learned return)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,12 +55,12 @@ def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
         raise UserError(f"no fine-tune runs (round-*__a2c__*) under {tb}")
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
     summary = []
-    for run in runs:
+    for i, run in enumerate(runs):
         for ax, (tag, _, dense) in zip(axes, PANELS, strict=True):
             steps, values = tb_scalars(tb, run, tag)
             if steps:
                 x, y = _binned(steps, values) if dense else (np.asarray(steps), np.asarray(values))
-                ax.plot(x, y, marker=None if dense else "o", label=label(run))
+                ax.plot(x, y, marker=None if dense else "o", label=label(run), color=f"C{i % 10}")
         steps, scores = tb_scalars(tb, run, "eval/score_mean")
         late = [v for s, v in zip(steps, scores, strict=True) if steps and s >= max(steps) / 2]
         summary.append((run, float(np.mean(late)) if late else math.nan, scores[-1] if scores else math.nan))
@@ -68,6 +70,14 @@ def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     fig.tight_layout()
+    return fig, summary
+
+
+def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
+    """Draw the panels into ``png``; returns :func:`figure`'s summary."""
+    import matplotlib.pyplot as plt
+
+    fig, summary = figure(tb)
     fig.savefig(png, dpi=90)
     plt.close(fig)
     return summary
