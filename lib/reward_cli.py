@@ -107,6 +107,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
     )
     g.add_argument(
+        "--diff-signed",
+        action="store_true",
+        help="--arch diff: also average the signed change (next frame - frame) over each block, which "
+        "says which way a thing moved (in SeaQuest: the sub climbing or diving); the absolute change "
+        "alone is the same set of pixels either way",
+    )
+    g.add_argument(
         "--ensemble",
         type=int,
         default=D.ensemble,

@@ -43,6 +43,7 @@ class TrainConfig:
     arch: str = ARCHS[0]
     mask_rows: int = 0
     diff_block: tuple[int, int] = DIFF_BLOCK
+    diff_signed: bool = False
 
 
 @dataclass

@@ -259,6 +259,7 @@ def check_warm_start(models: Sequence[AnyRewardModel], cfg: TrainConfig, path: P
         have["--diff-block"] = "x".join(map(str, m.block))  # type: ignore[union-attr]
         want["--diff-block"] = "x".join(map(str, cfg.diff_block))
         have["--mask-rows"], want["--mask-rows"] = int(m.mask_rows), cfg.mask_rows  # type: ignore[union-attr]
+        have["--diff-signed"], want["--diff-signed"] = m.signed, cfg.diff_signed  # type: ignore[union-attr]
     for flag in have:
         if have[flag] != want[flag]:
             shown = {1: "full", 2: "half"} if flag == "--input" else {}

@@ -289,7 +289,9 @@ class DiffRewardModel(nn.Module):
     score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
     on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
     many top rows of both 84x84 frames (the paper's masking of the score: the model must then
-    learn from the scene).
+    learn from the scene). ``signed``: also the block means of the signed change (next - frame),
+    which say which way a thing moved (a bright sprite that climbs brightens the blocks above it
+    and darkens those below it; the absolute change is the same set of pixels either way).
 
     forward: x (B, 2, 84, 84) uint8 from ``reward_input`` (frame, next frame), actions (B,) int64
              -> per-step rewards (B,) float32
@@ -304,6 +306,7 @@ class DiffRewardModel(nn.Module):
         frame_shape: Sequence[int] = FULL_FRAME,
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
+        signed: bool = False,
     ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
@@ -313,7 +316,8 @@ class DiffRewardModel(nn.Module):
         self.frame_shape = tuple(int(x) for x in frame_shape)
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
-        n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        self.signed = bool(signed)
+        n = (3 if self.signed else 2) * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -321,12 +325,15 @@ class DiffRewardModel(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
-        (2 x 147 with 4x12 blocks), before scaling."""
+        (2 x 147 with 4x12 blocks), then with ``signed`` those of next - frame (3 x 147), before
+        scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
-        change = (x[:, 1:] - x[:, :1]).abs()
-        parts = [F.avg_pool2d(change, self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
+        change = x[:, 1:] - x[:, :1]
+        parts = [F.avg_pool2d(change.abs(), self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
+        if self.signed:
+            parts.append(F.avg_pool2d(change, self.block).flatten(1))
         return torch.cat(parts, dim=1)
 
     @torch.no_grad()
@@ -343,10 +350,10 @@ class DiffRewardModel(nn.Module):
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block and the masked rows.
-        ``features`` has no trained weight, so a training run computes each segment's once and
-        keeps them under this key."""
-        return (self.block, int(self.mask_rows))
+        """What ``features`` depends on besides its input: the block, the masked rows and the
+        signed change. ``features`` has no trained weight, so a training run computes each
+        segment's once and keeps them under this key."""
+        return (self.block, int(self.mask_rows), self.signed)
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
@@ -460,13 +467,14 @@ def new_reward_model(
     downscale: int = 1,
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
+    signed: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows`` and ``block`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``signed`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, signed)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -474,7 +482,7 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block)
+        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, signed=model.signed)
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -624,7 +632,9 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
-        **({"diff_block": list(first.block)} if isinstance(first, DiffRewardModel) else {}),
+        **(
+            {"diff_block": list(first.block), "diff_signed": first.signed} if isinstance(first, DiffRewardModel) else {}
+        ),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -658,6 +668,7 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "version": (int_in(0, 1000), False),
     "needs_next_frames": (is_bool, False),
     "diff_block": (_check_block_field, False),
+    "diff_signed": (is_bool, False),
     "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
     "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
     "downscale": (int_in(1, MAX_DOWNSCALE), False),
@@ -739,6 +750,7 @@ def load_reward_models(
         if arch not in ARCHS:
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
+        signed = ck.get("diff_signed", False)  # made before the field: the absolute change only
         _refuse_encoder(ck, path)
     elif checkpoint_kind(ck) == "bare reward":
         check_state_dict(ck, f"reward model {path}")
@@ -749,7 +761,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block = "book", DIFF_BLOCK
+        arch, block, signed = "book", DIFF_BLOCK, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -763,7 +775,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, signed=signed)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:

@@ -241,6 +241,8 @@ def _check_network(cfg: TrainConfig) -> None:
         raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
     if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
         raise UserError("--diff-block applies to --arch diff only")
+    if cfg.diff_signed and cfg.arch != "diff":
+        raise UserError("--diff-signed applies to --arch diff only")
     try:
         check_block(cfg.diff_block)
     except ValueError as e:
@@ -305,7 +307,9 @@ def _build_fit(
             f"label more pairs where one segment is better"
         )
     models = [
-        new_reward_model(cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block)
+        new_reward_model(
+            cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block, cfg.diff_signed
+        )
         for _ in range(cfg.ensemble)
     ]
     if init is not None:

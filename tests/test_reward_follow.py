@@ -500,3 +500,17 @@ def test_labels_of_segments_that_do_not_exist_or_cannot_be_read_make_no_version(
     assert sorted(p.name for p in out.iterdir()) == ["reward-t-v1.pt", "reward-t-versions.jsonl", "reward-t.pt"]
     _label(db, by_score(db, pairs_of(rels, False, 4, taken))[:2])  # two real new labels: v2
     assert follower.step() and (out / "reward-t-v2.pt").is_file()
+
+
+def test_a_warm_start_from_a_model_with_another_diff_signed_is_one_line(tmp_path):
+    """--follow copies the installed model's weights into each version: an installed diff net
+    trained with --diff-signed (441 features) cannot start one without it (294), and back."""
+    from lib.errors import UserError
+    from lib.reward_follow import check_warm_start
+    from lib.reward_model import DiffRewardModel
+
+    path = tmp_path / "reward-t.pt"
+    for have, want in ((True, False), (False, True)):
+        with pytest.raises(UserError, match=f"trained with --diff-signed {have}, this run has --diff-signed {want}"):
+            check_warm_start([DiffRewardModel(18, signed=have)], TrainConfig(diff_signed=want), path)
+    check_warm_start([DiffRewardModel(18, signed=True)], TrainConfig(diff_signed=True), path)  # the same: fine

@@ -375,6 +375,54 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
         load_reward_model(tmp_path / "mismatch.pt")
 
 
+def test_the_signed_change_says_which_way_a_sprite_moved_and_is_kept_in_the_checkpoint(tmp_path):
+    """A sprite that climbs from rows 40-47 to 36-43 and one that dives from 36-43 to 40-47 change
+    the same pixels: the absolute change's blocks are equal, so only the frame's position can tell
+    them apart. ``--diff-signed`` adds the signed change, opposite in the two (the block above the
+    sprite brightens when it climbs). The flag goes into the checkpoint and loads back; a checkpoint
+    without the field loads unsigned; a hostile field is refused with one line."""
+    climb, dive = np.zeros((1, 2, 84, 84), dtype=np.uint8), np.zeros((1, 2, 84, 84), dtype=np.uint8)
+    climb[:, 0, 40:48, 30:42], climb[:, 1, 36:44, 30:42] = 200, 200
+    dive[:, 0, 36:44, 30:42], dive[:, 1, 40:48, 30:42] = 200, 200
+    plain, signed = DiffRewardModel(18), DiffRewardModel(18, signed=True)
+    cells = 21 * 7
+    assert plain.scale.numel() == 2 * cells and signed.scale.numel() == 3 * cells
+    p_c, p_d = (plain.features(torch.from_numpy(x))[0] for x in (climb, dive))
+    s_c, s_d = (signed.features(torch.from_numpy(x))[0] for x in (climb, dive))
+    torch.testing.assert_close(p_c[:cells], p_d[:cells])  # |change|: the same for both
+    torch.testing.assert_close(s_c[: 2 * cells], p_c)  # the first two parts are the unsigned net's
+    moved_c, moved_d = s_c[2 * cells :].view(21, 7), s_d[2 * cells :].view(21, 7)
+    assert moved_c[9, 2] > 0 > moved_c[11, 2]  # climbing: rows 36-39 brighten, 44-47 darken
+    torch.testing.assert_close(moved_d, -moved_c)
+    assert plain.feature_key() != signed.feature_key()  # a training run's feature cache keeps them apart
+
+    torch.manual_seed(7)
+    frames, actions, _ = _seaquest_frames(12)
+    signed.fit_scale(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])))
+    signed.eval()
+    path = _save(tmp_path, [signed])
+    ck = torch.load(path, weights_only=True)
+    assert ck["diff_signed"] is True
+    rm = load_reward_model(path)
+    with torch.no_grad():
+        ref = signed(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])), torch.from_numpy(actions))
+    np.testing.assert_allclose(rm.predict(frames[:-1], actions, frames[1:]), ref.numpy(), rtol=1e-5, atol=1e-6)
+
+    old = reward_checkpoint([plain.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
+    assert old["diff_signed"] is False
+    del old["diff_signed"]
+    torch.save(old, tmp_path / "old-diff.pt")
+    assert load_reward_models(tmp_path / "old-diff.pt")[0][0].signed is False
+    ck["diff_signed"] = "yes"
+    torch.save(ck, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match="diff_signed"):
+        load_reward_model(tmp_path / "bad.pt")
+    ck["diff_signed"] = False  # the weights were made for the signed features
+    torch.save(ck, tmp_path / "mismatch.pt")
+    with pytest.raises(UserError, match="does not fit"):
+        load_reward_model(tmp_path / "mismatch.pt")
+
+
 def _retired_encoder_checkpoint(path: Path) -> None:
     """A diff checkpoint as ``03_reward_train.py --encoder POLICY`` wrote it before the lever was
     retired: the policy's conv layers (``policy_conv(4)``, frozen) as ``encoder.*`` weights, their

@@ -250,6 +250,24 @@ def test_bad_hyper_parameters(square_db, tmp_path):
         train_reward_model(data, cfg, tmp_path / "r.pt", progress=False, log=_quiet)
 
 
+def test_diff_signed_trains_a_net_on_the_signed_change_too(square_db, tmp_path):
+    """TrainConfig.diff_signed reaches the net it trains and its checkpoint: 3 parts of features
+    instead of 2, "diff_signed" recorded, and the model loads back signed."""
+    from lib.reward_model import load_reward_models
+
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    for signed in (False, True):
+        out = tmp_path / f"r-{signed}.pt"
+        train_reward_model(data, TrainConfig(epochs=1, diff_signed=signed), out, progress=False, log=_quiet)
+        ck = torch.load(out, weights_only=True)
+        assert ck["diff_signed"] is signed
+        assert ck["state_dicts"][0]["scale"].numel() == (3 if signed else 2) * 21 * 7
+        assert load_reward_models(out)[0][0].signed is signed
+        assert load_reward_model(out).nets[0].signed is signed  # the lean twin that predicts
+
+
 def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
@@ -444,11 +462,11 @@ def test_the_flags_defaults_are_the_configs():
     assert config_from_args(args, "cpu") == TrainConfig()
     flags = ["--epochs", "7", "--batch", "3", "--lr", "0.01", "--seed", "5", "--test-ratio", "0.5"]
     flags += ["--patience", "2", "--noise", "--ensemble", "4", "--micro-frames", "60", "--arch", "book"]
-    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--input", "half", "--dev", "cuda"]
+    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--diff-signed", "--input", "half", "--dev", "cuda"]
     got = config_from_args(build_parser().parse_args([*flags, "db"]), "cuda:0")
     want = TrainConfig(
         epochs=7, batch=3, lr=0.01, seed=5, test_ratio=0.5, patience=2, noise=True, ensemble=4, micro_frames=60,
-        downscale=2, device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12),
+        downscale=2, device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12), diff_signed=True,
     )  # fmt: skip
     assert got == want
 
@@ -586,6 +604,7 @@ def _cli_in_process(monkeypatch, capsys, *args: str) -> str:
         (["--lr", "inf"], "--lr"),
         (["--input", "half"], "--input half applies to --arch book only"),
         (["--arch", "book", "--mask-rows", "10"], "--mask-rows applies to --arch diff only"),
+        (["--arch", "book", "--diff-signed"], "--diff-signed applies to --arch diff only"),
         (["--test-ratio", "nan"], "--test-ratio"),
         (["--test-ratio", "1.5"], "--test-ratio"),
         (["--seed", "-1"], "--seed"),
