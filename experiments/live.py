@@ -44,6 +44,7 @@ from experiments.stages import (
     ft_config,
     ft_settings,
     held_out_figures,
+    held_out_key,
     print_evidence,
     print_model_figures,
     reward_round,
@@ -164,8 +165,7 @@ def run_live(sr: SeedRun) -> dict[str, Any]:
     figs = cached_json(
         ldir / "reward_heldout.json",
         lambda: held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev, args.death_penalty),
-        {"reward": file_digest(final), "teacher": args.teacher, "holdout": len(sr.split["holdout"])}
-        | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
+        held_out_key(final, args, sr.split["holdout"]),
     )
     row = summarise(evaluate_arm(save / "last.pt", ldir / "eval.json", args))
     evidence = cached_json(

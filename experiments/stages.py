@@ -408,8 +408,7 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     figs = cached_json(
         rdir / "reward_heldout.json",
         lambda: held_out_figures(src, split["holdout"], reward, args.teacher, args.dev, args.death_penalty),
-        {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(split["holdout"])}
-        | ({"death_penalty": args.death_penalty} if args.death_penalty else {}),
+        held_out_key(reward, args, split["holdout"]),
     )
     evidence = cached_json(
         rdir / "evidence.json",
@@ -479,6 +478,18 @@ def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], lis
 # --- figures ------------------------------------------------------------------------------------
 
 
+HELD_OUT_FIGURES = 2  # the version of held_out_figures' figures: 2, the climbing step aligned (2026-11-27)
+
+
+def held_out_key(reward: Path, args: argparse.Namespace, holdout: list[str]) -> dict[str, Any]:
+    """What a reward model's held-out figures were made from (``cached_json``'s key): the model's
+    bytes, the teacher and its death penalty, the held-out set's size, and the figures' version, so
+    that figures cached by an older way of measuring are made again."""
+    key = {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(holdout)}
+    key |= {"death_penalty": args.death_penalty} if args.death_penalty else {}
+    return key | {"figures": HELD_OUT_FIGURES}
+
+
 def held_out_figures(
     db: Path, holdout: list[str], reward: Path, teacher: str, dev: str, death_penalty: float = 0.0
 ) -> dict[str, Any]:
@@ -539,19 +550,24 @@ def rule_agreement(
 def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
     """SeaQuest: the model's mean normalised reward (``lib.reward_wrapper.normalised``, the
     learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
-    ``lib.seaquest``'s low) and a diver aboard, split by whether the sub climbs there (its top row
-    above the step before's, within a segment): ``diver_climb_z`` and ``diver_still_z`` (NaN where
-    there are none), with their counts.
+    ``lib.seaquest``'s low) and a diver aboard, split by whether the step climbs (``diver_step_flags``):
+    ``diver_climb_z`` and ``diver_still_z`` (NaN where there are none), with their counts.
     A model that has learned what the surface teacher asks for pays more for the climb."""
     return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
 
 
 def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the sub climbing."""
+    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the step
+    climbing: the sub's top row in the frame the step led to is above the one its action was
+    chosen on. That is the step a reward model pays for the climb: its action moved the sub, and
+    the diff net's input is that step's frame and the next. (Until 2026-11-27 the flag was the
+    step after, whose frame already shows the move: the action there is often no longer UP.) A
+    segment's first step (its gauge's trend unknown) and last step (its next frame not recorded)
+    are not judged."""
     levels, rows, divers = oxygen_levels(frames), sub_rows(frames), divers_aboard(frames)
     draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
-    draining[1:] = levels[1:] <= levels[:-1]  # not filling (a segment's first step: not judged)
-    up[1:] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
+    draining[1:-1] = levels[1:-1] <= levels[:-2]  # not filling
+    up[:-1] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
     return draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0), up
 
 

@@ -3,6 +3,7 @@ model, both fine-tune arms, evaluation games), and a second run with the same --
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import subprocess
@@ -317,22 +318,30 @@ def test_agreement_per_deciding_rule() -> None:
 
 
 def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
-    """On real frames (CLIMB: a diver aboard from step 182, the gauge low from step 416, the climb
-    from step 486): a model that pays on the climbing steps pays more there than on the rest."""
+    """On real frames (CLIMB: a diver aboard from step 182, the gauge low from step 416, UP pressed
+    from step 486, the sub's row 134 there and 131 in the frame after): a model that pays the steps
+    whose action climbs pays more there than on the rest; the first of them, whose own frame still
+    shows the sub at row 134, is a climbing step (its action moved the sub)."""
     from test_seaquest import CLIMB_PLAN, CLIMB_START, CLIMB_TOP
 
     from bench.dbs import play_plan
     from experiments.stages import diver_step_rewards
 
-    frames = play_plan(CLIMB_PLAN).frames
+    seg = play_plan(CLIMB_PLAN)
+    frames = seg.frames
+    assert seg.actions[CLIMB_START - 1] != 2 and (seg.actions[CLIMB_START : CLIMB_TOP + 1] == 2).all()  # 2: UP
     pred = np.zeros(len(frames))
-    pred[CLIMB_START + 1 : CLIMB_TOP + 1] = 1.0
+    pred[CLIMB_START : CLIMB_TOP + 1] = 1.0  # the steps whose action is UP
     figs = diver_step_rewards(pred, [frames[:300], frames[300:]])  # two segments
-    # Low gauge with a diver: steps 416-508 (from 509 the gauge fills: not low); the sub climbs on
-    # 22 of them.
+    # Low gauge with a diver: steps 416-508 (from 509 the gauge fills: not low); the sub climbs in
+    # the 23 from 486 (508's step reaches row 46, the surface).
     assert figs["diver_climb_steps"] + figs["diver_still_steps"] == CLIMB_TOP + 1 - 416
-    assert figs["diver_climb_steps"] == 22
+    assert figs["diver_climb_steps"] == 23
     assert figs["diver_climb_z"] > figs["diver_still_z"] + 1
+    first = np.zeros(len(frames))
+    first[CLIMB_START] = 1.0  # only the step that starts the climb is paid
+    once = diver_step_rewards(first, [frames[:300], frames[300:]])
+    assert once["diver_climb_z"] > once["diver_still_z"]
     with pytest.raises(ValueError):
         diver_step_rewards(pred[:-1], [frames])
 
@@ -358,6 +367,28 @@ def test_cached_figures_are_keyed_on_what_made_them(tmp_path: Path) -> None:
     assert cached_json(cache, make, {"policy": file_digest(policy), "games": 10}) == [3]
     cache.write_text("{not json")
     assert cached_json(cache, make, {"policy": file_digest(policy), "games": 10}) == [4]
+
+
+def test_held_out_figures_cached_by_an_older_measure_are_made_again(tmp_path: Path) -> None:
+    """reward_heldout.json made before the climbing step was aligned (its key has no "figures")
+    is not reused; one made with the current key is; the key follows the model's bytes and the
+    death penalty."""
+    from experiments.stages import HELD_OUT_FIGURES, cached_json, file_digest, held_out_key
+
+    reward = tmp_path / "reward-round.pt"
+    reward.write_bytes(b"a reward model")
+    args = argparse.Namespace(teacher="surface", death_penalty=0.0)
+    cache, made = tmp_path / "reward_heldout.json", []
+    old_key = {"reward": file_digest(reward), "teacher": "surface", "holdout": 3}
+    cache.write_text(json.dumps({"made_from": old_key, "value": {"diver_climb_z": 9.0}}))
+    key = held_out_key(reward, args, ["a", "b", "c"])
+    assert key == old_key | {"figures": HELD_OUT_FIGURES} and HELD_OUT_FIGURES >= 2
+    assert cached_json(cache, lambda: made.append(1) or {"diver_climb_z": 0.5}, key) == {"diver_climb_z": 0.5}
+    assert cached_json(cache, lambda: made.append(1) or {}, key) == {"diver_climb_z": 0.5} and made == [1]
+    charged = held_out_key(reward, argparse.Namespace(teacher="score", death_penalty=100.0), ["a"])
+    assert charged["death_penalty"] == 100.0 and charged["teacher"] == "score"
+    reward.write_bytes(b"another reward model")
+    assert held_out_key(reward, args, ["a", "b", "c"])["reward"] != key["reward"]
 
 
 def test_labels_decided_by_a_rule_the_score_does_not_pay_for() -> None:
