@@ -83,8 +83,29 @@ FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the p
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 
 
+PASS_THROUGH = ("--reward-args", "--ft-args")  # their value is another program's flags
+
+
+class RoundParser(argparse.ArgumentParser):
+    """argparse takes a lone value that starts with "-" for a flag of its own, so ``--reward-args
+    "--diff-signed"`` was "expected one argument" (a value with a space, "--diff-block 2x12", was
+    not). The word after a pass-through flag is always its value: it is glued on as FLAG=VALUE."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        words, glued = list(sys.argv[1:] if args is None else args), []
+        i = 0
+        while i < len(words):
+            if words[i] in PASS_THROUGH and i + 1 < len(words):
+                glued.append(f"{words[i]}={words[i + 1]}")
+                i += 2
+            else:
+                glued.append(words[i])
+                i += 1
+        return super().parse_known_args(glued, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = RoundParser(
         prog="python -m experiments.round",
         description="A whole RLHF round with a synthetic teacher: v0, labels, reward model, fine-tune on the "
         "reward model (rlhf) and on the score (control), then the same evaluation games for all three.",

@@ -155,6 +155,10 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert round_name(_round_args(tmp_path)) == "score-15"  # rare, the default, adds nothing
     assert round_name(_round_args(tmp_path, "--sampling", "random")) == "score-15-random"
     assert round_name(_round_args(tmp_path, "--sampling", "uncertain")) == "score-15-uncertain"
+    # a lone flag as the value (argparse would take it for one of its own)
+    lone = _round_args(tmp_path, "--reward-args", "--diff-signed", "--ft-args", "--kl", "--seeds", "1")
+    assert (lone.reward_args, lone.ft_args, lone.seeds) == ("--diff-signed", "--kl", [1])
+    assert round_name(_round_args(tmp_path, "--reward-args", "--diff-signed")) == "score-15-diffsigned"
     assert round_name(_round_args(tmp_path, "--from", "v0")) == "score-15-fromv0"
     args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
     assert round_name(args) == "score-15-disagree-ensemble3diffblock6x12"
