@@ -348,17 +348,8 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
     torch.testing.assert_close(c_s, c_l)
     assert not torch.allclose(f_s, f_l)
 
-    torch.manual_seed(6)
-    frames, actions, _ = _seaquest_frames(12)
-    fine.fit_scale(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])))
-    fine.eval()
-    path = _save(tmp_path, [fine])
-    ck = torch.load(path, weights_only=True)
+    ck = _saved_and_reloaded(tmp_path, fine, seed=6)
     assert ck["diff_block"] == [4, 12]
-    rm = load_reward_model(path)
-    with torch.no_grad():
-        ref = fine(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])), torch.from_numpy(actions))
-    np.testing.assert_allclose(rm.predict(frames[:-1], actions, frames[1:]), ref.numpy(), rtol=1e-5, atol=1e-6)
 
     old = reward_checkpoint([coarse.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
     del old["diff_block"]
@@ -373,6 +364,22 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
     torch.save(ck, tmp_path / "mismatch.pt")
     with pytest.raises(UserError, match="does not fit"):
         load_reward_model(tmp_path / "mismatch.pt")
+
+
+def _saved_and_reloaded(tmp_path: Path, model: DiffRewardModel, seed: int) -> dict:
+    """Fit ``model``'s scale on real SeaQuest steps, save it, load it back: the loaded predictor
+    predicts what ``model`` does. Returns the checkpoint dict as saved."""
+    torch.manual_seed(seed)
+    frames, actions, _ = _seaquest_frames(12)
+    x = torch.from_numpy(reward_input("diff", frames[:-1], frames[1:]))
+    model.fit_scale(x)
+    model.eval()
+    path = _save(tmp_path, [model])
+    with torch.no_grad():
+        ref = model(x, torch.from_numpy(actions))
+    pred = load_reward_model(path).predict(frames[:-1], actions, frames[1:])
+    np.testing.assert_allclose(pred, ref.numpy(), rtol=1e-5, atol=1e-6)
+    return torch.load(path, weights_only=True)
 
 
 def test_the_signed_change_says_which_way_a_sprite_moved_and_is_kept_in_the_checkpoint(tmp_path):
@@ -396,17 +403,8 @@ def test_the_signed_change_says_which_way_a_sprite_moved_and_is_kept_in_the_chec
     torch.testing.assert_close(moved_d, -moved_c)
     assert plain.feature_key() != signed.feature_key()  # a training run's feature cache keeps them apart
 
-    torch.manual_seed(7)
-    frames, actions, _ = _seaquest_frames(12)
-    signed.fit_scale(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])))
-    signed.eval()
-    path = _save(tmp_path, [signed])
-    ck = torch.load(path, weights_only=True)
+    ck = _saved_and_reloaded(tmp_path, signed, seed=7)
     assert ck["diff_signed"] is True
-    rm = load_reward_model(path)
-    with torch.no_grad():
-        ref = signed(torch.from_numpy(reward_input("diff", frames[:-1], frames[1:])), torch.from_numpy(actions))
-    np.testing.assert_allclose(rm.predict(frames[:-1], actions, frames[1:]), ref.numpy(), rtol=1e-5, atol=1e-6)
 
     old = reward_checkpoint([plain.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
     assert old["diff_signed"] is False
