@@ -78,7 +78,7 @@ from lib.segments import list_segments
 from lib.signals import PARENT_SIGNALS, SignalStop
 from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS, death_penalty_for
 
-ROUND_MODES = ("random", "uncertain", "disagree", "rare")  # lib.sampling's modes that need no fine-tuning DB
+ROUND_MODES = ("random", "uncertain", "disagree", "rare", "gauge")  # lib.sampling's modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 
@@ -159,7 +159,8 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
         default="rare",
         help="which pairs the teacher labels (02_label_ui.py --sampling): rare, the default (no model: the "
         "segments that look least like the others first, each with a random partner; it doubled the surface "
-        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); random; or the first "
+        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); gauge (SeaQuest: clips "
+        "with a low gauge and a diver aboard paired with each other, then rare's); random; or the first "
         "third at random and each further third picked by a reward model trained on the labels so far "
         "(uncertain, disagree)",
     )
@@ -274,7 +275,7 @@ def check(args: argparse.Namespace) -> None:
         (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
         (args.live and args.reward_only, "--live and --reward-only exclude each other"),
         (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
-        (args.live and args.sampling not in NO_MODEL_MODES, "--live labels --sampling random or rare pairs"),
+        (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels --sampling {'/'.join(NO_MODEL_MODES)} pairs"),  # noqa: E501
         (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip

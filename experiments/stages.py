@@ -51,7 +51,7 @@ from lib.signals import critical
 from lib.teachers import RULE_FACTS, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_MODEL_MODES = ("random", "rare")
+NO_MODEL_MODES = ("random", "rare", "gauge")
 CURVE_TAGS = (
     "eval/score_mean",
     "eval/refills_per_game",

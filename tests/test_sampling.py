@@ -224,3 +224,81 @@ def test_oracle_with_rare_labels_the_odd_clip_first(rare_db, tmp_path: Path) -> 
     ranking = rare_ranking(d.usable_segments(), {lab.key}, SegmentLooks(db))
     assert len(items) == 2 and ranking[0] in (items[0].a, items[0].b) and ranking[1] in (items[1].a, items[1].b)
     assert lab.key not in {it.key for it in items}
+
+
+@pytest.fixture(scope="module")
+def gauge_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], list[str]]:
+    """Real SeaQuest clips: four of a sub parked at the surface with a full gauge, and three with a
+    low gauge and a diver aboard: one climbing toward the surface, two staying at the sea bed."""
+    import dataclasses
+
+    from test_seaquest import CLIMB_PLAN, CLIMB_REFILL, CLIMB_START, PARKED_PLAN, STAY_PLAN
+
+    from bench.dbs import cut, play_plan
+    from lib.segments import save_segment
+
+    root = tmp_path_factory.mktemp("gauge") / "db"
+    parked, stay, climb = play_plan(PARKED_PLAN), play_plan(STAY_PLAN), play_plan(CLIMB_PLAN)
+    clips = [cut(parked, 40 + 10 * k, 90 + 10 * k) for k in range(4)]
+    clips += [cut(climb, CLIMB_START - 26, CLIMB_REFILL), cut(stay, CLIMB_START - 26, CLIMB_START + 24)]
+    clips.append(cut(stay, CLIMB_START - 16, CLIMB_START + 34))
+    rels = [
+        save_segment(root, dataclasses.replace(c, env_index=i), fsync=False).relative_to(root).as_posix()
+        for i, c in enumerate(clips)
+    ]
+    return root, rels, rels[4:]
+
+
+def test_gauge_pairs_the_low_gauge_diver_clips_with_each_other_first(gauge_db) -> None:
+    from lib.sampling import SegmentLooks
+
+    root, rels, low = gauge_db
+    looks = SegmentLooks(root, gauge=True)
+    rng = np.random.default_rng(0)
+    pairs = choose_pairs(rels, set(), 3, rng, "gauge", looks=looks)
+    # The three clips with a low gauge and a diver aboard make the three pairs; the parked ones none.
+    assert {pair_key(*p) for p in pairs} == {pair_key(*p) for p in itertools.combinations(low, 2)}
+    assert {r: looks.low_diver[r] > 0 for r in rels} == {r: r in low for r in rels}
+    # Once those pairs are taken, rare's pairs follow: a parked clip, never labelled, leads.
+    taken = {pair_key(*p) for p in pairs}
+    (more,) = choose_pairs(rels, taken, 1, rng, "gauge", looks=looks)
+    assert pair_key(*more) not in taken and set(more) - set(low)
+    # Four at once: the three low pairs first, then one of rare's.
+    four = choose_pairs(rels, set(), 4, np.random.default_rng(1), "gauge", looks=looks)
+    assert all(set(p) <= set(low) for p in four[:3]) and set(four[3]) - set(low)
+    with pytest.raises(ValueError, match="gauges"):
+        choose_pairs(rels, set(), 1, rng, "gauge", looks=SegmentLooks(root))
+
+
+def test_oracle_with_gauge_labels_the_climb_and_refuses_another_game(gauge_db, tmp_path: Path) -> None:
+    import shutil
+
+    from bench.dbs import make_synthetic_db
+
+    root, _, low = gauge_db
+    db = tmp_path / "db"
+    shutil.copytree(root, db)
+    summary = oracle_label_db(db, 3, seed=0, settings=OracleSettings(teacher="surface", sampling="gauge"))
+    log = read_label_log(db)
+    assert summary.labeled == 3 and all({lab.sample1, lab.sample2} <= set(low) for lab in log)
+    # The climbing clip against either staying one: the climb rule decides (rare pairs it seldom).
+    assert sorted(lab.extra["rule"] for lab in log).count("diver_climb") == 2
+    assert {lab.extra["sampling"] for lab in log} == {"gauge"}
+    other = tmp_path / "pong"
+    make_synthetic_db(other, 6, seed=1)  # 'Pong' frames: no gauge to read
+    with pytest.raises(UserError, match="--sampling gauge reads SeaQuest's oxygen gauge"):
+        oracle_label_db(other, 3, settings=OracleSettings(teacher="score", sampling="gauge"))
+
+
+def test_the_page_with_gauge_offers_the_low_gauge_pairs_first(gauge_db, tmp_path: Path) -> None:
+    from bench.dbs import make_synthetic_db
+    from lib.label_ui.server import rare_view
+
+    root, _, low = gauge_db
+    d = DbState.open(0, root)
+    app = AppState([d], pairs=3, seed=0, sampling="gauge", looks=rare_view([d], gauge=True))
+    items = app.sample(3, np.random.default_rng(0), "tab", set())
+    assert {it.key for it in items} == {pair_key(*p) for p in itertools.combinations(low, 2)}
+    make_synthetic_db(tmp_path / "pong", 6, seed=1)
+    with pytest.raises(UserError, match="--sampling gauge reads SeaQuest's oxygen gauge"):
+        rare_view([DbState.open(0, tmp_path / "pong")], gauge=True)

@@ -246,8 +246,9 @@ def _add_pair_args(p: argparse._ArgumentGroup) -> None:
         help="which pairs to ask about: 'random'; 'uncertain', those the model's predicted preference is "
         "closest to 50/50 on (from --pool random candidates); 'disagree', those an ensemble model's members "
         "disagree on most; 'exploits', first the segments the model overrates most against their true return; "
-        "'rare', first the segments that look least like the others (no model). uncertain, disagree and exploits "
-        "need --reward; --oracle picks the same way",
+        "'rare', first the segments that look least like the others (no model); 'gauge' (SeaQuest), clips with a "
+        "low oxygen gauge and a diver aboard paired with each other, then rare's pairs (no model). uncertain, "
+        "disagree and exploits need --reward; --oracle picks the same way",
     )
     p.add_argument(
         "--pool",
