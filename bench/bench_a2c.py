@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.table import print_table
+from bench.table import Rows, print_table
 from lib.envs import AtariVec, default_env_threads
 from lib.recorder import DEFAULT_RECORD_PROB
 
@@ -329,7 +329,7 @@ def main() -> None:
     if args.book is not None and not (args.book / "01_a2c.py").is_file():
         ap.error(f"--book {args.book}: no 01_a2c.py there (give the book's Chapter19 directory)")
     threads = default_env_threads()
-    rows: list[Row] = []
+    rows: list[Row] = Rows()
     ceil = machine_rows(rows, threads, 16, 16_000)
     if args.finetune_only:
         with tempfile.TemporaryDirectory() as tmp:

@@ -16,3 +16,12 @@ def print_table(title: str, rows: list[tuple[str, str, str, str]]) -> None:
     for f, v, u, s in rows:
         print(f"| {f:<{w[0]}} | {v:>{w[1]}} | {u:<{w[2]}} | {s:<{w[3]}} |")
     sys.stdout.flush()
+
+
+class Rows(list):
+    """A benchmark's rows that also go to stderr as each is measured: a run stopped before its
+    table (a time limit, Ctrl-C) still leaves every figure it got in the log."""
+
+    def append(self, row: tuple[str, str, str, str]) -> None:
+        super().append(row)
+        print("  row: " + " | ".join(row), file=sys.stderr, flush=True)
