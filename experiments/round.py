@@ -275,7 +275,7 @@ def check(args: argparse.Namespace) -> None:
         (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
         (args.live and args.reward_only, "--live and --reward-only exclude each other"),
         (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
-        (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels --sampling {'/'.join(NO_MODEL_MODES)} pairs"),  # noqa: E501
+        (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels the pairs no model picks: --sampling {', '.join(NO_MODEL_MODES)}"),  # noqa: E501
         (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
