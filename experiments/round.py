@@ -73,12 +73,13 @@ from experiments.stages import (
 from lib.a2c_config import A2CConfig
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
+from lib.sampling import SAMPLING_MODES
 from lib.seeds import MAX_SEED
 from lib.segments import list_segments
 from lib.signals import PARENT_SIGNALS, SignalStop
 from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS, death_penalty_for
 
-ROUND_MODES = ("random", "uncertain", "disagree", "rare", "gauge")  # lib.sampling's modes that need no fine-tuning DB
+ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 

@@ -45,13 +45,14 @@ from lib.play_config import PlayConfig
 from lib.reward_eval import oracle_agreement, predict_segments, score
 from lib.reward_model import load_reward_model, reward_training_finished
 from lib.reward_wrapper import normalised
+from lib.sampling import MODEL_MODES, SAMPLING_MODES
 from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.signals import critical
 from lib.teachers import RULE_FACTS, Teacher, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_MODEL_MODES = ("random", "rare", "gauge")
+NO_MODEL_MODES = tuple(m for m in SAMPLING_MODES if m not in MODEL_MODES)  # random, rare, gauge
 CURVE_TAGS = (
     "eval/score_mean",
     "eval/refills_per_game",

@@ -16,7 +16,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
-from lib.sampling import LOOK_MODES, MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
+from lib.sampling import LOOK_MODES, MODEL_MODES, SegmentBeliefs, SegmentLooks, check_gauge_game, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, SegmentWatch, db_game, list_segments, read_segment
 from lib.signals import SignalStop
@@ -165,11 +165,11 @@ class _Labeler:
         if known is None and reads_gauge and not list_segments(self.root, warn=None):
             return False
         game = known[0] if known else None
-        held = game or "an unknown game"
         if self.teacher in GAUGE_TEACHERS and game not in OXYGEN_GAMES:
+            held = game or "an unknown game"
             raise UserError(f"the {self.teacher} teacher reads SeaQuest's oxygen gauge; DB {self.root} holds {held}")
-        if self.sampling == "gauge" and game not in OXYGEN_GAMES:
-            raise UserError(f"--sampling gauge reads SeaQuest's oxygen gauge; DB {self.root} holds {held}")
+        if self.sampling == "gauge":
+            check_gauge_game(self.root, game)
         self.facts_of.game, self.game_checked = game, True
         return True
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import pair_key, sample_unlabeled_pairs
-from lib.seaquest import FRAME_SHAPE, surface_counts
+from lib.seaquest import FRAME_SHAPE, OXYGEN_GAMES, surface_counts
 from lib.segments import SegmentError, read_segment, segment_env_step
 
 if TYPE_CHECKING:  # torch is imported only where a model is loaded
@@ -249,6 +249,12 @@ class _Neighbours:
         k = min(RARE_NEIGHBOURS, len(self.rels) - 1)
         near = self.near[:, :k].mean(1) if k > 0 else np.zeros(len(self.rels))
         return dict(zip(self.rels, near.tolist(), strict=True))
+
+
+def check_gauge_game(root: str | os.PathLike, game: str | None) -> None:
+    """UserError unless ``game`` (a DB's) has the oxygen gauge ``--sampling gauge`` reads."""
+    if game not in OXYGEN_GAMES:
+        raise UserError(f"--sampling gauge reads SeaQuest's oxygen gauge; DB {root} holds {game or 'an unknown game'}")
 
 
 def block_mean(frame: np.ndarray, block: int = LOOK_BLOCK) -> np.ndarray:

@@ -16,15 +16,13 @@ from fastapi import HTTPException
 from fastapi.responses import FileResponse
 from nicegui import app, helpers, ui
 
-from lib.errors import UserError
 from lib.label_ui.auth import BodyLimitMiddleware, HostCheckMiddleware, TokenMiddleware
 from lib.label_ui.clips import ClipStore, prune_cache
 from lib.label_ui.config import LabelConfig, check_port_free
 from lib.label_ui.pages import make_root
 from lib.label_ui.state import AppState, DbState
 from lib.reward_model import load_reward_model
-from lib.sampling import LOOK_MODES, SegmentBeliefs, SegmentLooks
-from lib.seaquest import OXYGEN_GAMES
+from lib.sampling import LOOK_MODES, SegmentBeliefs, SegmentLooks, check_gauge_game
 from lib.segments import SegmentError, db_game
 
 
@@ -47,10 +45,7 @@ def rare_view(dbs: list[DbState], gauge: bool = False) -> list[SegmentLooks]:
     each segment's low-gauge steps with a diver aboard), computed before serving. UserError for
     ``gauge`` on a DB of a game other than SeaQuest."""
     for d in dbs if gauge else []:
-        if (game := (db_game(d.root, warn=None) or (None, None))[0]) not in OXYGEN_GAMES:
-            raise UserError(
-                f"--sampling gauge reads SeaQuest's oxygen gauge; DB {d.root} holds {game or 'an unknown game'}"
-            )
+        check_gauge_game(d.root, (db_game(d.root, warn=None) or (None, None))[0])
     t0 = time.monotonic()
     looks = [SegmentLooks(d.root, warn=lambda m: print(f"warning: {m}", file=sys.stderr), gauge=gauge) for d in dbs]
     for d, lk in zip(dbs, looks, strict=True):
