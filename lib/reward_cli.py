@@ -114,6 +114,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "alone is the same set of pixels either way",
     )
     g.add_argument(
+        "--diff-flow",
+        action="store_true",
+        help="--arch diff: also the scene's vertical and horizontal shift between the frame and the next "
+        "(least squares over the whole frame), two features that say 'moved up' wherever it happens, where "
+        "the block means must learn each place from labels (in SeaQuest: the sub climbing)",
+    )
+    g.add_argument(
         "--ensemble",
         type=int,
         default=D.ensemble,

@@ -44,6 +44,7 @@ class TrainConfig:
     mask_rows: int = 0
     diff_block: tuple[int, int] = DIFF_BLOCK
     diff_signed: bool = False
+    diff_flow: bool = False
 
 
 @dataclass

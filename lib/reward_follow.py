@@ -260,6 +260,7 @@ def check_warm_start(models: Sequence[AnyRewardModel], cfg: TrainConfig, path: P
         want["--diff-block"] = "x".join(map(str, cfg.diff_block))
         have["--mask-rows"], want["--mask-rows"] = int(m.mask_rows), cfg.mask_rows  # type: ignore[union-attr]
         have["--diff-signed"], want["--diff-signed"] = m.signed, cfg.diff_signed  # type: ignore[union-attr]
+        have["--diff-flow"], want["--diff-flow"] = m.flow, cfg.diff_flow  # type: ignore[union-attr]
     for flag in have:
         if have[flag] != want[flag]:
             shown = {1: "full", 2: "half"} if flag == "--input" else {}

@@ -77,6 +77,8 @@ DROPOUT = 0.5
 NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
 INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
 # ARCHS and DIFF_BLOCK (4x12) live in lib/reward_config.py, torch-free for 03_reward_train.py --help
+FLOW_FEATURES = 2  # --diff-flow: the scene's vertical and horizontal shift (scene_flow)
+FLOW_EPS = 1e-3  # scene_flow's guard against a frame without edges (sum of squared gradients)
 OLD_DIFF_BLOCK = (12, 12)  # diff checkpoints made before the "diff_block" field
 MAX_ENSEMBLE = 64  # members of one reward model (03_reward_train.py --ensemble)
 MAX_FRAME_SIDE = 1024  # as lib.segments.MAX_FRAME_SIDE
@@ -292,6 +294,13 @@ class DiffRewardModel(nn.Module):
     learn from the scene). ``signed``: also the block means of the signed change (next - frame),
     which say which way a thing moved (a bright sprite that climbs brightens the blocks above it
     and darkens those below it; the absolute change is the same set of pixels either way).
+    ``flow``: also the scene's motion as two numbers, wherever on the screen it happens
+    (``FLOW_FEATURES``): the least-squares vertical and horizontal shift that explains the change
+    from the frames' gradients (one Lucas-Kanade window over the whole frame). A block's signed
+    change says "something moved up here", 147 places the head must each learn from labels; the
+    flow says "the scene moved up" in one feature (in SeaQuest, where everything else swims
+    sideways, that is the sub climbing: -1.2 std on the steps it climbs, +1.2 on those it dives,
+    v0's clips).
 
     forward: x (B, 2, 84, 84) uint8 from ``reward_input`` (frame, next frame), actions (B,) int64
              -> per-step rewards (B,) float32
@@ -307,6 +316,7 @@ class DiffRewardModel(nn.Module):
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
         signed: bool = False,
+        flow: bool = False,
     ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
@@ -316,8 +326,9 @@ class DiffRewardModel(nn.Module):
         self.frame_shape = tuple(int(x) for x in frame_shape)
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
-        self.signed = bool(signed)
+        self.signed, self.flow = bool(signed), bool(flow)
         n = (3 if self.signed else 2) * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        n += FLOW_FEATURES if self.flow else 0
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -325,8 +336,8 @@ class DiffRewardModel(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
-        (2 x 147 with 4x12 blocks), then with ``signed`` those of next - frame (3 x 147), before
-        scaling."""
+        (2 x 147 with 4x12 blocks), then with ``signed`` those of next - frame (3 x 147), then with
+        ``flow`` the scene's vertical and horizontal shift (``scene_flow``), before scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
@@ -334,6 +345,8 @@ class DiffRewardModel(nn.Module):
         parts = [F.avg_pool2d(change.abs(), self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
         if self.signed:
             parts.append(F.avg_pool2d(change, self.block).flatten(1))
+        if self.flow:
+            parts.append(scene_flow(x))
         return torch.cat(parts, dim=1)
 
     @torch.no_grad()
@@ -353,7 +366,7 @@ class DiffRewardModel(nn.Module):
         """What ``features`` depends on besides its input: the block, the masked rows and the
         signed change. ``features`` has no trained weight, so a training run computes each
         segment's once and keeps them under this key."""
-        return (self.block, int(self.mask_rows), self.signed)
+        return (self.block, int(self.mask_rows), self.signed, self.flow)
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
@@ -362,6 +375,21 @@ class DiffRewardModel(nn.Module):
 
     def forward(self, x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x), actions)
+
+
+def scene_flow(x: torch.Tensor) -> torch.Tensor:
+    """(B, 2, H, W) float frames (frame, next) -> (B, 2): the shift (rows, columns; in pixels, down
+    and right positive) that best explains next - frame from the spatial gradients of their mean,
+    by least squares over the whole frame (the brightness-constancy equation dI = -v . grad I of
+    Lucas and Kanade, one window). A still scene gives 0; a scene with no edges gives 0 too."""
+    change = x[:, 1] - x[:, 0]
+    mean = 0.5 * (x[:, 0] + x[:, 1])
+    gy = torch.zeros_like(mean)
+    gx = torch.zeros_like(mean)
+    gy[:, 1:-1] = 0.5 * (mean[:, 2:] - mean[:, :-2])
+    gx[:, :, 1:-1] = 0.5 * (mean[:, :, 2:] - mean[:, :, :-2])
+    v = [-(change * g).sum((1, 2)) / ((g * g).sum((1, 2)) + FLOW_EPS) for g in (gy, gx)]
+    return torch.stack(v, dim=1)
 
 
 # --- the loss --------------------------------------------------------------------------------
@@ -468,13 +496,14 @@ def new_reward_model(
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
     signed: bool = False,
+    flow: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``signed`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block``, ``signed`` and ``flow`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, signed)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, signed, flow)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -482,7 +511,9 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, signed=model.signed)
+        twin = DiffRewardModel(
+            model.n_actions, model.frame_shape, block=model.block, signed=model.signed, flow=model.flow
+        )
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -633,7 +664,9 @@ def reward_checkpoint(
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
         **(
-            {"diff_block": list(first.block), "diff_signed": first.signed} if isinstance(first, DiffRewardModel) else {}
+            {"diff_block": list(first.block), "diff_signed": first.signed, "diff_flow": first.flow}
+            if isinstance(first, DiffRewardModel)
+            else {}
         ),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
@@ -669,6 +702,7 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "needs_next_frames": (is_bool, False),
     "diff_block": (_check_block_field, False),
     "diff_signed": (is_bool, False),
+    "diff_flow": (is_bool, False),
     "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
     "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
     "downscale": (int_in(1, MAX_DOWNSCALE), False),
@@ -751,6 +785,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
         signed = ck.get("diff_signed", False)  # made before the field: the absolute change only
+        flow = ck.get("diff_flow", False)  # made before the field: no scene flow
         _refuse_encoder(ck, path)
     elif checkpoint_kind(ck) == "bare reward":
         check_state_dict(ck, f"reward model {path}")
@@ -761,7 +796,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block, signed = "book", DIFF_BLOCK, False
+        arch, block, signed, flow = "book", DIFF_BLOCK, False, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -775,7 +810,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, signed=signed)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, signed=signed, flow=flow)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:

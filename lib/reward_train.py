@@ -243,6 +243,8 @@ def _check_network(cfg: TrainConfig) -> None:
         raise UserError("--diff-block applies to --arch diff only")
     if cfg.diff_signed and cfg.arch != "diff":
         raise UserError("--diff-signed applies to --arch diff only")
+    if cfg.diff_flow and cfg.arch != "diff":
+        raise UserError("--diff-flow applies to --arch diff only")
     try:
         check_block(cfg.diff_block)
     except ValueError as e:
@@ -308,7 +310,14 @@ def _build_fit(
         )
     models = [
         new_reward_model(
-            cfg.arch, data.n_actions, data.frame_shape, cfg.downscale, cfg.mask_rows, cfg.diff_block, cfg.diff_signed
+            cfg.arch,
+            data.n_actions,
+            data.frame_shape,
+            cfg.downscale,
+            cfg.mask_rows,
+            cfg.diff_block,
+            cfg.diff_signed,
+            cfg.diff_flow,
         )
         for _ in range(cfg.ensemble)
     ]

@@ -514,3 +514,6 @@ def test_a_warm_start_from_a_model_with_another_diff_signed_is_one_line(tmp_path
         with pytest.raises(UserError, match=f"trained with --diff-signed {have}, this run has --diff-signed {want}"):
             check_warm_start([DiffRewardModel(18, signed=have)], TrainConfig(diff_signed=want), path)
     check_warm_start([DiffRewardModel(18, signed=True)], TrainConfig(diff_signed=True), path)  # the same: fine
+    for have, want in ((True, False), (False, True)):
+        with pytest.raises(UserError, match=f"trained with --diff-flow {have}, this run has --diff-flow {want}"):
+            check_warm_start([DiffRewardModel(18, flow=have)], TrainConfig(diff_flow=want), path)

@@ -16,6 +16,7 @@ from lib.checkpoints import atomic_torch_save
 from lib.errors import UserError
 from lib.model import AtariA2C, policy_checkpoint, policy_conv
 from lib.reward_model import (
+    FLOW_FEATURES,
     FULL_FRAME,
     DiffRewardModel,
     LeanRewardNet,
@@ -416,6 +417,53 @@ def test_the_signed_change_says_which_way_a_sprite_moved_and_is_kept_in_the_chec
     with pytest.raises(UserError, match="diff_signed"):
         load_reward_model(tmp_path / "bad.pt")
     ck["diff_signed"] = False  # the weights were made for the signed features
+    torch.save(ck, tmp_path / "mismatch.pt")
+    with pytest.raises(UserError, match="does not fit"):
+        load_reward_model(tmp_path / "mismatch.pt")
+
+
+def test_the_scene_flow_says_the_sprite_climbed_wherever_it_is_and_is_kept_in_the_checkpoint(tmp_path):
+    """A textured sprite shifted up by 2 rows, at two far apart places of the screen: the block
+    means of the change sit in different blocks, the scene flow (``--diff-flow``) reads the same
+    shift, -2 rows and 0 columns, at both; a dive reads +2, a sideways move shifts columns only, a
+    still frame 0. The flag goes into the checkpoint and loads back; a checkpoint without the field
+    loads without flow; a hostile field is refused with one line."""
+    rng = np.random.default_rng(0)
+    tex = (rng.random((8, 12)) * 200 + 30).astype(np.float32)
+    sprite = torch.from_numpy(np.kron(tex, np.ones((2, 2), dtype=np.float32)))  # smooth 16x24 texture
+
+    def moved(row: int, col: int, drow: int, dcol: int) -> torch.Tensor:
+        x = torch.zeros(1, 2, 84, 84)
+        x[0, 0, row : row + 16, col : col + 24] = sprite
+        x[0, 1, row + drow : row + drow + 16, col + dcol : col + dcol + 24] = sprite
+        return x.to(torch.uint8)
+
+    flow, plain = DiffRewardModel(18, flow=True), DiffRewardModel(18)
+    cells = 21 * 7
+    assert flow.scale.numel() == 2 * cells + FLOW_FEATURES
+    top, bottom = flow.features(moved(10, 6, -2, 0))[0], flow.features(moved(60, 54, -2, 0))[0]
+    torch.testing.assert_close(top[: 2 * cells], plain.features(moved(10, 6, -2, 0))[0])  # the blocks unchanged
+    assert not torch.allclose(top[:cells], bottom[:cells])  # the change lies in other blocks
+    for f in (top, bottom):
+        assert f[-2] == pytest.approx(-2.0, abs=0.6) and abs(float(f[-1])) < 0.3
+    assert flow.features(moved(30, 30, 2, 0))[0][-2] == pytest.approx(2.0, abs=0.6)  # a dive
+    side = flow.features(moved(30, 30, 0, 2))[0]
+    assert side[-1] == pytest.approx(2.0, abs=0.6) and abs(float(side[-2])) < 0.3
+    torch.testing.assert_close(flow.features(moved(30, 30, 0, 0))[0][-2:], torch.zeros(2))
+    assert flow.feature_key() != plain.feature_key()  # a training run's feature cache keeps them apart
+
+    ck = _saved_and_reloaded(tmp_path, flow, seed=7)
+    assert ck["diff_flow"] is True
+    old = reward_checkpoint([plain.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
+    assert old["diff_flow"] is False
+    del old["diff_flow"]
+    torch.save(old, tmp_path / "old-diff.pt")
+    assert load_reward_models(tmp_path / "old-diff.pt")[0][0].flow is False
+    ck["diff_flow"] = "yes"
+    torch.save(ck, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match="diff_flow"):
+        load_reward_model(tmp_path / "bad.pt")
+    ck["diff_flow"] = False  # the weights were made for the flow features
     torch.save(ck, tmp_path / "mismatch.pt")
     with pytest.raises(UserError, match="does not fit"):
         load_reward_model(tmp_path / "mismatch.pt")

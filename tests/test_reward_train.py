@@ -268,6 +268,26 @@ def test_diff_signed_trains_a_net_on_the_signed_change_too(square_db, tmp_path):
         assert load_reward_model(out).nets[0].signed is signed  # the lean twin that predicts
 
 
+def test_diff_flow_trains_a_net_on_the_scene_flow_too(square_db, tmp_path):
+    """TrainConfig.diff_flow reaches the net it trains and its checkpoint: two features more,
+    "diff_flow" recorded, the model and its lean twin load back with the flow; --arch book refuses it."""
+    from lib.reward_model import FLOW_FEATURES, load_reward_models
+
+    db, _ = square_db
+    oracle_label_db(db, 20, seed=0)
+    data = load_preferences([db], log=_quiet)
+    for flow in (False, True):
+        out = tmp_path / f"r-{flow}.pt"
+        train_reward_model(data, TrainConfig(epochs=1, diff_flow=flow), out, progress=False, log=_quiet)
+        ck = torch.load(out, weights_only=True)
+        assert ck["diff_flow"] is flow
+        assert ck["state_dicts"][0]["scale"].numel() == 2 * 21 * 7 + (FLOW_FEATURES if flow else 0)
+        assert load_reward_models(out)[0][0].flow is flow
+        assert load_reward_model(out).nets[0].flow is flow  # the lean twin that predicts
+    with pytest.raises(UserError, match="--diff-flow applies to --arch diff only"):
+        train_reward_model(data, TrainConfig(epochs=1, arch="book", diff_flow=True), tmp_path / "b.pt", log=_quiet)
+
+
 def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
