@@ -363,8 +363,8 @@ class DiffRewardModel(nn.Module):
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block, the masked rows and the
-        signed change. ``features`` has no trained weight, so a training run computes each
+        """What ``features`` depends on besides its input: the block, the masked rows, the
+        signed change and the flow. ``features`` has no trained weight, so a training run computes each
         segment's once and keeps them under this key."""
         return (self.block, int(self.mask_rows), self.signed, self.flow)
 
