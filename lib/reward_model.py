@@ -384,11 +384,10 @@ def scene_flow(x: torch.Tensor) -> torch.Tensor:
     Lucas and Kanade, one window). A still scene gives 0; a scene with no edges gives 0 too."""
     change = x[:, 1] - x[:, 0]
     mean = 0.5 * (x[:, 0] + x[:, 1])
-    gy = torch.zeros_like(mean)
-    gx = torch.zeros_like(mean)
-    gy[:, 1:-1] = 0.5 * (mean[:, 2:] - mean[:, :-2])
-    gx[:, :, 1:-1] = 0.5 * (mean[:, :, 2:] - mean[:, :, :-2])
-    v = [-(change * g).sum((1, 2)) / ((g * g).sum((1, 2)) + FLOW_EPS) for g in (gy, gx)]
+    # central differences, on the interior pixels only (an edge pixel has no gradient to add)
+    gy, dy = 0.5 * (mean[:, 2:] - mean[:, :-2]), change[:, 1:-1]
+    gx, dx = 0.5 * (mean[:, :, 2:] - mean[:, :, :-2]), change[:, :, 1:-1]
+    v = [-(d * g).sum((1, 2)) / ((g * g).sum((1, 2)) + FLOW_EPS) for d, g in ((dy, gy), (dx, gx))]
     return torch.stack(v, dim=1)
 
 
