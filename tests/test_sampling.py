@@ -11,6 +11,7 @@ import itertools
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -302,3 +303,34 @@ def test_the_page_with_gauge_offers_the_low_gauge_pairs_first(gauge_db, tmp_path
     make_synthetic_db(tmp_path / "pong", 6, seed=1)
     with pytest.raises(UserError, match="--sampling gauge reads SeaQuest's oxygen gauge"):
         rare_view([DbState.open(0, tmp_path / "pong")], gauge=True)
+
+
+class OtherTabFirst:
+    """``AppState.lock`` for a tab that, the first time it lets go of the lock (it has read what
+    is reserved), is overtaken by a second tab that picks its whole list: two tabs opening at
+    the same moment, interleaved the worst way."""
+
+    def __init__(self, app: AppState):
+        self.app, self.inner, self.other, self.fired = app, threading.Lock(), [], False
+
+    def __enter__(self) -> None:
+        self.inner.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.inner.release()
+        if not self.fired:
+            self.fired = True
+            self.other.extend(self.app.sample(6, np.random.default_rng(0), "other", set()))
+
+
+def test_two_tabs_opening_at_once_both_get_full_lists_of_different_pairs(db) -> None:
+    root, segs = db  # 8 segments: 28 pairs, room for two lists of 6
+    app = AppState([DbState.open(0, root)], pairs=6, seed=0)
+    app.lock = lock = OtherTabFirst(app)
+    # the same generator seed as the other tab: it picks the same pairs first, all of them taken
+    mine = app.sample(6, np.random.default_rng(0), "tab", set())
+    theirs = lock.other
+    assert len(theirs) == 6 and len(mine) == 6
+    assert not {it.key for it in mine} & {it.key for it in theirs}
+    assert {app.reserved[(0, it.key)] for it in mine} == {"tab"}
+    assert {app.reserved[(0, it.key)] for it in theirs} == {"other"}

@@ -51,6 +51,7 @@ from lib.sampling import (
 from lib.segments import SegmentWatch, segment_path
 
 PairKey = tuple[str, str]
+SAMPLE_TRIES = 4  # AppState.sample draws again for pairs another tab claimed meanwhile, this often
 
 
 def _when(lab: Label) -> float:
@@ -427,9 +428,26 @@ class AppState:
         none in another tab's list, none in ``exclude``; reserved for ``tab_id``. Never hangs:
         fewer (or none) when the DBs run out. Blocking (its cost grows with the DB): the page
         calls it off the event loop (``TabSession.draw``, ``prepare``), and other tabs' lists may
-        change meanwhile (``reserved`` is read and written under ``lock``)."""
+        change meanwhile (``reserved`` is read and written under ``lock``): pairs another tab
+        claimed while these were picked are drawn again, so two tabs that open at once both get
+        full lists."""
+        out: list[PairItem] = []
+        for _ in range(SAMPLE_TRIES):
+            picked = self._pick(count - len(out), rng, exclude | {(item.db, item.key) for item in out})
+            with self.lock:
+                mine = [item for item in picked if (item.db, item.key) not in self.reserved]
+                for item in mine:
+                    self.reserved[(item.db, item.key)] = tab_id
+            out += mine
+            if len(out) >= count or len(mine) == len(picked):  # full, or the DBs ran out
+                break
+        return self._with_controls(out, rng, exclude)
+
+    def _pick(self, count: int, rng: np.random.Generator, exclude: set[tuple[int, PairKey]]) -> list[PairItem]:
+        """Up to ``count`` pairs for ``sample``, none labeled, reserved (as ``reserved`` was when
+        read) or in ``exclude``; not reserved yet."""
         free = np.array([d.free_pairs() for d in self.dbs], dtype=np.float64)
-        if free.sum() <= 0:
+        if count <= 0 or free.sum() <= 0:
             return []
         # Split the list over the DBs in proportion to what each has left to label.
         want = rng.multinomial(count, free / free.sum())
@@ -451,11 +469,7 @@ class AppState:
         if self.sampling == "random":  # the model's modes keep their order: most informative first
             order = rng.permutation(len(out))
             out = [out[i] for i in order]
-        with self.lock:
-            out = [item for item in out if (item.db, item.key) not in self.reserved]  # another tab's meanwhile
-            for item in out:
-                self.reserved[(item.db, item.key)] = tab_id
-        return self._with_controls(out, rng, exclude)
+        return out
 
     def _with_controls(
         self, items: list[PairItem], rng: np.random.Generator, exclude: set[tuple[int, PairKey]]
