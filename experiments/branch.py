@@ -1,0 +1,273 @@
+"""Pairs of clips that differ only in the climb (issue 38 item 3), labelled by the surface teacher.
+
+A recorded clip that climbs differs from one that does not in everything else too (the depth, the
+enemies, the divers), and a whole-clip label does not say which steps earned it. Here a policy
+plays SeaQuest in one emulator; at a step with a low gauge and a diver aboard, below the surface,
+the emulator's state is saved and two clips are played from it: in one the policy may only choose
+actions with UP in them ("climb"), in the other any action but those ("stay"). The surface teacher
+labels the pair, and both clips and the label go into a new DB that 03_reward_train.py takes
+beside the round's label DBs:
+
+    python -m experiments.branch --policy runs/round/seed0/v0 --db runs/branch/seed0/db --pairs 150
+    python 03_reward_train.py --diff-flow runs/round/seed0/surface-100/r1/label-db runs/branch/seed0/db
+
+The emulator is stepped as stage 1's ``AtariVec`` steps it: 4 frames an agent step, the frame the
+agent sees the maximum of the last two, the policy input the grey 84x84 frames of the last 4 steps
+(a lost life starts the stack again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib.envs import grey84
+from lib.errors import UserError, run_cli
+from lib.labels import Label, append_labels
+from lib.model import AtariA2C, load_policy, policy_file
+from lib.oracle import label_extra
+from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
+from lib.segments import Segment, claim_db, list_segments, save_segment, segment_relpath
+from lib.teachers import Teacher, death_penalty_for, segment_facts
+
+ENV_ID = "SeaquestNoFrameskip-v4"
+FRAME_SKIP = 4
+NOOP_MAX = 30
+MIN_DEPTH = 20  # rows below the surface row a branch point must be: a climb there has rows to gain
+BRANCHES = ("climb", "stay")
+
+
+class BranchGame:
+    """One SeaQuest emulator stepped as ``AtariVec`` steps it, whose state can be saved and restored
+    (``save`` / ``load``: the emulator, the frame the agent sees and its policy input)."""
+
+    def __init__(self, seed: int) -> None:
+        from ale_py import ALEInterface, LoggerMode, roms
+
+        ALEInterface.setLoggerMode(LoggerMode.Error)
+        self.ale = ALEInterface()
+        self.ale.setInt("random_seed", seed)
+        self.ale.setFloat("repeat_action_probability", 0.0)
+        self.ale.loadROM(roms.get_rom_path("seaquest"))
+        self.actions = list(self.ale.getMinimalActionSet())
+        self.meanings = tuple(a.name for a in self.actions)
+        self.rng = np.random.default_rng(seed)
+        self.frame = np.zeros((210, 160, 3), dtype=np.uint8)
+        self.stack = np.zeros((4, 84, 84), dtype=np.uint8)
+
+    def reset(self) -> None:
+        """A new game: up to NOOP_MAX no-ops, then FIRE (as ``AtariVec``'s fire reset)."""
+        self.ale.reset_game()
+        for _ in range(int(self.rng.integers(0, NOOP_MAX + 1))):
+            self.ale.act(self.actions[0])
+        self.ale.act(self.actions[self.meanings.index("FIRE")])
+        self.frame = self.ale.getScreenRGB()
+        self.stack[:] = grey84(self.frame[None])[0]
+
+    def step(self, action: int) -> tuple[float, bool, bool]:
+        """One agent step: (reward, a life was lost or the game ended, the game ended)."""
+        lives, reward, before = self.ale.lives(), 0.0, None
+        for k in range(FRAME_SKIP):
+            reward += self.ale.act(self.actions[action])
+            if k == FRAME_SKIP - 2:
+                before = self.ale.getScreenRGB()
+        last = self.ale.getScreenRGB()
+        self.frame = last if before is None else np.maximum(before, last)
+        over = self.ale.game_over()
+        lost = over or self.ale.lives() < lives
+        g = grey84(self.frame[None])[0]
+        if lost:
+            self.stack[:] = g
+        else:
+            self.stack[:-1] = self.stack[1:]
+            self.stack[-1] = g
+        return float(reward), lost, over
+
+    def save(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        return self.ale.cloneState(), self.frame.copy(), self.stack.copy()
+
+    def load(self, state: tuple[Any, np.ndarray, np.ndarray]) -> None:
+        self.ale.restoreState(state[0])
+        self.frame, self.stack = state[1].copy(), state[2].copy()
+
+
+def up_actions(meanings: tuple[str, ...]) -> np.ndarray:
+    """(n_actions,) bool: the actions that move the sub up (UP, UPRIGHT, ..., UPLEFTFIRE)."""
+    return np.array(["UP" in m for m in meanings])
+
+
+def at_branch_point(frame: np.ndarray) -> bool:
+    """A low gauge (draining or not), a diver aboard, and the sub at least MIN_DEPTH rows down."""
+    level, row = int(oxygen_levels(frame)), int(sub_rows(frame))
+    return 0 < level <= LOW_OXYGEN and int(divers_aboard(frame)) > 0 and row >= SURFACE_ROW + MIN_DEPTH
+
+
+@dataclass
+class Clip:
+    """What one branch recorded, in ``Segment``'s terms (frames: the frame each action was chosen on)."""
+
+    frames: list[np.ndarray] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    dones: list[bool] = field(default_factory=list)
+    game_over: list[bool] = field(default_factory=list)
+    lives: list[int] = field(default_factory=list)
+
+
+Picker = Callable[[np.ndarray, np.ndarray | None], int]
+
+
+def policy_picker(net: AtariA2C, rng: np.random.Generator) -> Picker:
+    """(policy input, allowed actions or None) -> an action sampled from the policy's softmax,
+    renormalised over the allowed actions."""
+
+    def pick(stack: np.ndarray, allowed: np.ndarray | None) -> int:
+        with torch.no_grad():
+            logits = net(torch.from_numpy(stack[None]))[0][0]
+        p = torch.softmax(logits.double(), 0).numpy()
+        if allowed is not None:
+            p = p * allowed
+        return int(rng.choice(len(p), p=p / p.sum()))
+
+    return pick
+
+
+def play_clip(game: BranchGame, pick: Picker, allowed: np.ndarray, steps: int) -> Clip:
+    """Up to ``steps`` agent steps from the game's state with only ``allowed`` actions (fewer
+    when the game ends)."""
+    clip = Clip()
+    for _ in range(steps):
+        clip.frames.append(game.frame.copy())
+        clip.lives.append(int(game.ale.lives()))
+        a = pick(game.stack, allowed)
+        r, lost, over = game.step(a)
+        clip.actions.append(a)
+        clip.rewards.append(r)
+        clip.dones.append(lost)
+        clip.game_over.append(over)
+        if over:
+            break
+    return clip
+
+
+def to_segment(clip: Clip, meanings: tuple[str, ...], env: int, step: int, policy: str, branch: str) -> Segment:
+    return Segment(
+        frames=np.stack(clip.frames),
+        actions=np.array(clip.actions, dtype=np.int64),
+        rewards=np.array(clip.rewards, dtype=np.float32),
+        dones=np.array(clip.dones, dtype=bool),
+        game_over=np.array(clip.game_over, dtype=bool),
+        lives=np.array(clip.lives, dtype=np.int32),
+        env_id=ENV_ID,
+        action_meanings=meanings,
+        env_index=env,
+        step=step,
+        checkpoint=policy,
+        time=time.time(),
+        meta={"branch": branch},
+    )
+
+
+@dataclass
+class BranchSettings:
+    pairs: int = 150
+    steps: int = 15
+    every: int = 5  # agent steps between two branch points of one low-gauge stretch
+    seed: int = 0
+    env_base: int = 90  # the climb clips go to env directory env_base, the stay clips to env_base + 1
+
+
+def make_pairs(
+    policy: Path,
+    db: Path,
+    s: BranchSettings,
+    at: Callable[[np.ndarray], bool] = at_branch_point,
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
+    """Play games until ``s.pairs`` pairs are in ``db``; returns how many labels each rule decided."""
+    game = BranchGame(s.seed)
+    net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
+    net.eval()
+    claim_db(db, ENV_ID, game.meanings)
+    pick = policy_picker(net, np.random.default_rng(s.seed + 1))
+    up = up_actions(game.meanings)
+    judge = Teacher("surface", death_penalty=death_penalty_for("surface", None))
+    order_rng = np.random.default_rng(s.seed + 2)
+    counters = [0, 0]
+    rules: dict[str, int] = {}
+    made, games, started = 0, 0, time.time()
+    while made < s.pairs:
+        game.reset()
+        games += 1
+        wait, over = 0, False
+        while not over and made < s.pairs:
+            wait -= 1
+            if wait <= 0 and at(game.frame):
+                state = game.save()
+                clips = []
+                for allowed in (up, ~up):
+                    game.load(state)
+                    clips.append(play_clip(game, pick, allowed, s.steps))
+                game.load(state)
+                rels, facts = [], []
+                for k, clip in enumerate(clips):
+                    seg = to_segment(clip, game.meanings, s.env_base + k, counters[k], str(policy), BRANCHES[k])
+                    save_segment(db, seg)
+                    rels.append(segment_relpath(s.env_base + k, counters[k]))
+                    facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, "seaquest"))
+                    counters[k] += len(seg)
+                first = int(order_rng.random() < 0.5)  # which clip is shown as #1
+                a, b = first, 1 - first
+                answer, rule = judge.answer_rule(facts[a], facts[b])
+                extra = label_extra(facts[a], facts[b], rule, "surface", sampling="branch")
+                extra["death_penalty"] = judge.death_penalty
+                append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
+                rules[rule] = rules.get(rule, 0) + 1
+                made += 1
+                wait = s.every
+                if made % 10 == 0 or made == s.pairs:
+                    log(f"{made}/{s.pairs} pairs, {games} games, {time.time() - started:.0f} s; decided by {rules}")
+            _, _, over = game.step(pick(game.stack, None))
+    return rules
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.branch",
+        description=__doc__.split("\n\n")[0],
+        epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
+        '"branch": "climb" or "stay".',
+    )
+    p.add_argument("--policy", type=Path, required=True, help="the policy that plays: a checkpoint or a run directory")
+    p.add_argument("--db", type=Path, required=True, help="a new directory for the clips and labels.jsonl")
+    p.add_argument("--pairs", type=int, default=150, help="pairs to make")
+    p.add_argument("--steps", type=int, default=15, help="agent steps per clip (15: a climb ends before the surface)")
+    p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
+    p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
+    args = p.parse_args(argv)
+    for bad, why in (
+        (not 1 <= args.pairs <= 100_000, f"--pairs must be in 1..100000, got {args.pairs}"),
+        (not 2 <= args.steps <= 1000, f"--steps must be in 2..1000, got {args.steps}"),
+        (args.every < 1, f"--every must be at least 1, got {args.every}"),
+    ):
+        if bad:
+            raise UserError(why)
+    policy = policy_file(args.policy)
+    if args.db.exists() and list_segments(args.db, warn=None):
+        raise UserError(f"{args.db} holds segments already: give a new directory")
+    args.db.mkdir(parents=True, exist_ok=True)
+    s = BranchSettings(args.pairs, args.steps, args.every, args.seed)
+    rules = make_pairs(policy, args.db, s)
+    print(f"{args.pairs} pairs in {args.db}; decided by {rules}")
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))

@@ -1,0 +1,106 @@
+"""experiments/branch.py: pairs of clips played from one saved emulator state, one that may only
+climb and one that may not, labelled by the surface teacher (the real ALE, a real policy file)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments.branch import (
+    ENV_ID,
+    BranchGame,
+    BranchSettings,
+    make_pairs,
+    play_clip,
+    policy_picker,
+    up_actions,
+)
+from lib.checkpoints import atomic_torch_save
+from lib.model import AtariA2C, policy_checkpoint
+from lib.segments import list_segments, read_db_info, read_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def policy(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path / "policy.pt"
+    meanings = BranchGame(0).meanings
+    atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), ENV_ID, "seaquest", meanings), path)
+    return path
+
+
+def test_a_restored_state_plays_the_same_steps_again() -> None:
+    game = BranchGame(3)
+    game.reset()
+    for a in np.random.default_rng(0).integers(0, 18, 40):
+        game.step(int(a))
+    state = game.save()
+    moves = np.random.default_rng(1).integers(0, 18, 25)
+    runs = []
+    for _ in range(2):
+        game.load(state)
+        runs.append([(game.step(int(a)), game.frame.copy(), game.stack.copy()) for a in moves])
+    for (r1, f1, s1), (r2, f2, s2) in zip(*runs, strict=True):
+        assert r1 == r2
+        assert np.array_equal(f1, f2) and np.array_equal(s1, s2)
+    # and the moves changed the picture: the comparison above is not of frames that never move
+    assert not np.array_equal(runs[0][0][1], runs[0][-1][1])
+
+
+def test_the_climb_clip_takes_only_up_actions_and_the_stay_clip_none(tmp_path: Path) -> None:
+    game = BranchGame(0)
+    up = up_actions(game.meanings)
+    assert {m for m, u in zip(game.meanings, up, strict=True) if u} == {
+        "UP", "UPRIGHT", "UPLEFT", "UPFIRE", "UPRIGHTFIRE", "UPLEFTFIRE"
+    }  # fmt: skip
+    from lib.model import load_policy
+
+    net, _ = load_policy(policy(tmp_path), ENV_ID, "seaquest", (4, 84, 84), 18)
+    pick = policy_picker(net.eval(), np.random.default_rng(0))
+    game.reset()
+    climb = play_clip(game, pick, up, 30)
+    stay = play_clip(game, pick, ~up, 30)
+    assert len(climb.actions) == len(stay.actions) == 30
+    assert all(up[a] for a in climb.actions)
+    assert not any(up[a] for a in stay.actions)
+
+
+def test_pairs_go_into_the_db_with_the_surface_teachers_labels(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    rules = make_pairs(
+        policy(tmp_path), db, BranchSettings(pairs=3, steps=6, every=2, seed=0), at=lambda f: True, log=lambda m: None
+    )
+    assert sum(rules.values()) == 3
+    assert read_db_info(db).env_id == ENV_ID  # type: ignore[union-attr]
+    segs = list_segments(db, warn=None)
+    assert len(segs) == 6 and {s.split("/")[0] for s in segs} == {"90", "91"}
+    labels = [json.loads(line) for line in (db / "labels.jsonl").read_text().splitlines()]
+    assert len(labels) == 3
+    for lab in labels:
+        a, b = read_segment(db, lab["sample1"]), read_segment(db, lab["sample2"])
+        assert {a.meta["branch"], b.meta["branch"]} == {"climb", "stay"}
+        assert len(a) == len(b) == 6
+        # both clips start from the one saved state: the same first frame
+        assert np.array_equal(a.frames[0], b.frames[0])
+        assert lab["teacher"] == "surface" and lab["sampling"] == "branch" and lab["label"] in (0, 1, 2)
+
+
+def test_a_db_with_segments_and_a_missing_policy_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "experiments.branch", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    gone = run("--policy", str(tmp_path / "nope.pt"), "--db", str(tmp_path / "db"))
+    assert gone.returncode == 2 and gone.stderr.startswith("error:") and len(gone.stderr.strip().splitlines()) == 1
+    db = tmp_path / "full"
+    make_pairs(policy(tmp_path), db, BranchSettings(pairs=1, steps=3), at=lambda f: True, log=lambda m: None)
+    full = run("--policy", str(tmp_path / "policy.pt"), "--db", str(db))
+    assert full.returncode == 2 and "holds segments already" in full.stderr
+    bad = run("--policy", str(tmp_path / "policy.pt"), "--db", str(tmp_path / "x"), "--steps", "1")
+    assert bad.returncode == 2 and "--steps" in bad.stderr
