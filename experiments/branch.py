@@ -227,8 +227,9 @@ def make_pairs(
                 first = int(order_rng.random() < 0.5)  # which clip is shown as #1
                 a, b = first, 1 - first
                 answer, rule = judge.answer_rule(facts[a], facts[b])
-                extra = label_extra(facts[a], facts[b], rule, "surface", sampling="branch")
-                extra["death_penalty"] = judge.death_penalty
+                extra = label_extra(
+                    facts[a], facts[b], rule, "surface", sampling="branch", death_penalty=judge.death_penalty
+                )
                 append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
                 rules[rule] = rules.get(rule, 0) + 1
                 made += 1
