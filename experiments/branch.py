@@ -183,6 +183,7 @@ class BranchSettings:
     every: int = 5  # agent steps between two branch points of one low-gauge stretch
     seed: int = 0
     env_base: int = 90  # the climb clips go to env directory env_base, the stay clips to env_base + 1
+    max_games: int = 0  # stop after this many games with fewer pairs (a policy that seldom gets there); 0: never
 
 
 def make_pairs(
@@ -192,7 +193,8 @@ def make_pairs(
     at: Callable[[np.ndarray], bool] = at_branch_point,
     log: Callable[[str], None] = print,
 ) -> dict[str, int]:
-    """Play games until ``s.pairs`` pairs are in ``db``; returns how many labels each rule decided."""
+    """Play games until ``s.pairs`` pairs are in ``db`` (or ``s.max_games`` games are over); returns
+    how many labels each rule decided."""
     game = BranchGame(s.seed)
     net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
     net.eval()
@@ -205,6 +207,9 @@ def make_pairs(
     rules: dict[str, int] = {}
     made, games, started = 0, 0, time.time()
     while made < s.pairs:
+        if s.max_games and games >= s.max_games:
+            log(f"warning: {made} of {s.pairs} pairs after {games} games: the policy seldom reaches a branch point")
+            break
         game.reset()
         games += 1
         wait, over = 0, False
@@ -253,11 +258,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=15, help="agent steps per clip (15: a climb ends before the surface)")
     p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
     p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
+    p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
     args = p.parse_args(argv)
     for bad, why in (
         (not 1 <= args.pairs <= 100_000, f"--pairs must be in 1..100000, got {args.pairs}"),
         (not 2 <= args.steps <= 1000, f"--steps must be in 2..1000, got {args.steps}"),
         (args.every < 1, f"--every must be at least 1, got {args.every}"),
+        (args.max_games < 0, f"--max-games must be 0 or more, got {args.max_games}"),
     ):
         if bad:
             raise UserError(why)
@@ -265,9 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.db.exists() and list_segments(args.db, warn=None):
         raise UserError(f"{args.db} holds segments already: give a new directory")
     args.db.mkdir(parents=True, exist_ok=True)
-    s = BranchSettings(args.pairs, args.steps, args.every, args.seed)
+    s = BranchSettings(args.pairs, args.steps, args.every, args.seed, max_games=args.max_games)
     rules = make_pairs(policy, args.db, s)
-    print(f"{args.pairs} pairs in {args.db}; decided by {rules}")
+    print(f"{sum(rules.values())} pairs in {args.db}; decided by {rules}")
 
 
 if __name__ == "__main__":

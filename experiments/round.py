@@ -8,7 +8,9 @@ Per seed (``--seeds``, each under ``--out/seed<S>``):
    is v0's; round k > 1's is the DB the rlhf fine-tune of round k-1 recorded of its own play,
    where a new behaviour first shows (the book's rounds). All of a round's labels come from its
    newest DB: what the person of the book labelled;
-3. a reward model with stage 3's defaults trained on EVERY label so far (all the rounds' DBs),
+3. a reward model with stage 3's defaults trained on EVERY label so far (all the rounds' DBs,
+   and with ``--branch-pairs N`` every round's N pairs of clips played twice from one saved state
+   of the policy its rlhf arm starts from, one that may only climb: ``experiments/branch.py``),
    scored on the held-out segments of the round's DB: agreement with the teacher over every pair
    it prefers one of, per-step correlation of predicted and true reward;
 4. arm ``rlhf``: fine-tuned on that reward model (``-r --finetune``) for --ft-steps, from round
@@ -66,6 +68,7 @@ from experiments.stages import (
     print_evidence,
     print_model_figures,
     reward_round,
+    rlhf_start,
     split_db,
     tb_scalars,
     train_a2c,
@@ -175,6 +178,23 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
         "directory",
     )
     p.add_argument(
+        "--branch-pairs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the surface teacher: every round also N pairs of clips played twice from one saved emulator state "
+        "of the policy the round's rlhf arm starts from, one clip that may only climb and one that may not "
+        "(experiments/branch.py), trained on beside the labels in this and every later round; 0: none. With "
+        '--reward-args "--diff-flow" they made round 1\'s model pay a climbing low-gauge diver step +0.57 std over '
+        "a still one (docs/results.md); names the round's directory",
+    )
+    p.add_argument(
+        "--branch-steps",
+        type=int,
+        default=15,
+        help="agent steps of each branch clip (15: a climb ends before the surface)",
+    )
+    p.add_argument(
         "--reward-args",
         default="",
         metavar='"FLAGS"',
@@ -278,6 +298,10 @@ def check(args: argparse.Namespace) -> None:
         (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
         (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels the pairs no model picks: --sampling {', '.join(NO_MODEL_MODES)}"),  # noqa: E501
         (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
+        (args.branch_pairs < 0 or args.branch_pairs > 100_000, f"--branch-pairs must be in 0..100000, got {args.branch_pairs}"),  # noqa: E501
+        (not 2 <= args.branch_steps <= 1000, f"--branch-steps must be in 2..1000, got {args.branch_steps}"),
+        (args.branch_pairs > 0 and args.teacher != "surface", "--branch-pairs are labelled by the surface teacher: give --teacher surface"),  # noqa: E501
+        (args.branch_pairs > 0 and args.live, "--branch-pairs is a stage of the staged rounds, not of --live"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
@@ -328,6 +352,8 @@ def round_name(args: argparse.Namespace) -> str:
     name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
     name += f"-{args.sampling}" if args.sampling != "rare" else ""  # rare: the default
     name += f"-death{args.death_penalty:g}" if getattr(args, "death_penalty", 0) else ""
+    if getattr(args, "branch_pairs", 0):
+        name += f"-branch{args.branch_pairs}" + (f"x{args.branch_steps}" if args.branch_steps != 15 else "")
     flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
     name += f"-{flags}" if flags else ""
     ft_flags = re.sub(r"[^A-Za-z0-9.]+", "", getattr(args, "ft_args", ""))
@@ -382,7 +408,7 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     ft = ft_settings(args.ft_layers)
     control = A2CConfig(name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), **ft)
     train_a2c(control, args.evals, args)
-    rl_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
+    rl_start = rlhf_start(sr, k)
     rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
     rlhf = ft_config(
         args,

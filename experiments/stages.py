@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -385,6 +386,57 @@ def round_source(sr: SeedRun, k: int) -> tuple[Path, dict[str, list[str]]]:
     return db, split_db(db, sr.tdir / f"r{k}", sr.args.holdout, sr.args.seed + k)
 
 
+def rlhf_start(sr: SeedRun, k: int) -> Path:
+    """The policy round ``k``'s rlhf arm starts from: v0's best in round 1 (and every round with
+    ``--from v0``), else round k-1's best rlhf policy."""
+    if k == 1 or sr.args.start == "v0":
+        return sr.v0_policy
+    return best_policy(sr.tdir / f"r{k - 1}" / "rlhf")
+
+
+BRANCH_DONE = "branch.json"  # written last into a finished branch DB: what made it and the rules
+BRANCH_MIN_GAMES = 20  # games a round's branch DB may take at least (v0 made ~13 pairs a game)
+
+
+def branch_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]] | None:
+    """Round ``k``'s ``--branch-pairs``: pairs of clips played twice from one saved state of the
+    policy the round's rlhf arm starts from, one that may only climb (``experiments/branch.py``),
+    labelled by the surface teacher into ``r<k>/branch-db``; its directory and what decided its
+    labels. Made in a ``.partial`` directory and renamed when whole, so a stopped run makes it
+    again; None without --branch-pairs."""
+    args = sr.args
+    if not getattr(args, "branch_pairs", 0):
+        return None
+    from experiments.branch import BranchSettings, make_pairs
+
+    bdb = sr.tdir / f"r{k}" / "branch-db"
+    try:
+        made = json.loads((bdb / BRANCH_DONE).read_text())
+        log(f"branch pairs: {made['pairs']} in {bdb}, reused")
+        return bdb, made
+    except (OSError, ValueError, KeyError, TypeError):
+        if bdb.exists():
+            raise UserError(
+                f"{bdb} has no readable {BRANCH_DONE}: move it away to make the branch pairs again"
+            ) from None
+    policy = rlhf_start(sr, k)
+    part = bdb.with_name(bdb.name + ".partial")
+    if part.exists():
+        shutil.rmtree(part)
+    part.mkdir(parents=True)
+    seed, most = (args.seed * 1000 + k) % 2**31, max(BRANCH_MIN_GAMES, args.branch_pairs // 2)
+    s = BranchSettings(args.branch_pairs, args.branch_steps, seed=seed, max_games=most)
+    log(f"branch pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
+    t0 = time.time()
+    rules = make_pairs(policy, part, s, log=lambda m: log(m, "branch"))
+    made = {"pairs": sum(rules.values()), "asked": s.pairs, "steps": s.steps, "seed": s.seed, "policy": str(policy)}
+    made["rules"] = rules
+    made["seconds"] = round(time.time() - t0, 1)
+    atomic_write(part / BRANCH_DONE, json.dumps(made).encode())
+    part.rename(bdb)
+    return bdb, made
+
+
 def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     """Round ``k``'s inner loop: labels of its DB, a reward model of every label so far, its
     held-out figures and the labels' evidence (the reward model and its ``reward_model`` and
@@ -395,6 +447,8 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     ldb = rdir / "label-db"
     teacher_db(src, ldb, split["train"])
     older = [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)]
+    branches = [b for j in range(1, k + 1) if (b := branch_round(sr, j)) is not None]
+    older += [bdb for bdb, _ in branches]  # every round's branch pairs so far, this round's too
     previous = sr.tdir / f"r{k - 1}" / "reward-round.pt"
     if k > 1 and not (rdir / "reward-round.pt").exists():
         label(ldb, args)  # this round's labels first: the previous model is judged on them before training
@@ -418,6 +472,8 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     )
     if before is not None:
         figs = {**figs, "previous_on_new_labels": before["agreement"], "previous_on_new_pairs": before["pairs"]}
+    if branches:
+        evidence = {**evidence, "branch": branches[-1][1]}
     return reward, {"reward_model": figs, "evidence": evidence}
 
 
@@ -749,3 +805,6 @@ def print_evidence(ev: dict[str, Any]) -> None:
         + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
         f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
     )
+    if b := ev.get("branch"):
+        rules = ", ".join(f"{n} {rule}" for rule, n in sorted(b["rules"].items(), key=lambda x: -x[1]))
+        print(f"  this round's branch pairs: {b['pairs']} of {b['steps']} steps from {b['policy']}; decided by {rules}")

@@ -3,12 +3,14 @@ climb and one that may not, labelled by the surface teacher (the real ALE, a rea
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from experiments.branch import (
@@ -104,3 +106,86 @@ def test_a_db_with_segments_and_a_missing_policy_are_one_line_and_exit_2(tmp_pat
     assert full.returncode == 2 and "holds segments already" in full.stderr
     bad = run("--policy", str(tmp_path / "policy.pt"), "--db", str(tmp_path / "x"), "--steps", "1")
     assert bad.returncode == 2 and "--steps" in bad.stderr
+
+
+def test_a_policy_that_never_gets_there_stops_after_max_games(tmp_path: Path) -> None:
+    said: list[str] = []
+    s = BranchSettings(pairs=5, steps=3, seed=0, max_games=2)
+    rules = make_pairs(policy(tmp_path), tmp_path / "db", s, at=lambda f: False, log=said.append)
+    assert rules == {} and said and "0 of 5 pairs after 2 games" in said[-1]
+
+
+def _seed_run(tmp_path: Path, pairs: int = 3, start: str = "best"):
+    from experiments.stages import SeedRun
+
+    args = argparse.Namespace(branch_pairs=pairs, branch_steps=4, seed=0, start=start)
+    tdir = tmp_path / "surface-100-branch3"
+    v0 = policy(tmp_path)
+    return SeedRun(args, tdir, tmp_path / "db", {"train": [], "holdout": []}, v0)
+
+
+def test_a_rounds_branch_db_is_played_by_the_rlhf_arms_start_and_made_once(tmp_path: Path, monkeypatch) -> None:
+    """--branch-pairs of experiments/round.py: round 1's pairs from v0's policy, round 2's from
+    round 1's best rlhf policy; a finished DB is reused, a stopped one (.partial) made again."""
+    from experiments import branch
+    from experiments.stages import BRANCH_DONE, branch_round
+    from lib.errors import UserError
+
+    real = branch.make_pairs
+    played: list[Path] = []
+
+    def anywhere(policy_path: Path, db: Path, s: BranchSettings, log) -> dict[str, int]:
+        played.append(policy_path)
+        return real(policy_path, db, s, at=lambda f: True, log=log)
+
+    monkeypatch.setattr(branch, "make_pairs", anywhere)
+    sr = _seed_run(tmp_path)
+    assert branch_round(_seed_run(tmp_path, pairs=0), 1) is None
+    bdb, made = branch_round(sr, 1)
+    assert bdb == sr.tdir / "r1" / "branch-db" and played == [sr.v0_policy]
+    assert made["pairs"] == 3 and made["policy"] == str(sr.v0_policy) and (bdb / BRANCH_DONE).is_file()
+    assert (
+        len((bdb / "labels.jsonl").read_text().splitlines()) == 3
+        and not (sr.tdir / "r1" / "branch-db.partial").exists()
+    )
+    assert branch_round(sr, 1) == (bdb, made) and len(played) == 1  # reused, not played again
+    rl = sr.tdir / "r1" / "rlhf"
+    rl.mkdir(parents=True)
+    best = rl / "best_000001000_score10_len100.pt"
+    best.write_bytes(sr.v0_policy.read_bytes())
+    stale = sr.tdir / "r2" / "branch-db.partial"
+    stale.mkdir(parents=True)
+    (stale / "90").mkdir()
+    (stale / "90" / "junk.npz").write_bytes(b"x")
+    bdb2, made2 = branch_round(sr, 2)
+    assert played[-1] == best and made2["policy"] == str(best) and made2["seed"] != made["seed"]
+    assert not stale.exists() and not (bdb2 / "90" / "junk.npz").exists()
+    assert branch_round(_seed_run(tmp_path, start="v0"), 3)[1]["policy"] == str(sr.v0_policy)  # --from v0
+    (bdb2 / BRANCH_DONE).unlink()
+    with pytest.raises(UserError, match="no readable branch.json"):
+        branch_round(sr, 2)
+
+
+def test_every_rounds_branch_db_is_trained_on_beside_the_labels(tmp_path: Path, monkeypatch) -> None:
+    from experiments import branch, stages
+
+    real = branch.make_pairs
+    monkeypatch.setattr(branch, "make_pairs", lambda p, d, s, log: real(p, d, s, at=lambda f: True, log=log))
+    sr = _seed_run(tmp_path, start="v0")
+    sr.args.labels, sr.args.sampling, sr.args.holdout = 10, "rare", 0.2
+    seen: dict[str, list[Path]] = {}
+
+    class Trained(Exception):
+        pass
+
+    def train(ldb: Path, rdir: Path, args, older: list[Path]) -> Path:
+        seen["older"] = older
+        raise Trained
+
+    monkeypatch.setattr(stages, "label", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "label_and_train", train)
+    monkeypatch.setattr(stages, "round_source", lambda sr, k: (sr.db, sr.split))
+    with pytest.raises(Trained):
+        stages.reward_round(sr, 2)
+    t = sr.tdir
+    assert seen["older"] == [t / "r1" / "label-db", t / "r1" / "branch-db", t / "r2" / "branch-db"]

@@ -169,6 +169,9 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert label_steps(300, "rare") == label_steps(300, "gauge") == [300]  # no model picks: all at once
     assert round_name(_round_args(tmp_path, "--ft-layers", "full")) == "score-15-full"
     assert round_name(_round_args(tmp_path, "--ft-layers", "frozen")) == "score-15"
+    branch = _round_args(tmp_path, "--teacher", "surface", "--branch-pairs", "150", "--reward-args", "--diff-flow")
+    assert round_name(branch) == "surface-15-branch150-diffflow"
+    assert round_name(_round_args(tmp_path, "--branch-pairs", "9", "--branch-steps", "50")) == "score-15-branch9x50"
 
 
 def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
@@ -514,6 +517,10 @@ def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
         (("--death-penalty", "-1"), "--death-penalty must be"),
         (("--death-penalty", "50", "--teacher", "surface"), "--death-penalty is the score teacher's"),
         (("--oracle-arm", "--reward-only"), "--oracle-arm is an arm of the staged rounds"),
+        (("--branch-pairs", "10"), "--branch-pairs are labelled by the surface teacher"),
+        (("--branch-pairs", "-1", "--teacher", "surface"), "--branch-pairs must be in 0..100000"),
+        (("--branch-pairs", "5", "--teacher", "surface", "--branch-steps", "1"), "--branch-steps must be in 2..1000"),
+        (("--branch-pairs", "5", "--teacher", "surface", "--live", "--rounds", "2"), "not of --live"),
     ],
 )
 def test_ft_args_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
