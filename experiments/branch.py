@@ -35,7 +35,7 @@ from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
-from lib.segments import Segment, claim_db, list_segments, save_segment, segment_relpath
+from lib.segments import Segment, claim_db, list_segments, read_segment, save_segment, segment_relpath
 from lib.teachers import Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
@@ -245,6 +245,51 @@ def make_pairs(
     return rules
 
 
+def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: str = "cpu") -> dict[str, float]:
+    """What a reward model pays a climbing and a still low-gauge diver step (``stages.diver_step_flags``)
+    of the clips of ``db``, in the units the learner would see on ``ref_names`` of ``ref_db``
+    (their median step 0, their std 1): a test of the climb on clips that start alike."""
+    from experiments.stages import diver_step_flags
+    from lib.reward_eval import predict_segments
+    from lib.reward_model import load_reward_model
+
+    rm = load_reward_model(reward, device=dev)
+    ref = predict_segments(rm, ref_db, ref_names).pred_steps.astype(np.float64)
+    if not len(ref):
+        raise UserError(f"no readable segment of {ref_db} to take the units from")
+    mid, sd = float(np.median(ref)), float(ref.std()) or 1.0
+    preds = predict_segments(rm, db, list_segments(db, warn=None))
+    low, up = [], []
+    for rel in preds.names:
+        lo, u = diver_step_flags(read_segment(db, rel).frames)
+        low.append(lo)
+        up.append(u)
+    z = (preds.pred_steps.astype(np.float64) - mid) / sd
+    lo_all, up_all = np.concatenate(low), np.concatenate(up)
+    climb, still = lo_all & up_all, lo_all & ~up_all
+    out = {"climb_z": float(z[climb].mean()) if climb.any() else float("nan"), "climb_steps": int(climb.sum())}
+    out.update({"still_z": float(z[still].mean()) if still.any() else float("nan"), "still_steps": int(still.sum())})
+    return {**out, "gap": out["climb_z"] - out["still_z"]}
+
+
+def measure(models: list[Path], db: Path, ref_db: Path, ref_split: Path) -> None:
+    """``--measure``: ``climb_gap`` of each model, one row each."""
+    import json
+
+    try:
+        ref_names = json.loads(ref_split.read_text())["holdout"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--ref-split {ref_split}: not a round's split.json with a holdout list ({e})") from None
+    print("| reward model | low-gauge diver step: climbing / still (steps) | climbing - still |")
+    print("|---|---:|---:|")
+    for m in models:
+        g = climb_gap(m, db, ref_db, ref_names)
+        print(
+            f"| {m} | {g['climb_z']:+.2f} / {g['still_z']:+.2f} ({g['climb_steps']} / {g['still_steps']}) "
+            f"| **{g['gap']:+.2f}** |"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m experiments.branch",
@@ -252,14 +297,34 @@ def main(argv: list[str] | None = None) -> None:
         epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
         '"branch": "climb" or "stay".',
     )
-    p.add_argument("--policy", type=Path, required=True, help="the policy that plays: a checkpoint or a run directory")
+    p.add_argument("--policy", type=Path, help="the policy that plays: a checkpoint or a run directory")
     p.add_argument("--db", type=Path, required=True, help="a new directory for the clips and labels.jsonl")
+    p.add_argument(
+        "--measure",
+        type=Path,
+        nargs="+",
+        metavar="MODEL",
+        help="instead of playing: what each reward model pays a climbing and a still low-gauge diver step of "
+        "--db's clips, in the units of --ref-db's held-out steps (their median 0, std 1)",
+    )
+    p.add_argument("--ref-db", type=Path, help="--measure: the round's DB whose held-out steps give the units")
+    p.add_argument("--ref-split", type=Path, help="--measure: that DB's split.json (its holdout list)")
     p.add_argument("--pairs", type=int, default=150, help="pairs to make")
     p.add_argument("--steps", type=int, default=15, help="agent steps per clip (15: a climb ends before the surface)")
     p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
     p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
     p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
     args = p.parse_args(argv)
+    if args.measure:
+        if args.ref_db is None or args.ref_split is None:
+            raise UserError("--measure needs --ref-db and --ref-split")
+        for path in (*args.measure, args.db, args.ref_db):
+            if not path.exists():
+                raise UserError(f"{path} does not exist")
+        measure(args.measure, args.db, args.ref_db, args.ref_split)
+        return
+    if args.policy is None:
+        raise UserError("give --policy (the policy that plays) or --measure")
     for bad, why in (
         (not 1 <= args.pairs <= 100_000, f"--pairs must be in 1..100000, got {args.pairs}"),
         (not 2 <= args.steps <= 1000, f"--steps must be in 2..1000, got {args.steps}"),

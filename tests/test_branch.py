@@ -189,3 +189,37 @@ def test_every_rounds_branch_db_is_trained_on_beside_the_labels(tmp_path: Path, 
         stages.reward_round(sr, 2)
     t = sr.tdir
     assert seen["older"] == [t / "r1" / "label-db", t / "r1" / "branch-db", t / "r2" / "branch-db"]
+
+
+def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkeypatch) -> None:
+    """--measure: a climbing and a still low-gauge diver step of the branch clips, each step's pay
+    (median of the reference steps 0, their std 1); worked out here from the model's own steps."""
+    from experiments import stages
+    from experiments.branch import climb_gap
+    from lib.reward_eval import predict_segments
+    from lib.reward_model import load_reward_model, new_reward_model, reward_checkpoint, save_reward_checkpoint
+
+    db, ref = tmp_path / "db", tmp_path / "ref"
+    pol = policy(tmp_path)
+    make_pairs(pol, db, BranchSettings(pairs=2, steps=6, seed=0), at=lambda f: True, log=lambda m: None)
+    make_pairs(pol, ref, BranchSettings(pairs=2, steps=8, seed=5), at=lambda f: True, log=lambda m: None)
+    torch.manual_seed(3)
+    net = new_reward_model("diff", 18, flow=True)
+    reward = tmp_path / "reward.pt"
+    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", BranchGame(0).meanings), reward)
+
+    def flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # low: the first 4 steps; up: the even ones
+        n = len(frames)
+        return np.arange(n) < 4, np.arange(n) % 2 == 0
+
+    monkeypatch.setattr(stages, "diver_step_flags", flags)
+    ref_names = list_segments(ref, warn=None)
+    g = climb_gap(reward, db, ref, ref_names)
+    rm = load_reward_model(reward)
+    r = predict_segments(rm, ref, ref_names).pred_steps.astype(np.float64)
+    p = predict_segments(rm, db, list_segments(db, warn=None))
+    z = (p.pred_steps.astype(np.float64) - np.median(r)) / r.std()
+    per = z.reshape(-1, 6)  # every clip 6 steps
+    assert g["climb_steps"] == 2 * len(per) and g["still_steps"] == 2 * len(per)
+    assert np.isclose(g["climb_z"], per[:, [0, 2]].mean()) and np.isclose(g["still_z"], per[:, [1, 3]].mean())
+    assert np.isclose(g["gap"], g["climb_z"] - g["still_z"]) and not np.isclose(g["gap"], 0.0)
