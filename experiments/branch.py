@@ -249,7 +249,7 @@ def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: s
     """What a reward model pays a climbing and a still low-gauge diver step (``stages.diver_step_flags``)
     of the clips of ``db``, in the units the learner would see on ``ref_names`` of ``ref_db``
     (their median step 0, their std 1): a test of the climb on clips that start alike."""
-    from experiments.stages import diver_step_flags
+    from experiments.stages import diver_step_flags, diver_step_means
     from lib.reward_eval import predict_segments
     from lib.reward_model import load_reward_model
 
@@ -259,16 +259,10 @@ def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: s
         raise UserError(f"no readable segment of {ref_db} to take the units from")
     mid, sd = float(np.median(ref)), float(ref.std()) or 1.0
     preds = predict_segments(rm, db, list_segments(db, warn=None))
-    low, up = [], []
-    for rel in preds.names:
-        lo, u = diver_step_flags(read_segment(db, rel).frames)
-        low.append(lo)
-        up.append(u)
-    z = (preds.pred_steps.astype(np.float64) - mid) / sd
-    lo_all, up_all = np.concatenate(low), np.concatenate(up)
-    climb, still = lo_all & up_all, lo_all & ~up_all
-    out = {"climb_z": float(z[climb].mean()) if climb.any() else float("nan"), "climb_steps": int(climb.sum())}
-    out.update({"still_z": float(z[still].mean()) if still.any() else float("nan"), "still_steps": int(still.sum())})
+    flags = [diver_step_flags(read_segment(db, rel).frames) for rel in preds.names]
+    m = diver_step_means((preds.pred_steps.astype(np.float64) - mid) / sd, flags)
+    out = {"climb_z": m["diver_climb_z"], "climb_steps": m["diver_climb_steps"]}
+    out.update({"still_z": m["diver_still_z"], "still_steps": m["diver_still_steps"]})
     return {**out, "gap": out["climb_z"] - out["still_z"]}
 
 

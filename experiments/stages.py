@@ -429,9 +429,15 @@ def branch_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]] | None:
     log(f"branch pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
     t0 = time.time()
     rules = make_pairs(policy, part, s, log=lambda m: log(m, "branch"))
-    made = {"pairs": sum(rules.values()), "asked": s.pairs, "steps": s.steps, "seed": s.seed, "policy": str(policy)}
-    made["rules"] = rules
-    made["seconds"] = round(time.time() - t0, 1)
+    made = {
+        "pairs": sum(rules.values()),
+        "asked": s.pairs,
+        "steps": s.steps,
+        "seed": s.seed,
+        "policy": str(policy),
+        "rules": rules,
+        "seconds": round(time.time() - t0, 1),
+    }
     atomic_write(part / BRANCH_DONE, json.dumps(made).encode())
     part.rename(bdb)
     return bdb, made
@@ -629,7 +635,12 @@ def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
-    z = normalised(pred_steps).astype(np.float64)
+    return diver_step_means(normalised(pred_steps).astype(np.float64), flags)
+
+
+def diver_step_means(z: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """The mean of ``z`` (per-step pay, the segments' steps in a row) on the climbing and on the
+    still low-gauge diver steps of ``diver_step_flags`` (one pair of masks per segment), and how many."""
     steps = sum(len(low) for low, _ in flags)
     if len(z) != steps:
         raise ValueError(f"{len(z)} predictions for {steps} steps")
@@ -795,7 +806,7 @@ def print_model_figures(what: str, rm: dict[str, Any]) -> None:
 
 def print_evidence(ev: dict[str, Any]) -> None:
     """How the labels were decided (``teacher_evidence``)."""
-    rules = ", ".join(f"{n} {rule}" for rule, n in sorted(ev.get("rules", {}).items(), key=lambda x: -x[1]))
+    rules = _by_count(ev.get("rules", {}))
     print(
         f"  the teacher's {ev['labels']} labels: {ev['by_oxygen_death']} decided by an oxygen death, "
         f"{ev['by_refill']} by a refill, {ev['by_score']} by the score, {ev['ties']} ties, "
@@ -806,5 +817,12 @@ def print_evidence(ev: dict[str, Any]) -> None:
         f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
     )
     if b := ev.get("branch"):
-        rules = ", ".join(f"{n} {rule}" for rule, n in sorted(b["rules"].items(), key=lambda x: -x[1]))
-        print(f"  this round's branch pairs: {b['pairs']} of {b['steps']} steps from {b['policy']}; decided by {rules}")
+        print(
+            f"  this round's branch pairs: {b['pairs']} of {b['steps']} steps from {b['policy']}; "
+            f"decided by {_by_count(b['rules'])}"
+        )
+
+
+def _by_count(counts: dict[str, int]) -> str:
+    """{"tie": 3, "death": 5} -> "5 death, 3 tie"."""
+    return ", ".join(f"{n} {rule}" for rule, n in sorted(counts.items(), key=lambda x: -x[1]))
