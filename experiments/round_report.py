@@ -3,10 +3,10 @@ together, and ``round.png``.
 
 A row (``summarise``) holds the mean of the arm's evaluation games: score with its 95% interval,
 length, and for SeaQuest the behaviour figures: voluntary refills, lives lost, the share of lost
-lives lost to oxygen, low-gauge climbs toward the surface (what the surface teacher rewards) and
-the share of steps spent at the surface (the reward-hacking watch: the book's third round ended
-with an agent parked there), divers rescued (picked up) per game and the share of steps with a
-diver aboard (what a refill needs).
+lives lost to oxygen and to coming up with no diver aboard, low-gauge climbs toward the surface
+(what the surface teacher rewards) and the share of steps spent at the surface (the reward-hacking
+watch: the book's third round ended with an agent parked there), divers rescued (picked up) per
+game and the share of steps with a diver aboard (what a refill needs).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ COLUMNS = (
     ("refills", "refills/game", "{:.2f}"),
     ("deaths", "lives lost/game", "{:.2f}"),
     ("oxygen_share", "lost to oxygen", "{:.0%}"),
+    ("surfacing_share", "lost surfacing empty", "{:.0%}"),
     ("climbs", "low-gauge climbs/game", "{:.2f}"),
     ("surface_share", "at surface", "{:.1%}"),
     ("rescues", "divers rescued/game", "{:.2f}"),
@@ -44,6 +45,8 @@ def summarise(d: dict[str, Any]) -> dict[str, float]:
         out["deaths"] = float(np.mean(d["deaths"]))
         out["oxygen_deaths"] = float(np.mean(d["oxygen_deaths"]))
         out["oxygen_share"] = sum(d["oxygen_deaths"]) / deaths if deaths else 0.0
+        if d.get("surfacing_deaths") and all(v is not None for v in d["surfacing_deaths"]):
+            out["surfacing_share"] = sum(d["surfacing_deaths"]) / deaths if deaths else 0.0
     if d.get("climbs") and all(v is not None for v in d["climbs"]):
         out["climbs"] = float(np.mean(d["climbs"]))
         steps = sum(d["lengths"])

@@ -765,7 +765,8 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
             **{name: [_surface(r, key) for r in results] for name, key in SURFACE_FIGURES.items()},
         }
 
-    return cached_json(cache, games, {"policy": file_digest(policy), "games": args.eval_games, "seed": EVAL_SEED})
+    key = {"policy": file_digest(policy), "games": args.eval_games, "seed": EVAL_SEED, "record": EVAL_RECORD}
+    return cached_json(cache, games, key)
 
 
 # evaluate_arm's record: its name -> the SurfaceCounts field per game
@@ -774,7 +775,9 @@ SURFACE_FIGURES = {
     "surface_steps": "surface_steps",
     "rescues": "rescues",
     "diver_steps": "diver_steps",
+    "surfacing_deaths": "surfacing_deaths",
 }
+EVAL_RECORD = 2  # evaluate_arm's record layout: a cache of an older one (no surfacing_deaths) is played again
 
 
 def _surface(res: Any, key: str) -> float | None:

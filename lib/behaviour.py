@@ -1,12 +1,14 @@
-"""What a game showed beyond its score, counted by observers that ``lib.games.play_games`` is given.
+"""What a game showed beyond its score, counted by observers that ``lib.games.play_games`` is
+given.
 
 SeaQuest: voluntary refills, lives lost and lives lost to oxygen per game, read from the oxygen
 gauge of the frames the actions were chosen on, and what the sub did with a low gauge and at the
-surface (low-gauge climbs, steps at the surface), read from its row, and the divers it rescued
-(picked up) and the share of steps with a diver aboard, read from the row under the gauge (``lib.seaquest``: the same
-trackers the teachers use on segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for
-games this module does not know, or frames not at full resolution), first in the list a caller
-hands to ``play_games``, so that later observers (04_play.py's console line) see the counts.
+surface (low-gauge climbs, steps at the surface, lives lost by coming up with no diver aboard),
+read from its row, and the divers it rescued (picked up) and the share of steps with a diver
+aboard, read from the row under the gauge (``lib.seaquest``: the same trackers the teachers use on
+segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for games this
+module does not know, or frames not at full resolution), first in the list a caller hands to
+``play_games``, so that later observers (04_play.py's console line) see the counts.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def behaviour_observers(venv: Any) -> list[GameObserver]:
 def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
     """Voluntary refills and lives lost per game, the share of lost lives lost to oxygen (0 when
     no life was lost), low-gauge climbs and divers rescued per game, the share of steps at the
-    surface and the share with a diver aboard; empty
+    surface and the share with a diver aboard, the share of lost lives lost surfacing with no diver; empty
     unless every game was tracked (SeaQuest)."""
     counts = [r.oxygen for r in results]
     if not counts or any(c is None for c in counts):
@@ -74,6 +76,8 @@ def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
         stats["surface_share"] = sum(c.surface_steps for c in surface if c is not None) / steps if steps else 0.0
         stats["rescues_per_game"] = sum(c.rescues for c in surface if c is not None) / len(surface)
         stats["diver_share"] = sum(c.diver_steps for c in surface if c is not None) / steps if steps else 0.0
+        surfacing = sum(c.surfacing_deaths for c in surface if c is not None)
+        stats["surfacing_death_share"] = surfacing / deaths if deaths else 0.0
     return stats
 
 
@@ -89,5 +93,6 @@ def format_behaviour(stats: dict[str, float]) -> str:
         text += (
             f", low-gauge climbs {stats['low_climbs_per_game']:.2f}/game, {stats['surface_share']:.0%} at the surface"
             f", divers rescued {stats['rescues_per_game']:.2f}/game, {stats['diver_share']:.0%} with a diver aboard"
+            f", {stats['surfacing_death_share']:.0%} of lives lost surfacing with no diver"
         )
     return text

@@ -59,7 +59,13 @@ gauge is progress only with a diver aboard, and the ``SurfaceTracker`` also coun
 - **rescue**: the divers aboard going up (one per diver picked up; a refill or a lost life takes
   them down, which is no rescue);
 - **diver steps**: steps with a diver aboard, and **low diver steps**: those with a low gauge too
-  (the clips a person wants the sub to climb in).
+  (the clips a person wants the sub to climb in);
+- **surfacing death**: a life lost where the sub was last drawn above ``SURFACED_ROW`` (at the
+  surface or on its last step up) with no diver aboard and a gauge that had not run out: the
+  surfacing rule took it. While it dies the sub is not drawn (about 20 agent steps, the gauge
+  showing empty for the last 13), so its last drawn row is where the life ended: 49 for a sub
+  that came up with no diver, the row it was hit in for a sub an enemy hit (checked on scripted
+  real games, tests/test_behaviour.py).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ FRAME_SHAPE = (210, 160, 3)  # the full-resolution RGB frame the gauge rows and 
 SUB_YELLOW = (187, 187, 53)  # the player's sub and its torpedo
 SUB_SEARCH_ROWS = slice(40, 160)  # the water, from above the surface to the sea bed
 SURFACE_ROW = 46  # the sub's top row when it floats at the surface
+SURFACED_ROW = 57  # last drawn above this row (57: just under the surface) when a life ends: it ended at the surface
 BOTTOM_ROW = 141  # its top row at the sea bed
 LOW_OXYGEN = 16  # a gauge at or below this (and above 0) is low: where the game starts to blink it
 CLIMB_EVENT_ROWS = 24  # a low-gauge stretch whose climb reaches this many rows is a low-gauge climb
@@ -203,6 +210,7 @@ class SurfaceCounts:
     low_diver_steps: int = 0  # steps with a low gauge and a diver aboard
     diver_climb_rows: int = 0  # the part of climb_rows climbed with a diver aboard
     rescues: int = 0  # divers picked up (the count aboard going up)
+    surfacing_deaths: int = 0  # lives lost by coming up with no diver aboard (the surfacing rule)
 
 
 @dataclass
@@ -215,6 +223,7 @@ class SurfaceTracker:
     _top: int = 0  # the highest point (smallest row) reached in the stretch
     _counted: bool = False  # the stretch's low-gauge climb is counted
     _divers: int | None = None  # divers aboard at the last step
+    _seen: tuple[int, int, int] | None = None  # (row, divers, level) where the sub was last drawn this life
 
     def step(self, level: int, row: int, life_lost: bool, divers: int) -> None:
         """``level``: the gauge (``oxygen_levels``, -1: no reading), ``row``: the sub's top row
@@ -239,8 +248,14 @@ class SurfaceTracker:
                 c.low_diver_steps += divers > 0
                 if row >= 0:
                     self._climb(row, divers > 0)
+        if row >= 0:
+            self._seen = (row, divers, level)
         if life_lost:
             self._start = None
+            if self._seen is not None:
+                seen_row, seen_divers, seen_level = self._seen
+                c.surfacing_deaths += seen_row < SURFACED_ROW and seen_divers == 0 and seen_level > OXYGEN_EMPTY_MAX
+            self._seen = None
 
     def _climb(self, row: int, diver: bool) -> None:
         if self._start is None:

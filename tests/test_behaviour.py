@@ -8,7 +8,7 @@ from lib.envs import AtariVec
 from lib.games import EpisodeResult, play_games
 from lib.seaquest import oxygen_counts, surface_counts
 
-DOWN, UP = 5, 2  # SeaQuest's action indices (full action set)
+NOOP, DOWN, UP = 0, 5, 2  # SeaQuest's action indices (full action set)
 
 
 class Frames:
@@ -81,5 +81,31 @@ def test_the_observer_counts_a_rescued_diver() -> None:
     assert results is not None
     res = results[0]
     assert (res.surface.rescues, res.surface.diver_steps, res.oxygen.refills) == (1, 153 - 102, 1)
+    assert res.oxygen.deaths == 0 and res.surface.surfacing_deaths == 0  # up with a diver: a refill, no death
     stats = behaviour_stats(results)
     assert stats["rescues_per_game"] == 1 and stats["diver_share"] == (153 - 102) / length
+
+
+def _scripted_game(seed: int, plan: list[int]) -> EpisodeResult:
+    venv = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
+    try:
+        actions = iter(plan)
+        results = play_games(
+            venv, lambda obs: np.array([next(actions)]), 1, observers=behaviour_observers(venv), max_steps=len(plan)
+        )
+    finally:
+        venv.close()
+    assert results is not None
+    return results[0]
+
+
+def test_a_sub_that_comes_up_with_no_diver_is_a_surfacing_death_and_one_hit_deep_is_not() -> None:
+    """Real games: a sub that dives (its gauge full after the first ~31 steps' wait) and comes
+    straight back up with no diver aboard loses its life at the surface (step 70); one that
+    dives to row 100 and waits there, no diver aboard either, is hit by an enemy (step 142)."""
+    up = _scripted_game(3, [DOWN] * 40 + [UP] * 40)
+    assert (up.oxygen.deaths, up.oxygen.oxygen_deaths, up.surface.surfacing_deaths) == (1, 0, 1)
+    deep = _scripted_game(1, [DOWN] * 45 + [NOOP] * 100)
+    assert (deep.oxygen.deaths, deep.oxygen.oxygen_deaths, deep.surface.surfacing_deaths) == (1, 0, 0)
+    stats = behaviour_stats([up, deep])
+    assert stats["deaths_per_game"] == 1 and stats["surfacing_death_share"] == 0.5

@@ -293,6 +293,19 @@ def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_me
     assert across_seeds(seeds[:1]) == seeds[0]  # one seed: its own rows and intervals
 
 
+def test_an_arms_row_has_the_share_of_lives_lost_surfacing_empty_only_where_its_games_counted_it() -> None:
+    from experiments.round_report import summarise, table
+
+    games = {"scores": [100.0, 300.0], "lengths": [800, 1200], "refills": [0, 1], "deaths": [4, 4]}
+    games |= {"oxygen_deaths": [1, 0], "climbs": [0, 2], "surface_steps": [80, 120], "rescues": [1, 2]}
+    games |= {"diver_steps": [100, 300], "surfacing_deaths": [3, 1]}
+    row = summarise(games)
+    assert row["surfacing_share"] == 0.5 and row["oxygen_share"] == 0.125
+    assert "| lost surfacing empty |" in table([{"v0": row}]) and "| 50% |" in table([{"v0": row}])
+    older = summarise({k: v for k, v in games.items() if k != "surfacing_deaths"})  # an eval.json made before
+    assert "surfacing_share" not in older and "| n/a |" in table([{"v0": older}])
+
+
 def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path: Path) -> None:
     from experiments.stages import teacher_evidence
 
