@@ -385,6 +385,7 @@ def announce(run: Run) -> None:
         + (" (the true score through its path: --reward-oracle)" if cfg.reward_oracle else "")
         + (f" with penalty {cfg.reward_penalty:g} x ensemble std" if cfg.reward_penalty else "")
         + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
+        + (f", +{cfg.reward_alive:g} std a step alive" if cfg.reward_alive else "")
         + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
         + (f", KL {cfg.kl:g} to the start policy" if cfg.kl else "")
         + (f", recording into {cfg.db_path} (p={cfg.record_prob})" if cfg.db_path else ""),

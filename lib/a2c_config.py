@@ -199,6 +199,15 @@ class A2CConfig:
         metavar="S",
         checks=_within("--reward-scale", 0, 1e6, "()"),
     )
+    reward_alive: float = setting(
+        0.0,
+        "-r: add B (in the learned reward's std, after the clip, before --reward-scale) to every step's reward: "
+        "a life that goes on earns B a step, so under --terminal life a lost life costs about B/(1-gamma) more than "
+        "its own step's pay (0: the median step earns 0, and a life's worth rests on the model alone)",
+        group="labels",
+        metavar="B",
+        checks=_within("--reward-alive", 0, 5, "[]"),
+    )
     reward_norm: str = setting(
         "running",
         "-r: where the reward's centre and std come from: running = the agent's own last 10,000 predictions "
@@ -280,6 +289,7 @@ class A2CConfig:
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
+            (self.reward_alive > 0 and not self.reward, "--reward-alive adds to a learned reward: give -r MODEL"),
             (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
             (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
             ((self.kl or 0) > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),  # noqa: E501

@@ -325,6 +325,7 @@ def make_env_stack(
             reload=cfg.reward_reload,
             verbose=dist.is_main,
             scale=cfg.reward_scale,
+            alive=cfg.reward_alive,
             norm=cfg.reward_norm,
             oracle=cfg.reward_oracle,
         )

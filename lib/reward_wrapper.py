@@ -20,6 +20,12 @@ What the learner gets (``VecStep``):
   only centred.
 - ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
 
+``--reward-alive B`` adds B to every step's reward after the clip (in std units, before
+``--reward-scale``). Centred on the median, a life that goes on earns about nothing per step, so
+under ``--terminal life`` a death costs only its own step's pay (at most the clip): B makes living
+worth B a step, about B/(1-gamma) for a life's future. It changes nothing under ``--terminal none``
+but the value's level (one continuous episode: every step is paid the same B).
+
 Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
 game's own score. A model that has learned the score puts its reward on the rare steps that score;
 centred on the mean, every other step earns a little less than 0, and since a lost life ends the
@@ -209,13 +215,15 @@ class RewardModelWrapper:
         scale: float = 1.0,
         norm: str = "running",
         oracle: bool = False,
+        alive: float = 0.0,
     ):
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
         docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
         ``scale``: the std of the reward the learner gets (``--reward-scale``); ``norm``: "running"
         (the agent's own last ``norm_window`` predictions) or "labels" (fixed: the stats stored in the
         checkpoint, measured on its labelled clips; ``--reward-norm``); ``oracle``: send the game's
-        true score through this same path instead of the model's prediction (``--reward-oracle``)."""
+        true score through this same path instead of the model's prediction (``--reward-oracle``);
+        ``alive``: added to every step's normalised, clipped reward before the scale (``--reward-alive``)."""
         self.env = env
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
@@ -223,11 +231,13 @@ class RewardModelWrapper:
             raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
         if not (math.isfinite(scale) and scale > 0):
             raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
+        if not (math.isfinite(alive) and 0 <= alive <= (clip if clip is not None else math.inf)):
+            raise UserError(f"--reward-alive must be in [0, the clip {clip}], got {alive:g}")
         if norm not in REWARD_NORMS:
             raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
         if oracle and penalty:
             raise UserError("--reward-oracle has no ensemble to penalise: drop --reward-penalty")
-        self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
+        self.scale, self.norm_mode, self.oracle, self.alive = float(scale), norm, oracle, float(alive)
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.norm_window = norm_window
@@ -466,7 +476,7 @@ class RewardModelWrapper:
             clipped = float(np.mean(np.abs(rewards) > self.clip))
             rewards = np.clip(rewards, -self.clip, self.clip)
         st.pred_rewards = raw
-        st.rewards = (rewards * self.scale).astype(np.float32)
+        st.rewards = ((rewards + self.alive) * self.scale).astype(np.float32)
         self._steps += 1
         self._last = {
             "pred_mean": float(raw.mean()),
@@ -485,6 +495,7 @@ class RewardModelWrapper:
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         out["version"] = self.version
         out["scale"] = self.scale
+        out["alive"] = self.alive
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

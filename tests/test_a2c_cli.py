@@ -310,7 +310,7 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
         name="x", env="BreakoutNoFrameskip-v4", dev="cuda:1", model=str(policy), finetune=True,
         reward="r.pt", reward_penalty=0.5, reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
         record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
-        lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1, reward_scale=0.2,
+        lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1, reward_scale=0.2, reward_alive=0.1,
         reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="game", kl=0.5,
         gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5,
     )  # fmt: skip

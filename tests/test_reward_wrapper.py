@@ -324,6 +324,20 @@ def test_scale_and_the_labels_stats_reach_the_learner(tmp_path):
     assert running.stats()["norm_mean"] != 0.5  # the running window has moved off the stored mean
 
 
+def test_alive_pay_is_added_after_the_clip_and_before_the_scale(tmp_path):
+    """--reward-alive B: every step's reward is (clip(normalised) + B) * scale, so a step alive earns
+    B std more than the model alone pays it; B beyond the clip, or below 0, is one line."""
+    path = _model_file(tmp_path, stats=(0.5, 0.25))
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, clip=2.0, scale=0.05, norm="labels", alive=0.25)
+    st = w.step(np.zeros(4, np.int64))
+    expected = 0.05 * (np.clip((st.pred_rewards - 0.5) / 0.25, -2.0, 2.0) + 0.25)
+    np.testing.assert_allclose(st.rewards, expected, rtol=1e-5, atol=1e-7)
+    assert w.stats()["alive"] == 0.25
+    for bad in (-0.1, 2.5, float("nan")):
+        with pytest.raises(UserError, match="--reward-alive must be in"):
+            RewardModelWrapper(FakeVec(n_envs=4), path, clip=2.0, alive=bad)
+
+
 def test_labels_norm_needs_stored_stats(tmp_path):
     path = _model_file(tmp_path, stats=None)
     with pytest.raises(UserError, match="--reward-norm running"):

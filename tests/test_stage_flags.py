@@ -17,7 +17,8 @@ FLAGS = {
         "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "-m", "--model",
         "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--gamma", "--entropy", "--n-steps",
         "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-penalty", "--reward-reload",
-        "--reward-scale", "--reward-norm", "--reward-oracle", "--db-path", "--record-prob", "--segment-steps",
+        "--reward-scale", "--reward-alive", "--reward-norm", "--reward-oracle", "--db-path", "--record-prob",
+        "--segment-steps",
         "--save", "--test-every", "--test-episodes", "--runs-dir", "--bf16", "--threads", "--env-threads",
     ],
     "02_label_ui.py": [
