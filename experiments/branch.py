@@ -11,6 +11,16 @@ beside the round's label DBs:
     python -m experiments.branch --policy runs/round/seed0/v0 --db runs/branch/seed0/db --pairs 150
     python 03_reward_train.py --diff-flow runs/round/seed0/surface-100/r1/label-db runs/branch/seed0/db
 
+**Death pairs** (``--kind death``, ``experiments.round --death-pairs N``): the policy plays on
+freely; where it loses a life, the state ``--steps`` agent steps before that loss is played again,
+freely, up to ``tries`` times, until one replay loses a life within ``--steps`` steps and one does
+not lose one within ``--steps`` + ``DEATH_TAIL`` (a sub hit by an enemy vanishes for about 20 steps
+before the game takes the life: a replay whose loss falls just after the clip would look alive in
+it). The pair (meta ``"branch"``: ``"dies"`` / ``"lives"``) differs only in what the sub did in
+those steps; the teacher's death rule decides it, and a model trained on it learns which steps led
+into the death. The learned reward of the branch rounds paid the steps heading into a death about
+the median step (docs/results.md), and their agents died ever sooner.
+
 The emulator is stepped as stage 1's ``AtariVec`` steps it: 4 frames an agent step, the frame the
 agent sees the maximum of the last two, the policy input the grey 84x84 frames of the last 4 steps
 (a lost life starts the stack again).
@@ -36,13 +46,16 @@ from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.segments import Segment, claim_db, list_segments, read_segment, save_segment, segment_relpath
-from lib.teachers import Teacher, death_penalty_for, segment_facts
+from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
 FRAME_SKIP = 4
 NOOP_MAX = 30
 MIN_DEPTH = 20  # rows below the surface row a branch point must be: a climb there has rows to gain
 BRANCHES = ("climb", "stay")
+DEATH_BRANCHES = ("dies", "lives")
+CLIMB_STEPS, DEATH_STEPS = 15, 40  # default clip lengths of the two kinds of pair
+DEATH_TAIL = 24  # agent steps a replay is watched past a death clip's end: a hit sub's life is taken ~20 steps later
 
 
 class BranchGame:
@@ -184,6 +197,8 @@ class BranchSettings:
     seed: int = 0
     env_base: int = 90  # the climb clips go to env directory env_base, the stay clips to env_base + 1
     max_games: int = 0  # stop after this many games with fewer pairs (a policy that seldom gets there); 0: never
+    tries: int = 8  # death pairs: replays of one state at most, to find one that dies and one that lives
+    teacher: str = "surface"  # death pairs: the teacher that labels them (the climb pairs: always surface)
 
 
 def make_pairs(
@@ -245,6 +260,89 @@ def make_pairs(
     return rules
 
 
+def _lost_at(clip: Clip) -> int | None:
+    """The step of a clip's first lost life (None: none)."""
+    return next((t for t, lost in enumerate(clip.dones) if lost), None)
+
+
+def make_death_pairs(policy: Path, db: Path, s: BranchSettings, log: Callable[[str], None] = print) -> dict[str, int]:
+    """Death pairs (module docstring) until ``s.pairs`` are in ``db`` (or ``s.max_games`` games are
+    over), labelled by ``s.teacher``; returns how many labels each rule decided."""
+    from collections import deque
+
+    game = BranchGame(s.seed)
+    net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
+    net.eval()
+    claim_db(db, ENV_ID, game.meanings)
+    pick = policy_picker(net, np.random.default_rng(s.seed + 1))
+    free = np.ones(len(game.actions), dtype=bool)
+    judge = Teacher(s.teacher, death_penalty=death_penalty_for(s.teacher, None))
+    order_rng = np.random.default_rng(s.seed + 2)
+    counters = [0, 0]
+    rules: dict[str, int] = {}
+    made, games, deaths, started = 0, 0, 0, time.time()
+    while made < s.pairs:
+        if s.max_games and games >= s.max_games:
+            log(f"warning: {made} of {s.pairs} pairs after {games} games ({deaths} lives lost): too few replays differ")
+            break
+        game.reset()
+        games += 1
+        before: deque[tuple[Any, np.ndarray, np.ndarray]] = deque(maxlen=s.steps)
+        over = False
+        while not over and made < s.pairs:
+            before.append(game.save())
+            _, lost, over = game.step(pick(game.stack, None))
+            if not lost:
+                continue
+            deaths += 1
+            if len(before) == s.steps:  # a whole clip of this life before the loss
+                now = game.save()
+                found: list[Clip | None] = [None, None]  # dies, lives
+                for _ in range(s.tries):
+                    game.load(before[0])
+                    clip = play_clip(game, pick, free, s.steps + DEATH_TAIL)
+                    at = _lost_at(clip)
+                    if at is not None and at < s.steps and found[0] is None:
+                        found[0] = clip
+                    elif at is None and len(clip.actions) == s.steps + DEATH_TAIL and found[1] is None:
+                        found[1] = clip
+                    if found[0] is not None and found[1] is not None:
+                        break
+                game.load(now)
+                if found[0] is not None and found[1] is not None:
+                    rels, facts = [], []
+                    for k, clip in enumerate(found):
+                        assert clip is not None
+                        cut = Clip(
+                            *(
+                                getattr(clip, f)[: s.steps]
+                                for f in ("frames", "actions", "rewards", "dones", "game_over", "lives")
+                            )
+                        )
+                        env = s.env_base + 2 + k
+                        seg = to_segment(cut, game.meanings, env, counters[k], str(policy), DEATH_BRANCHES[k])
+                        save_segment(db, seg)
+                        rels.append(segment_relpath(env, counters[k]))
+                        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, "seaquest"))
+                        counters[k] += len(seg)
+                    first = int(order_rng.random() < 0.5)
+                    a, b = first, 1 - first
+                    answer, rule = judge.answer_rule(facts[a], facts[b])
+                    extra = label_extra(
+                        facts[a], facts[b], rule, s.teacher, sampling="death-branch", death_penalty=judge.death_penalty
+                    )
+                    append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
+                    rules[rule] = rules.get(rule, 0) + 1
+                    made += 1
+                    if made % 10 == 0 or made == s.pairs:
+                        log(
+                            f"{made}/{s.pairs} death pairs, {games} games, {deaths} lives lost, "
+                            f"{time.time() - started:.0f} s; decided by {rules}"
+                        )
+            before.clear()  # the next life's clips start after the loss
+    return rules
+
+
 def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: str = "cpu") -> dict[str, float]:
     """What a reward model pays a climbing and a still low-gauge diver step (``stages.diver_step_flags``)
     of the clips of ``db``, in the units the learner would see on ``ref_names`` of ``ref_db``
@@ -289,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m experiments.branch",
         description=__doc__.split("\n\n")[0],
         epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
-        '"branch": "climb" or "stay".',
+        '"branch": "climb" or "stay" (death pairs: "dies" or "lives").',
     )
     p.add_argument("--policy", type=Path, help="the policy that plays: a checkpoint or a run directory")
     p.add_argument("--db", type=Path, required=True, help="a new directory for the clips and labels.jsonl")
@@ -304,7 +402,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ref-db", type=Path, help="--measure: the round's DB whose held-out steps give the units")
     p.add_argument("--ref-split", type=Path, help="--measure: that DB's split.json (its holdout list)")
     p.add_argument("--pairs", type=int, default=150, help="pairs to make")
-    p.add_argument("--steps", type=int, default=15, help="agent steps per clip (15: a climb ends before the surface)")
+    p.add_argument(
+        "--kind",
+        choices=("climb", "death"),
+        default="climb",
+        help="climb: one clip may only climb, one may not (the surface teacher labels them); death: the state "
+        "--steps before a lost life played again until one replay dies and one lives (module docstring)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"agent steps per clip (default {CLIMB_STEPS} for climb pairs: a climb ends before the surface; "
+        f"{DEATH_STEPS} for death pairs: the ~20 steps a hit sub takes to lose its life and the steps before it)",
+    )
+    p.add_argument("--tries", type=int, default=8, help="death pairs: replays of one state at most")
+    p.add_argument("--teacher", default="surface", help="death pairs: the teacher that labels them (climb: surface)")
     p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
     p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
     p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
@@ -319,8 +432,13 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.policy is None:
         raise UserError("give --policy (the policy that plays) or --measure")
+    if args.steps is None:
+        args.steps = DEATH_STEPS if args.kind == "death" else CLIMB_STEPS
     for bad, why in (
         (not 1 <= args.pairs <= 100_000, f"--pairs must be in 1..100000, got {args.pairs}"),
+        (not 1 <= args.tries <= 1000, f"--tries must be in 1..1000, got {args.tries}"),
+        (args.teacher not in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}"),
+        (args.kind == "climb" and args.teacher != "surface", "climb pairs are labelled by the surface teacher"),
         (not 2 <= args.steps <= 1000, f"--steps must be in 2..1000, got {args.steps}"),
         (args.every < 1, f"--every must be at least 1, got {args.every}"),
         (args.max_games < 0, f"--max-games must be 0 or more, got {args.max_games}"),
@@ -331,8 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.db.exists() and list_segments(args.db, warn=None):
         raise UserError(f"{args.db} holds segments already: give a new directory")
     args.db.mkdir(parents=True, exist_ok=True)
-    s = BranchSettings(args.pairs, args.steps, args.every, args.seed, max_games=args.max_games)
-    rules = make_pairs(policy, args.db, s)
+    s = BranchSettings(args.pairs, args.steps, args.every, args.seed, max_games=args.max_games, tries=args.tries)
+    s.teacher = args.teacher
+    rules = make_death_pairs(policy, args.db, s) if args.kind == "death" else make_pairs(policy, args.db, s)
     print(f"{sum(rules.values())} pairs in {args.db}; decided by {rules}")
 
 

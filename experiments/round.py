@@ -10,7 +10,9 @@ Per seed (``--seeds``, each under ``--out/seed<S>``):
    newest DB: what the person of the book labelled;
 3. a reward model with stage 3's defaults trained on EVERY label so far (all the rounds' DBs,
    and with ``--branch-pairs N`` every round's N pairs of clips played twice from one saved state
-   of the policy its rlhf arm starts from, one that may only climb: ``experiments/branch.py``),
+   of the policy its rlhf arm starts from, one that may only climb, and with ``--death-pairs N``
+   N pairs played twice from the state before one of its lost lives, one replay that loses the
+   life and one that does not: ``experiments/branch.py``),
    scored on the held-out segments of the round's DB: agreement with the teacher over every pair
    it prefers one of, per-step correlation of predicted and true reward;
 4. arm ``rlhf``: fine-tuned on that reward model (``-r --finetune``) for --ft-steps, from round
@@ -195,6 +197,24 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
         help="agent steps of each branch clip (15: a climb ends before the surface)",
     )
     p.add_argument(
+        "--death-pairs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every round also N death pairs: where the policy the round's rlhf arm starts from loses a life, the "
+        "state --death-steps before it is played again until one replay loses the life and one does not "
+        "(experiments/branch.py --kind death), labelled by the round's teacher and trained on beside the labels "
+        "in this and every later round; 0: none. They teach which steps lead into a death; names the round's "
+        "directory",
+    )
+    p.add_argument(
+        "--death-steps",
+        type=int,
+        default=40,
+        help="agent steps of each death-pair clip (40: a hit sub takes ~20 steps to lose its life, and the steps "
+        "before the hit)",
+    )
+    p.add_argument(
         "--reward-args",
         default="",
         metavar='"FLAGS"',
@@ -302,6 +322,9 @@ def check(args: argparse.Namespace) -> None:
         (not 2 <= args.branch_steps <= 1000, f"--branch-steps must be in 2..1000, got {args.branch_steps}"),
         (args.branch_pairs > 0 and args.teacher != "surface", "--branch-pairs are labelled by the surface teacher: give --teacher surface"),  # noqa: E501
         (args.branch_pairs > 0 and args.live, "--branch-pairs is a stage of the staged rounds, not of --live"),
+        (args.death_pairs < 0 or args.death_pairs > 100_000, f"--death-pairs must be in 0..100000, got {args.death_pairs}"),  # noqa: E501
+        (not 2 <= args.death_steps <= 1000, f"--death-steps must be in 2..1000, got {args.death_steps}"),
+        (args.death_pairs > 0 and args.live, "--death-pairs is a stage of the staged rounds, not of --live"),
         (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
@@ -354,6 +377,8 @@ def round_name(args: argparse.Namespace) -> str:
     name += f"-death{args.death_penalty:g}" if getattr(args, "death_penalty", 0) else ""
     if getattr(args, "branch_pairs", 0):
         name += f"-branch{args.branch_pairs}" + (f"x{args.branch_steps}" if args.branch_steps != 15 else "")
+    if getattr(args, "death_pairs", 0):
+        name += f"-deathpairs{args.death_pairs}" + (f"x{args.death_steps}" if args.death_steps != 40 else "")
     flags = re.sub(r"[^A-Za-z0-9.]+", "", args.reward_args)
     name += f"-{flags}" if flags else ""
     ft_flags = re.sub(r"[^A-Za-z0-9.]+", "", getattr(args, "ft_args", ""))

@@ -396,40 +396,49 @@ def rlhf_start(sr: SeedRun, k: int) -> Path:
 
 BRANCH_DONE = "branch.json"  # written last into a finished branch DB: what made it and the rules
 BRANCH_MIN_GAMES = 20  # games a round's branch DB may take at least (v0 made ~13 pairs a game)
+BRANCH_KINDS = ("climb", "death")  # --branch-pairs, --death-pairs: what a round's pairs from one saved state are
 
 
-def branch_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]] | None:
-    """Round ``k``'s ``--branch-pairs``: pairs of clips played twice from one saved state of the
-    policy the round's rlhf arm starts from, one that may only climb (``experiments/branch.py``),
-    labelled by the surface teacher into ``r<k>/branch-db``; its directory and what decided its
-    labels. Made in a ``.partial`` directory and renamed when whole, so a stopped run makes it
-    again; None without --branch-pairs."""
+def branch_round(sr: SeedRun, k: int, kind: str = "climb") -> tuple[Path, dict[str, Any]] | None:
+    """Round ``k``'s ``--branch-pairs`` (``kind`` climb: pairs of clips played twice from one saved
+    state of the policy the round's rlhf arm starts from, one that may only climb, labelled by the
+    surface teacher into ``r<k>/branch-db``) or ``--death-pairs`` (``kind`` death: the state before a
+    lost life played again until one replay dies and one lives, labelled by the round's teacher into
+    ``r<k>/death-db``; ``experiments/branch.py``): its directory and what decided its labels. Made in
+    a ``.partial`` directory and renamed when whole, so a stopped run makes it again; None when the
+    round asks for none."""
     args = sr.args
-    if not getattr(args, "branch_pairs", 0):
+    climb = kind == "climb"
+    n = getattr(args, "branch_pairs" if climb else "death_pairs", 0)
+    if not n:
         return None
-    from experiments.branch import BranchSettings, make_pairs
+    from experiments import branch
 
-    bdb = sr.tdir / f"r{k}" / "branch-db"
+    bdb = sr.tdir / f"r{k}" / ("branch-db" if climb else "death-db")
     try:
         made = json.loads((bdb / BRANCH_DONE).read_text())
-        log(f"branch pairs: {made['pairs']} in {bdb}, reused")
+        log(f"{kind} pairs: {made['pairs']} in {bdb}, reused")
         return bdb, made
     except (OSError, ValueError, KeyError, TypeError):
         if bdb.exists():
             raise UserError(
-                f"{bdb} has no readable {BRANCH_DONE}: move it away to make the branch pairs again"
+                f"{bdb} has no readable {BRANCH_DONE}: move it away to make the {kind} pairs again"
             ) from None
     policy = rlhf_start(sr, k)
     part = bdb.with_name(bdb.name + ".partial")
     if part.exists():
         shutil.rmtree(part)
     part.mkdir(parents=True)
-    seed, most = (args.seed * 1000 + k) % 2**31, max(BRANCH_MIN_GAMES, args.branch_pairs // 2)
-    s = BranchSettings(args.branch_pairs, args.branch_steps, seed=seed, max_games=most)
-    log(f"branch pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
+    seed = (args.seed * 1000 + k + (0 if climb else 500)) % 2**31
+    most = max(BRANCH_MIN_GAMES, n // 2 if climb else n)  # a death pair costs a lost life: ~4 a game
+    steps = args.branch_steps if climb else args.death_steps
+    s = branch.BranchSettings(n, steps, seed=seed, max_games=most, teacher="surface" if climb else args.teacher)
+    log(f"{kind} pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
     t0 = time.time()
-    rules = make_pairs(policy, part, s, log=lambda m: log(m, "branch"))
+    make = branch.make_pairs if climb else branch.make_death_pairs
+    rules = make(policy, part, s, log=lambda m: log(m, "branch"))
     made = {
+        "kind": kind,
         "pairs": sum(rules.values()),
         "asked": s.pairs,
         "steps": s.steps,
@@ -453,8 +462,10 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     ldb = rdir / "label-db"
     teacher_db(src, ldb, split["train"])
     older = [sr.tdir / f"r{j}" / "label-db" for j in range(1, k)]
-    branches = [b for j in range(1, k + 1) if (b := branch_round(sr, j)) is not None]
-    older += [bdb for bdb, _ in branches]  # every round's branch pairs so far, this round's too
+    branches = {
+        kind: [b for j in range(1, k + 1) if (b := branch_round(sr, j, kind)) is not None] for kind in BRANCH_KINDS
+    }
+    older += [bdb for kind in BRANCH_KINDS for bdb, _ in branches[kind]]  # every round's pairs so far, this one's too
     previous = sr.tdir / f"r{k - 1}" / "reward-round.pt"
     if k > 1 and not (rdir / "reward-round.pt").exists():
         label(ldb, args)  # this round's labels first: the previous model is judged on them before training
@@ -478,8 +489,9 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     )
     if before is not None:
         figs = {**figs, "previous_on_new_labels": before["agreement"], "previous_on_new_pairs": before["pairs"]}
-    if branches:
-        evidence = {**evidence, "branch": branches[-1][1]}
+    for kind, key in zip(BRANCH_KINDS, ("branch", "death_branch"), strict=True):
+        if branches[kind]:
+            evidence = {**evidence, key: branches[kind][-1][1]}
     return reward, {"reward_model": figs, "evidence": evidence}
 
 
@@ -819,11 +831,12 @@ def print_evidence(ev: dict[str, Any]) -> None:
         + f"; of the DB's {ev['segments']} labelable segments {ev['with_refill']} show a voluntary refill "
         f"and {ev['with_oxygen_death']} an oxygen death ({ev['lives_lost']} lives lost)"
     )
-    if b := ev.get("branch"):
-        print(
-            f"  this round's branch pairs: {b['pairs']} of {b['steps']} steps from {b['policy']}; "
-            f"decided by {_by_count(b['rules'])}"
-        )
+    for key, what in (("branch", "branch pairs"), ("death_branch", "death pairs")):
+        if b := ev.get(key):
+            print(
+                f"  this round's {what}: {b['pairs']} of {b['steps']} steps from {b['policy']}; "
+                f"decided by {_by_count(b['rules'])}"
+            )
 
 
 def _by_count(counts: dict[str, int]) -> str:

@@ -223,3 +223,67 @@ def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkey
     assert g["climb_steps"] == 2 * len(per) and g["still_steps"] == 2 * len(per)
     assert np.isclose(g["climb_z"], per[:, [0, 2]].mean()) and np.isclose(g["still_z"], per[:, [1, 3]].mean())
     assert np.isclose(g["gap"], g["climb_z"] - g["still_z"]) and not np.isclose(g["gap"], 0.0)
+
+
+def test_death_pairs_are_one_replay_that_loses_the_life_and_one_that_keeps_it(tmp_path: Path) -> None:
+    """--kind death: the state --steps before a lost life, played again; the pair's 'dies' clip
+    loses a life within its steps, the 'lives' clip does not, both start from the same frame, and
+    the teacher's death rule prefers the one that lives."""
+    from experiments.branch import make_death_pairs
+
+    db = tmp_path / "db"
+    s = BranchSettings(pairs=2, steps=40, seed=0, max_games=20, teacher="surface")
+    rules = make_death_pairs(policy(tmp_path), db, s, log=lambda m: None)
+    assert rules == {"death": 2}
+    labels = [json.loads(line) for line in (db / "labels.jsonl").read_text().splitlines()]
+    for lab in labels:
+        a, b = read_segment(db, lab["sample1"]), read_segment(db, lab["sample2"])
+        dies, lives = (a, b) if a.meta["branch"] == "dies" else (b, a)
+        assert {a.meta["branch"], b.meta["branch"]} == {"dies", "lives"}
+        assert dies.dones.any() and not lives.dones.any() and len(lives) == 40
+        assert np.array_equal(dies.frames[0], lives.frames[0])
+        assert lab["label"] == (2 if a is dies else 1) and lab["rule"] == "death" and lab["sampling"] == "death-branch"
+
+
+def test_a_rounds_death_pairs_go_into_their_own_db_and_are_trained_on(tmp_path: Path, monkeypatch) -> None:
+    from experiments import branch, stages
+
+    made: list[tuple[str, Path]] = []
+
+    def fake(kind: str):
+        def make(policy_path: Path, db: Path, s: BranchSettings, log) -> dict[str, int]:
+            made.append((kind, db))
+            return {"death" if kind == "death" else "diver_climb": s.pairs}
+
+        return make
+
+    monkeypatch.setattr(branch, "make_pairs", fake("climb"))
+    monkeypatch.setattr(branch, "make_death_pairs", fake("death"))
+    sr = _seed_run(tmp_path, start="v0")
+    sr.args.death_pairs, sr.args.death_steps, sr.args.teacher = 4, 40, "score"
+    ddb, info = stages.branch_round(sr, 1, "death")
+    assert ddb == sr.tdir / "r1" / "death-db" and info["kind"] == "death" and info["steps"] == 40
+    assert made == [("death", sr.tdir / "r1" / "death-db.partial")]
+    sr.args.labels, sr.args.sampling, sr.args.holdout = 10, "rare", 0.2
+    seen: dict[str, list[Path]] = {}
+
+    class Trained(Exception):
+        pass
+
+    def train(ldb: Path, rdir: Path, args, older: list[Path]) -> Path:
+        seen["older"] = older
+        raise Trained
+
+    monkeypatch.setattr(stages, "label", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "label_and_train", train)
+    monkeypatch.setattr(stages, "round_source", lambda sr, k: (sr.db, sr.split))
+    with pytest.raises(Trained):
+        stages.reward_round(sr, 2)
+    t = sr.tdir
+    assert seen["older"] == [
+        t / "r1" / "label-db",
+        t / "r1" / "branch-db",
+        t / "r2" / "branch-db",
+        t / "r1" / "death-db",
+        t / "r2" / "death-db",
+    ]
