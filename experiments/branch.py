@@ -189,6 +189,39 @@ def to_segment(clip: Clip, meanings: tuple[str, ...], env: int, step: int, polic
     )
 
 
+CLIP_FIELDS = ("frames", "actions", "rewards", "dones", "game_over", "lives")  # Clip's, in order
+
+
+def save_pair(
+    db: Path,
+    clips: list[Clip],
+    meanings: tuple[str, ...],
+    names: tuple[str, str],
+    envs: tuple[int, int],
+    counters: list[int],
+    policy: str,
+    judge: Teacher,
+    sampling: str,
+    order_rng: np.random.Generator,
+) -> str:
+    """Both clips of a pair into ``db`` (clip k under env directory ``envs[k]``, meta branch
+    ``names[k]``; ``counters`` moves on), shown in a random order and labelled by ``judge``; the
+    rule that decided."""
+    rels, facts = [], []
+    for k, clip in enumerate(clips):
+        seg = to_segment(clip, meanings, envs[k], counters[k], policy, names[k])
+        save_segment(db, seg)
+        rels.append(segment_relpath(envs[k], counters[k]))
+        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, "seaquest"))
+        counters[k] += len(seg)
+    first = int(order_rng.random() < 0.5)  # which clip is shown as #1
+    a, b = first, 1 - first
+    answer, rule = judge.answer_rule(facts[a], facts[b])
+    extra = label_extra(facts[a], facts[b], rule, judge.name, sampling=sampling, death_penalty=judge.death_penalty)
+    append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
+    return rule
+
+
 @dataclass
 class BranchSettings:
     pairs: int = 150
@@ -237,20 +270,10 @@ def make_pairs(
                     game.load(state)
                     clips.append(play_clip(game, pick, allowed, s.steps))
                 game.load(state)
-                rels, facts = [], []
-                for k, clip in enumerate(clips):
-                    seg = to_segment(clip, game.meanings, s.env_base + k, counters[k], str(policy), BRANCHES[k])
-                    save_segment(db, seg)
-                    rels.append(segment_relpath(s.env_base + k, counters[k]))
-                    facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, "seaquest"))
-                    counters[k] += len(seg)
-                first = int(order_rng.random() < 0.5)  # which clip is shown as #1
-                a, b = first, 1 - first
-                answer, rule = judge.answer_rule(facts[a], facts[b])
-                extra = label_extra(
-                    facts[a], facts[b], rule, "surface", sampling="branch", death_penalty=judge.death_penalty
+                envs = (s.env_base, s.env_base + 1)
+                rule = save_pair(
+                    db, clips, game.meanings, BRANCHES, envs, counters, str(policy), judge, "branch", order_rng
                 )
-                append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
                 rules[rule] = rules.get(rule, 0) + 1
                 made += 1
                 wait = s.every
@@ -310,28 +333,20 @@ def make_death_pairs(policy: Path, db: Path, s: BranchSettings, log: Callable[[s
                         break
                 game.load(now)
                 if found[0] is not None and found[1] is not None:
-                    rels, facts = [], []
-                    for k, clip in enumerate(found):
-                        assert clip is not None
-                        cut = Clip(
-                            *(
-                                getattr(clip, f)[: s.steps]
-                                for f in ("frames", "actions", "rewards", "dones", "game_over", "lives")
-                            )
-                        )
-                        env = s.env_base + 2 + k
-                        seg = to_segment(cut, game.meanings, env, counters[k], str(policy), DEATH_BRANCHES[k])
-                        save_segment(db, seg)
-                        rels.append(segment_relpath(env, counters[k]))
-                        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, "seaquest"))
-                        counters[k] += len(seg)
-                    first = int(order_rng.random() < 0.5)
-                    a, b = first, 1 - first
-                    answer, rule = judge.answer_rule(facts[a], facts[b])
-                    extra = label_extra(
-                        facts[a], facts[b], rule, s.teacher, sampling="death-branch", death_penalty=judge.death_penalty
+                    cut = [Clip(*(getattr(c, f)[: s.steps] for f in CLIP_FIELDS)) for c in found if c is not None]
+                    envs = (s.env_base + 2, s.env_base + 3)
+                    rule = save_pair(
+                        db,
+                        cut,
+                        game.meanings,
+                        DEATH_BRANCHES,
+                        envs,
+                        counters,
+                        str(policy),
+                        judge,
+                        "death-branch",
+                        order_rng,
                     )
-                    append_labels(db, [Label(rels[a], rels[b], answer, time=time.time(), source="oracle", extra=extra)])
                     rules[rule] = rules.get(rule, 0) + 1
                     made += 1
                     if made % 10 == 0 or made == s.pairs:
