@@ -234,6 +234,18 @@ class BranchSettings:
     teacher: str = "surface"  # death pairs: the teacher that labels them (the climb pairs: always surface)
 
 
+def _player(policy: Path, db: Path, seed: int, teacher: str) -> tuple[BranchGame, Picker, Teacher, np.random.Generator]:
+    """What both kinds of pair are made with: the game (``seed``), the policy's picker, the teacher
+    that labels and the generator of the order shown; ``db`` claimed for SeaQuest's actions."""
+    game = BranchGame(seed)
+    net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
+    net.eval()
+    claim_db(db, ENV_ID, game.meanings)
+    pick = policy_picker(net, np.random.default_rng(seed + 1))
+    judge = Teacher(teacher, death_penalty=death_penalty_for(teacher, None))
+    return game, pick, judge, np.random.default_rng(seed + 2)
+
+
 def make_pairs(
     policy: Path,
     db: Path,
@@ -243,14 +255,8 @@ def make_pairs(
 ) -> dict[str, int]:
     """Play games until ``s.pairs`` pairs are in ``db`` (or ``s.max_games`` games are over); returns
     how many labels each rule decided."""
-    game = BranchGame(s.seed)
-    net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
-    net.eval()
-    claim_db(db, ENV_ID, game.meanings)
-    pick = policy_picker(net, np.random.default_rng(s.seed + 1))
+    game, pick, judge, order_rng = _player(policy, db, s.seed, "surface")
     up = up_actions(game.meanings)
-    judge = Teacher("surface", death_penalty=death_penalty_for("surface", None))
-    order_rng = np.random.default_rng(s.seed + 2)
     counters = [0, 0]
     rules: dict[str, int] = {}
     made, games, started = 0, 0, time.time()
@@ -293,14 +299,8 @@ def make_death_pairs(policy: Path, db: Path, s: BranchSettings, log: Callable[[s
     over), labelled by ``s.teacher``; returns how many labels each rule decided."""
     from collections import deque
 
-    game = BranchGame(s.seed)
-    net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
-    net.eval()
-    claim_db(db, ENV_ID, game.meanings)
-    pick = policy_picker(net, np.random.default_rng(s.seed + 1))
+    game, pick, judge, order_rng = _player(policy, db, s.seed, s.teacher)
     free = np.ones(len(game.actions), dtype=bool)
-    judge = Teacher(s.teacher, death_penalty=death_penalty_for(s.teacher, None))
-    order_rng = np.random.default_rng(s.seed + 2)
     counters = [0, 0]
     rules: dict[str, int] = {}
     made, games, deaths, started = 0, 0, 0, time.time()

@@ -124,6 +124,29 @@ def _seed_run(tmp_path: Path, pairs: int = 3, start: str = "best"):
     return SeedRun(args, tdir, tmp_path / "db", {"train": [], "holdout": []}, v0)
 
 
+def _trained_on(sr, k: int, monkeypatch) -> list[Path]:
+    """The DBs round ``k``'s reward model would be trained on beside its own label DB (its training
+    stopped as it starts; no labels asked)."""
+    from experiments import stages
+
+    sr.args.labels, sr.args.sampling, sr.args.holdout = 10, "rare", 0.2
+    seen: dict[str, list[Path]] = {}
+
+    class Trained(Exception):
+        pass
+
+    def train(ldb: Path, rdir: Path, args, older: list[Path]) -> Path:
+        seen["older"] = older
+        raise Trained
+
+    monkeypatch.setattr(stages, "label", lambda *a, **k: None)
+    monkeypatch.setattr(stages, "label_and_train", train)
+    monkeypatch.setattr(stages, "round_source", lambda sr, k: (sr.db, sr.split))
+    with pytest.raises(Trained):
+        stages.reward_round(sr, k)
+    return seen["older"]
+
+
 def test_a_rounds_branch_db_is_played_by_the_rlhf_arms_start_and_made_once(tmp_path: Path, monkeypatch) -> None:
     """--branch-pairs of experiments/round.py: round 1's pairs from v0's policy, round 2's from
     round 1's best rlhf policy; a finished DB is reused, a stopped one (.partial) made again."""
@@ -167,28 +190,13 @@ def test_a_rounds_branch_db_is_played_by_the_rlhf_arms_start_and_made_once(tmp_p
 
 
 def test_every_rounds_branch_db_is_trained_on_beside_the_labels(tmp_path: Path, monkeypatch) -> None:
-    from experiments import branch, stages
+    from experiments import branch
 
     real = branch.make_pairs
     monkeypatch.setattr(branch, "make_pairs", lambda p, d, s, log: real(p, d, s, at=lambda f: True, log=log))
     sr = _seed_run(tmp_path, start="v0")
-    sr.args.labels, sr.args.sampling, sr.args.holdout = 10, "rare", 0.2
-    seen: dict[str, list[Path]] = {}
-
-    class Trained(Exception):
-        pass
-
-    def train(ldb: Path, rdir: Path, args, older: list[Path]) -> Path:
-        seen["older"] = older
-        raise Trained
-
-    monkeypatch.setattr(stages, "label", lambda *a, **k: None)
-    monkeypatch.setattr(stages, "label_and_train", train)
-    monkeypatch.setattr(stages, "round_source", lambda sr, k: (sr.db, sr.split))
-    with pytest.raises(Trained):
-        stages.reward_round(sr, 2)
     t = sr.tdir
-    assert seen["older"] == [t / "r1" / "label-db", t / "r1" / "branch-db", t / "r2" / "branch-db"]
+    assert _trained_on(sr, 2, monkeypatch) == [t / "r1" / "label-db", t / "r1" / "branch-db", t / "r2" / "branch-db"]
 
 
 def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkeypatch) -> None:
@@ -264,23 +272,8 @@ def test_a_rounds_death_pairs_go_into_their_own_db_and_are_trained_on(tmp_path: 
     ddb, info = stages.branch_round(sr, 1, "death")
     assert ddb == sr.tdir / "r1" / "death-db" and info["kind"] == "death" and info["steps"] == 40
     assert made == [("death", sr.tdir / "r1" / "death-db.partial")]
-    sr.args.labels, sr.args.sampling, sr.args.holdout = 10, "rare", 0.2
-    seen: dict[str, list[Path]] = {}
-
-    class Trained(Exception):
-        pass
-
-    def train(ldb: Path, rdir: Path, args, older: list[Path]) -> Path:
-        seen["older"] = older
-        raise Trained
-
-    monkeypatch.setattr(stages, "label", lambda *a, **k: None)
-    monkeypatch.setattr(stages, "label_and_train", train)
-    monkeypatch.setattr(stages, "round_source", lambda sr, k: (sr.db, sr.split))
-    with pytest.raises(Trained):
-        stages.reward_round(sr, 2)
     t = sr.tdir
-    assert seen["older"] == [
+    assert _trained_on(sr, 2, monkeypatch) == [
         t / "r1" / "label-db",
         t / "r1" / "branch-db",
         t / "r2" / "branch-db",
