@@ -428,7 +428,8 @@ def main(argv: list[str] | None = None) -> None:
         "--steps",
         type=int,
         default=None,
-        help=f"agent steps per clip (default {CLIMB_STEPS} for climb pairs: a climb ends before the surface; "
+        help=f"agent steps per clip (default {CLIMB_STEPS} for climb pairs: a climb ends before the surface; 50: most "
+        "climbs reach it, and a sub with a diver aboard refills there (refill pairs); "
         f"{DEATH_STEPS} for death pairs: the ~20 steps a hit sub takes to lose its life and the steps before it)",
     )
     p.add_argument("--tries", type=int, default=8, help="death pairs: replays of one state at most")

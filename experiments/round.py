@@ -194,7 +194,8 @@ def _add_label_args(p: argparse.ArgumentParser) -> None:
         "--branch-steps",
         type=int,
         default=15,
-        help="agent steps of each branch clip (15: a climb ends before the surface)",
+        help="agent steps of each branch clip (15: a climb ends before the surface; 50: most climbs reach it and "
+        "refill there, so the surface teacher's refill rule decides most pairs)",
     )
     p.add_argument(
         "--death-pairs",
