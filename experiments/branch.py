@@ -32,7 +32,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -189,9 +189,6 @@ def to_segment(clip: Clip, meanings: tuple[str, ...], env: int, step: int, polic
     )
 
 
-CLIP_FIELDS = ("frames", "actions", "rewards", "dones", "game_over", "lives")  # Clip's, in order
-
-
 def save_pair(
     db: Path,
     clips: list[Clip],
@@ -333,7 +330,7 @@ def make_death_pairs(policy: Path, db: Path, s: BranchSettings, log: Callable[[s
                         break
                 game.load(now)
                 if found[0] is not None and found[1] is not None:
-                    cut = [Clip(*(getattr(c, f)[: s.steps] for f in CLIP_FIELDS)) for c in found if c is not None]
+                    cut = [Clip(*(getattr(c, f.name)[: s.steps] for f in fields(Clip))) for c in found if c is not None]
                     envs = (s.env_base + 2, s.env_base + 3)
                     rule = save_pair(
                         db,
