@@ -29,7 +29,8 @@ a reward-hacking watch per round (correlation of the rlhf arm's predicted and tr
 during its fine-tune; its time at the surface), whether the issue's targets hold, and writes
 ``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>``; with several seeds
 also the rows averaged over the seeds (intervals across seeds) in ``--out/<teacher>-<labels>.json``.
-Every stage's output is kept and reused when the command runs again: a stopped run continues.
+Every stage's output is kept and reused when the command runs again: a stopped run continues;
+a run made for other steps (--v0-steps, --ft-steps, --scale) is refused, not extended.
 
     python -m experiments.round --teacher surface --rounds 3 --labels 100   # the book's three rounds
     python -m experiments.round --teacher score --seeds 0,1

@@ -226,6 +226,23 @@ def check_same_kl(cfg: A2CConfig, last: dict[str, Any]) -> None:
         )
 
 
+def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
+    """A run in ``cfg.save_dir`` is reused or continued only if it was made for the steps the arm
+    asks for now: its last.pt records the length of its learning-rate schedule (``--max-steps``
+    unless ``--lr-decay-steps`` set it), so a v0 of 500k is not extended toward 1M, or a 500k
+    fine-tune passed off as a 250k one, because a later command gave other steps."""
+    had, want = last.get("lr_decay_steps"), cfg.lr_decay_steps or cfg.max_steps
+    if had is None or not want:  # a run from before the record, or no schedule asked for
+        return
+    if isinstance(had, bool) or not isinstance(had, int) or had != want:
+        made = f"{had:,}" if isinstance(had, int) and not isinstance(had, bool) else "an unreadable number of"
+        raise UserError(
+            f"{cfg.save_dir} holds a run made for {made} agent steps; this one asks for {want:,}: give the "
+            "steps it was made with (--v0-steps for v0, --ft-steps for a fine-tune, before --scale) or "
+            "remove the directory"
+        )
+
+
 def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
     """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
@@ -235,6 +252,7 @@ def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
     done = None if last is None else _steps_done(last)
     if last is not None:
         check_same_kl(cfg, last)
+        check_same_steps(cfg, last)
     if done is not None and done >= steps:
         log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
         return

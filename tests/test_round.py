@@ -489,21 +489,35 @@ def test_the_score_teacher_counts_deaths_by_default_and_its_directory_says_so(tm
         assert round_name(args) == name, extra
 
 
+def _reused_or_refused(cases: list, save: Path, args, needle: str) -> None:
+    """Each (what the arm's last.pt in ``save`` records, the arm, reused?): a reused arm is done
+    (nothing runs); a refused one is one line that names ``needle`` and the way out."""
+    from experiments.stages import train_a2c
+    from lib.checkpoints import atomic_torch_save
+    from lib.errors import UserError
+
+    for recorded, arm, reused in cases:
+        atomic_torch_save({"progress": {"step": 100}, **recorded}, save / "last.pt")
+        if reused:
+            train_a2c(arm, 1, args)  # done: nothing runs
+        else:
+            with pytest.raises(UserError, match="remove the directory") as e:
+                train_a2c(arm, 1, args)
+            assert "\n" not in str(e.value) and needle in str(e.value), recorded
+
+
 def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
     """A finished arm's last.pt records its --kl; a round that asks for another B (the default for
     a learned reward, 1, against a run from before it, which records none) says so in one line
     instead of reusing it."""
-    from experiments.stages import train_a2c
     from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
-    from lib.checkpoints import atomic_torch_save
-    from lib.errors import UserError
 
     args = _round_args(tmp_path)
     save = tmp_path / "arm"
     save.mkdir()
     rlhf = A2CConfig(name="arm", save=str(save), max_steps=100, model="v0.pt", reward="r.pt")
     control = A2CConfig(name="arm", save=str(save), max_steps=100, model="v0.pt")
-    for recorded, cfg, reused in [
+    cases = [
         ({"kl": KL_LEARNED_REWARD}, rlhf, True),
         ({"kl": 0.0}, rlhf, False),  # run with --kl 0: not the default arm
         ({}, rlhf, False),  # from before the default: it ran without the pull
@@ -511,14 +525,29 @@ def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
         ({}, control, True),
         ({"kl": "1"}, rlhf, False),
         ({"kl": 0.0}, dataclasses.replace(rlhf, kl=0.0), True),
-    ]:
-        atomic_torch_save({"progress": {"step": 100}, **recorded}, save / "last.pt")
-        if reused:
-            train_a2c(cfg, 1, args)  # done: nothing runs
-        else:
-            with pytest.raises(UserError, match="remove the directory") as e:
-                train_a2c(cfg, 1, args)
-            assert "\n" not in str(e.value)
+    ]
+    _reused_or_refused(cases, save, args, "--kl")
+
+
+def test_an_arm_is_reused_only_for_the_steps_it_was_made_for(tmp_path: Path) -> None:
+    """A run's last.pt records the length of its schedule; a round that asks for other steps (a
+    --v0-steps or --ft-steps left at its default after a run with another) says so in one line
+    instead of extending the run or passing a longer one off as done."""
+    from lib.a2c_config import A2CConfig
+
+    args = _round_args(tmp_path)
+    save = tmp_path / "v0"
+    save.mkdir()
+    cfg = A2CConfig(name="v0", save=str(save), max_steps=100)
+    cases = [
+        ({"lr_decay_steps": 100}, cfg, True),
+        ({}, cfg, True),  # from before the record: the directory's steps are not known
+        ({"lr_decay_steps": 50}, cfg, False),  # made for 50: not extended to 100
+        ({"lr_decay_steps": 200}, cfg, False),  # made for 200, stopped at 100: not reused as done
+        ({"lr_decay_steps": 200}, dataclasses.replace(cfg, lr_decay_steps=200), True),
+        ({"lr_decay_steps": "100"}, cfg, False),
+    ]
+    _reused_or_refused(cases, save, args, "--v0-steps")
 
 
 @pytest.mark.parametrize(
