@@ -87,7 +87,8 @@ def test_a_stopped_arm_continues_from_its_last_pt(tmp_path: Path, capsys) -> Non
     train_a2c(start, 1, args)
     policy = str(tmp_path / "start" / "last.pt")
     arm = replace(start, name="arm", save=str(tmp_path / "arm"), model=policy, finetune=True)
-    train_a2c(replace(arm, max_steps=64), 1, args)  # stands for an arm stopped at step 64
+    # stands for a 128-step arm stopped at step 64: its schedule (last.pt's lr_decay_steps) is 128's
+    train_a2c(replace(arm, max_steps=64, lr_decay_steps=128), 1, args)
     capsys.readouterr()
     train_a2c(replace(arm, max_steps=128), 1, args)
     (cmd,) = [line for line in capsys.readouterr().out.splitlines() if "arm: $" in line]
