@@ -36,12 +36,12 @@ bench-quality: $(VENV_STAMP)
 	$(PY) -m experiments.quality
 
 # Three rounds of 100 labels with synthetic teachers (v0, then per round: labels of the newest DB,
-# reward model on every label so far, rlhf and control fine-tunes, evaluation): v0 1M agent steps,
+# reward model on every label so far, rlhf and control fine-tunes, evaluation): v0 500k agent steps,
 # then 500k per fine-tune (the control arm's shared by both teachers), about 3 hours on 2 cores.
 # Outputs in runs/round/seed0/.
 bench-round: $(VENV_STAMP)
-	$(PY) -m experiments.round --teacher surface --rounds 3 --labels 100 --seeds 0,1
-	$(PY) -m experiments.round --teacher score --rounds 3 --labels 100 --seeds 1
+	$(PY) -m experiments.round --teacher surface --rounds 3 --labels 100 --v0-steps 500000 --seeds 0,1
+	$(PY) -m experiments.round --teacher score --rounds 3 --labels 100 --v0-steps 500000 --seeds 1
 
 # Reward-model learning curves per --sampling mode (random, uncertain, disagree) with synthetic
 # teachers, on the round's DB (make bench-round first): 7 ensemble trainings per teacher and seed.
