@@ -234,8 +234,9 @@ def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
     had, want = last.get("lr_decay_steps"), cfg.lr_decay_steps or cfg.max_steps
     if had is None or not want:  # a run from before the record, or no schedule asked for
         return
-    if isinstance(had, bool) or not isinstance(had, int) or had != want:
-        made = f"{had:,}" if isinstance(had, int) and not isinstance(had, bool) else "an unreadable number of"
+    readable = isinstance(had, int) and not isinstance(had, bool)
+    if not readable or had != want:
+        made = f"{had:,}" if readable else "an unreadable number of"
         raise UserError(
             f"{cfg.save_dir} holds a run made for {made} agent steps; this one asks for {want:,}: give the "
             "steps it was made with (--v0-steps for v0, --ft-steps for a fine-tune, before --scale) or "
