@@ -231,8 +231,10 @@ def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
     asks for now: its last.pt records the length of its learning-rate schedule (``--max-steps``
     unless ``--lr-decay-steps`` set it), so a v0 of 500k is not extended toward 1M, or a 500k
     fine-tune passed off as a 250k one, because a later command gave other steps."""
-    had, want = last.get("lr_decay_steps"), cfg.lr_decay_steps or cfg.max_steps
-    if had is None or not want:  # a run from before the record, or no schedule asked for
+    from lib.a2c_run import lr_schedule_steps
+
+    had, want = last.get("lr_decay_steps"), lr_schedule_steps(cfg)
+    if had is None:  # a run from before the record
         return
     readable = isinstance(had, int) and not isinstance(had, bool)
     if not readable or had != want:

@@ -390,6 +390,11 @@ def _policy(cfg: A2CConfig, resume_ck: dict[str, Any] | None, env: Any) -> tuple
     return AtariA2C(env.obs_shape, env.n_actions), False, Progress()
 
 
+def lr_schedule_steps(cfg: A2CConfig) -> int:
+    """Agent steps a new run's lr decays over (what its last.pt records as ``lr_decay_steps``)."""
+    return cfg.lr_decay_steps or cfg.max_steps or LR_DECAY_STEPS
+
+
 def _optimiser(
     cfg: A2CConfig, net: AtariA2C, finetune: bool, resume_ck: dict[str, Any] | None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float, int]:
@@ -397,7 +402,7 @@ def _optimiser(
     steps of BATCH_SIZE transitions); a resumed run continues its own lr, schedule and moments."""
     ck = resume_ck or {}
     lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
-    decay_steps = ck.get("lr_decay_steps", cfg.lr_decay_steps or cfg.max_steps or LR_DECAY_STEPS)
+    decay_steps = ck.get("lr_decay_steps", lr_schedule_steps(cfg))
     optimizer = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=lr, eps=ADAM_EPS)
     decay_iters = max(1, decay_steps // BATCH_SIZE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
