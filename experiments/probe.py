@@ -1,0 +1,492 @@
+"""The behaviour probe: does a policy go up for air when it has a diver aboard and little oxygen left?
+
+A whole round takes hours before its evaluation games say whether the agent refills; this asks in
+minutes. A finder policy (v0) plays SeaQuest in one emulator (``experiments.branch.BranchGame``,
+stepped as stage 1 steps it) on seeds no round plays, and where its gauge is low with a diver aboard
+and the sub is deep (``experiments.branch.at_branch_point``) the emulator's state is saved, at most
+one state a life. From each saved state every probed policy plays ``--tries`` times with actions
+sampled from its own softmax, until the first thing that settles the life:
+
+- **refill**: the gauge rises (the sub surfaced with a diver aboard; ``lib.seaquest.OxygenTracker``);
+- **surfaced empty**: the life is lost at the surface with no diver aboard (the surfacing rule);
+- **drowned**: the life is lost with the gauge run out;
+- **died otherwise**: the life is lost to an enemy;
+- **none**: ``--steps`` agent steps passed with none of these (a gauge at 16 of 63 lasts ~128).
+
+It reports the share of each, the rows climbed toward the surface before it (start row minus the
+highest row reached) and the gauge when a refill began. Beside it, "can the policy see it": a
+ridge regression from the policy's conv features (the 3,136 inputs of its heads) to the gauge level
+and to the divers aboard, fitted on the frames of some of the finder's games and scored on the
+others (R², and the share of frames whose rounded diver count is right).
+
+States and the sample frames are kept on disk as a segment DB (``--states``): a state is a 4-step
+segment (the frames of the policy input's stack) whose meta holds the emulator state as hex; the
+samples are 4-step segments too. They are read with the segment DB's strict reader like any DB a
+user hands over: no code runs from them, and a broken file is skipped with a warning. The emulator
+state itself is parsed by ALE's own C++ reader, after a size and hex check.
+
+    python -m experiments.probe --states runs/probe/states --policy runs/round/seed0/v0 \\
+        --policy runs/round/seed0/surface-100/r1/rlhf/last.pt --features
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from experiments.branch import ENV_ID, BranchGame, at_branch_point
+from lib.envs import grey84
+from lib.errors import UserError, run_cli, warn
+from lib.files import atomic_write
+from lib.model import AtariA2C, load_policy, policy_file
+from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
+from lib.segments import (
+    Segment,
+    SegmentError,
+    claim_db,
+    list_segments,
+    read_segment,
+    save_segment,
+)
+
+STACK = 4  # frames of the policy input: a state and a sample are this many steps of frames
+STATE_ENV, SAMPLE_ENV = 0, 1  # env directories of the DB: saved states, sample frames
+MAX_STATE_HEX = 1 << 17  # an ALE state is ~8 KB (16 K hex digits); more is not one
+OUTCOMES = ("refill", "surfaced_empty", "drowned", "died_otherwise", "none")
+FIND_SEED = 10_000  # the finder's games: seeds no round plays (rounds use 0..N)
+
+
+# --- saved states -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """One saved emulator state: ``frames`` (4, 210, 160, 3) uint8 the last frames the agent saw
+    (their grey 84x84 is its policy input), ``ale`` the emulator's serialised state, and what the
+    screen showed (gauge level, divers aboard, the sub's top row); ``game``, ``life``: the finder's game and the
+    lives it had lost before (a state a life at most)."""
+
+    name: str
+    frames: np.ndarray
+    ale: bytes
+    level: int
+    divers: int
+    row: int
+    game: int
+    life: int = 0
+
+
+def _window(frames: list[np.ndarray]) -> np.ndarray:
+    """The last STACK frames, the first repeated where fewer have been seen."""
+    last = frames[-STACK:]
+    return np.stack([last[0]] * (STACK - len(last)) + last)
+
+
+def _save(db: Path, env: int, step: int, frames: np.ndarray, meta: dict[str, Any], meanings: tuple[str, ...]) -> None:
+    n = len(frames)
+    seg = Segment(
+        frames=frames,
+        actions=np.zeros(n, dtype=np.int64),
+        rewards=np.zeros(n, dtype=np.float32),
+        dones=np.zeros(n, dtype=bool),
+        game_over=np.zeros(n, dtype=bool),
+        lives=np.zeros(n, dtype=np.int32),
+        env_id=ENV_ID,
+        action_meanings=meanings,
+        env_index=env,
+        step=step,
+        time=time.time(),
+        meta=meta,
+    )
+    save_segment(db, seg, fsync=False)
+
+
+def find_states(
+    policy: Path,
+    db: Path,
+    n_states: int,
+    seed: int = FIND_SEED,
+    sample_every: int = 8,
+    max_games: int = 200,
+    at: Callable[[np.ndarray], bool] = at_branch_point,
+) -> tuple[int, int]:
+    """Play the finder ``policy`` (actions sampled) until ``n_states`` states are saved into ``db``
+    (at most one a life) or ``max_games`` games are over; every ``sample_every`` steps a sample
+    (its 4 frames) goes into ``db`` too. Returns (states, samples) saved."""
+    game = BranchGame(seed)
+    net, _ = load_policy(policy, ENV_ID, "seaquest", (STACK, 84, 84), len(game.actions))
+    net.eval()
+    claim_db(db, ENV_ID, game.meanings)
+    rng = np.random.default_rng(seed + 1)
+    states = samples = step = lives = 0
+    started = time.time()
+    for g in range(max_games):
+        if states >= n_states:
+            break
+        game.reset()
+        seen: list[np.ndarray] = [game.frame.copy()]
+        taken, over = False, False  # a state was taken this life
+        while not over and states < n_states:
+            frame = game.frame
+            if not taken and len(seen) >= STACK and at(frame):
+                meta = _facts(frame) | {"ale_state": game.ale.cloneState().serialize().hex(), "game": g, "life": lives}
+                _save(db, STATE_ENV, step, _window(seen), meta, game.meanings)
+                states, taken = states + 1, True
+                if states % 10 == 0 or states == n_states:
+                    print(f"  {states}/{n_states} states, {g + 1} games, {time.time() - started:.0f} s", flush=True)
+            if step % sample_every == 0 and len(seen) >= STACK:
+                _save(db, SAMPLE_ENV, step, _window(seen), _facts(frame) | {"game": g}, game.meanings)
+                samples += 1
+            _, lost, over = game.step(_sample(net, game.stack[None], rng)[0])
+            step += 1
+            seen = [game.frame.copy()] if lost else [*seen[-(STACK - 1) :], game.frame.copy()]
+            taken, lives = taken and not lost, lives + lost
+    return states, samples
+
+
+def _facts(frame: np.ndarray) -> dict[str, int]:
+    return {"level": int(oxygen_levels(frame)), "divers": int(divers_aboard(frame)), "row": int(sub_rows(frame))}
+
+
+def _int_meta(meta: dict[str, Any], key: str) -> int:
+    v = meta.get(key)
+    if type(v) is not int:
+        raise SegmentError(f"meta {key!r} is not an integer")
+    return v
+
+
+def _ale_bytes(meta: dict[str, Any]) -> bytes:
+    text = meta.get("ale_state")
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_STATE_HEX:
+        raise SegmentError(f"no emulator state of at most {MAX_STATE_HEX // 2:,} bytes in its meta")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise SegmentError("its emulator state is not hex") from None
+
+
+def load_states(db: Path, env: int = STATE_ENV) -> list[SavedState]:
+    """The saved states (``env`` = STATE_ENV) or samples (SAMPLE_ENV, ``ale`` empty) of ``db``;
+    a broken file is skipped with one warning."""
+    out = []
+    for rel in list_segments(db):
+        if not rel.startswith(f"{env:02d}/"):
+            continue
+        try:
+            seg = read_segment(db, rel)
+            if seg.frames.shape != (STACK, 210, 160, 3):
+                raise SegmentError(f"frames {seg.frames.shape}, not {STACK} SeaQuest frames")
+            ale = _ale_bytes(seg.meta) if env == STATE_ENV else b""
+            facts = [_int_meta(seg.meta, k) for k in ("level", "divers", "row", "game")]
+            facts.append(_int_meta(seg.meta, "life") if env == STATE_ENV else 0)
+        except (SegmentError, ValueError) as e:
+            warn(f"{db / rel}: skipped ({e})")
+            continue
+        out.append(SavedState(rel, seg.frames, ale, *facts))
+    return out
+
+
+# --- the rollouts -------------------------------------------------------------------------------
+
+
+def _sample(net: AtariA2C, stacks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(B, 4, 84, 84) uint8 -> (B,) actions sampled from the policy's softmax."""
+    with torch.no_grad():
+        logits = net(torch.from_numpy(np.ascontiguousarray(stacks)))[0]
+    p = torch.softmax(logits.double(), 1).numpy()
+    u = rng.random((len(p), 1))
+    return np.minimum((p.cumsum(1) < u).sum(1), p.shape[1] - 1)
+
+
+@dataclass
+class Rollout:
+    """How one replay of a state ended (``OUTCOMES``), after how many agent steps, the rows it climbed
+    (start row minus the highest row reached), and the gauge where a refill began (-1: none)."""
+
+    outcome: str
+    steps: int
+    climbed: int
+    refill_level: int = -1
+
+
+class _Watch:
+    """Follows one replay with the trackers the evaluation uses, primed on the state's frames."""
+
+    def __init__(self, s: SavedState) -> None:
+        self.oxygen, self.surface = OxygenTracker(), SurfaceTracker()
+        for f in s.frames[:-1]:  # the last one is the first replay step's frame
+            self._feed(f, False)
+        self.start, self.top, self.last_level = s.row, s.row, int(oxygen_levels(s.frames[-2]))
+
+    def _feed(self, frame: np.ndarray, lost: bool) -> tuple[int, int]:
+        level, row = int(oxygen_levels(frame)), int(sub_rows(frame))
+        self.oxygen.step(level, lost)
+        self.surface.step(level, row, lost, int(divers_aboard(frame)))
+        return level, row
+
+    def step(self, frame: np.ndarray, lost: bool, t: int) -> Rollout | None:
+        """``frame``: the one this step's action was chosen on; ``lost``: the step ended the life."""
+        refills, drowned = self.oxygen.counts.refills, self.oxygen.counts.oxygen_deaths
+        empty = self.surface.counts.surfacing_deaths
+        before = self.last_level
+        level, row = self._feed(frame, lost)
+        if row >= 0:
+            self.top = min(self.top, row)
+        climbed = max(0, self.start - self.top)
+        if self.oxygen.counts.refills > refills:
+            return Rollout("refill", t, climbed, before)
+        if level >= 0:
+            self.last_level = level
+        if lost:
+            if self.oxygen.counts.oxygen_deaths > drowned:
+                return Rollout("drowned", t, climbed)
+            if self.surface.counts.surfacing_deaths > empty:
+                return Rollout("surfaced_empty", t, climbed)
+            return Rollout("died_otherwise", t, climbed)
+        return None
+
+
+def replay(
+    net: AtariA2C, states: list[SavedState], tries: int, steps: int, seed: int, batch: int = 64
+) -> list[Rollout]:
+    """Every state played ``tries`` times by ``net`` (sampled actions), ``batch`` games side by
+    side with one forward a step; one ``Rollout`` per (state, try), in that order."""
+    jobs = [(s, k) for s in states for k in range(tries)]
+    out: list[Rollout] = []
+    rng = np.random.default_rng(seed)
+    pool = [BranchGame(seed) for _ in range(min(batch, len(jobs)))]
+    for lo in range(0, len(jobs), batch):
+        part = jobs[lo : lo + batch]
+        games, watches = [], []
+        for (s, _), g in zip(part, pool, strict=False):
+            g.ale.restoreState(_restore(s.ale))
+            g.frame = s.frames[-1].copy()
+            g.stack = grey84(s.frames)
+            games.append(g)
+            watches.append(_Watch(s))
+        ends: list[Rollout | None] = [None] * len(part)
+        for t in range(steps):
+            live = [i for i, e in enumerate(ends) if e is None]
+            if not live:
+                break
+            acts = _sample(net, np.stack([games[i].stack for i in live]), rng)
+            for i, a in zip(live, acts.tolist(), strict=True):
+                frame = games[i].frame.copy()
+                _, lost, over = games[i].step(a)
+                ends[i] = watches[i].step(frame, lost or over, t + 1)
+        for i, w in enumerate(watches):
+            out.append(ends[i] or Rollout("none", steps, max(0, w.start - w.top)))
+    return out
+
+
+def _restore(data: bytes) -> Any:
+    from ale_py import ALEState
+
+    try:
+        return ALEState(data)
+    except Exception as e:  # ALE's reader: a state of another build or a damaged one
+        raise UserError(f"a saved emulator state could not be read by this ale-py ({e})") from None
+
+
+def summarise(rollouts: list[Rollout]) -> dict[str, float]:
+    """Shares of each outcome, mean rows climbed, mean steps to the outcome, mean gauge at a refill."""
+    n = len(rollouts)
+    out: dict[str, float] = {"rollouts": n}
+    for o in OUTCOMES:
+        out[o] = sum(r.outcome == o for r in rollouts) / n if n else math.nan
+    out["climbed"] = float(np.mean([r.climbed for r in rollouts])) if n else math.nan
+    out["steps"] = float(np.mean([r.steps for r in rollouts])) if n else math.nan
+    levels = [r.refill_level for r in rollouts if r.outcome == "refill"]
+    out["refill_level"] = float(np.mean(levels)) if levels else math.nan
+    return out
+
+
+# --- can the policy see it: a linear probe of its features ----------------------------------------
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
+    """Weights (D+1,) of ridge regression of y on standardised-by-caller x, with an unpenalised bias."""
+    xb = np.hstack([x, np.ones((len(x), 1))])
+    reg = lam * np.eye(xb.shape[1])
+    reg[-1, -1] = 0.0
+    return np.linalg.solve(xb.T @ xb + reg, xb.T @ y)
+
+
+def _predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return x @ w[:-1] + w[-1]
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else math.nan
+
+
+LAMBDAS = (1e-1, 1.0, 10.0, 100.0, 1000.0, 1e4)
+
+
+def linear_probe(features: np.ndarray, target: np.ndarray, games: np.ndarray) -> dict[str, float]:
+    """Ridge regression of ``target`` (N,) on ``features`` (N, D): fitted on the samples of 3/5 of the
+    games, lambda chosen on 1/5, scored on the last 1/5 (games never seen in the fit): held-out R²
+    and the share whose rounded prediction equals the target (for a count)."""
+    ids = np.unique(games)
+    order = np.random.default_rng(0).permutation(ids)
+    k = max(1, len(ids) // 5)
+    test_g, val_g = set(order[:k].tolist()), set(order[k : 2 * k].tolist())
+    test = np.isin(games, list(test_g))
+    val = np.isin(games, list(val_g)) & ~test
+    fit = ~test & ~val
+    if fit.sum() < 10 or test.sum() < 10 or val.sum() < 2:
+        return {"r2": math.nan, "exact": math.nan, "test_frames": int(test.sum())}
+    mu, sd = features[fit].mean(0), features[fit].std(0) + 1e-6
+    z = (features - mu) / sd
+    y = target.astype(np.float64)
+    best = min(LAMBDAS, key=lambda lam: float(((_predict(z[val], _ridge(z[fit], y[fit], lam)) - y[val]) ** 2).mean()))
+    w = _ridge(z[fit | val], y[fit | val], best)
+    pred = _predict(z[test], w)
+    majority = np.bincount(target[fit | val].astype(np.int64) - target.min()).argmax() + target.min()
+    return {
+        "r2": _r2(y[test], pred),
+        "exact": float(np.mean(np.rint(pred) == y[test])),
+        "majority_exact": float(np.mean(y[test] == majority)),  # what always guessing the commonest value gets
+        "lambda": best,
+        "test_frames": int(test.sum()),
+    }
+
+
+def features_of(net: AtariA2C, samples: list[SavedState], batch: int = 256) -> np.ndarray:
+    """(N, D) the conv features of each sample's policy input."""
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(samples), batch):
+            stacks = np.stack([grey84(s.frames) for s in samples[lo : lo + batch]])
+            out.append(net.features(torch.from_numpy(stacks)).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+def see_probe(net: AtariA2C, samples: list[SavedState]) -> dict[str, dict[str, float]]:
+    """``linear_probe`` of the gauge level (on samples where the gauge shows) and of divers aboard."""
+    fx = features_of(net, samples)
+    level = np.array([s.level for s in samples])
+    divers = np.array([s.divers for s in samples])
+    games = np.array([s.game for s in samples])
+    shown = level >= 0
+    return {
+        "gauge": linear_probe(fx[shown], level[shown], games[shown]),
+        "divers": linear_probe(fx, divers, games),
+    }
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def probe_policy(path: Path, states: list[SavedState], samples: list[SavedState], a: argparse.Namespace) -> dict:
+    net, _ = load_policy(path, ENV_ID, "seaquest", (STACK, 84, 84), None)
+    net.eval()
+    t0 = time.time()
+    rolls = replay(net, states, a.tries, a.steps, a.seed)
+    row: dict[str, Any] = {"policy": str(path), **summarise(rolls), "seconds": time.time() - t0}
+    if a.features and samples:
+        row["see"] = see_probe(net, samples)
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    head = "| policy | rollouts | refill | surfaced empty | drowned | died otherwise | none | rows climbed |"
+    print(head + " gauge at refill |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        shares = " | ".join(f"{100 * r[o]:.0f}%" for o in OUTCOMES)
+        print(f"| {r['policy']} | {r['rollouts']} | {shares} | {r['climbed']:.1f} | {r['refill_level']:.1f} |")
+    if any("see" in r for r in rows):
+        print("\n| policy | gauge R² (held-out games) | divers R² | divers exact (commonest) | frames |")
+        print("|---|---:|---:|---:|---:|")
+        for r in rows:
+            if "see" in r:
+                g, d = r["see"]["gauge"], r["see"]["divers"]
+                print(
+                    f"| {r['policy']} | {g['r2']:.3f} | {d['r2']:.3f} | {100 * d['exact']:.1f}% "
+                    f"({100 * d.get('majority_exact', math.nan):.1f}%) | {d['test_frames']} |"
+                )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.probe",
+        description="The behaviour probe: from saved SeaQuest states with a low gauge and a diver aboard, how often "
+        "does each policy refill, surface empty, drown or die otherwise (module docstring)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--states", type=Path, required=True, help="DB of saved states: found once, then reused")
+    p.add_argument(
+        "--policy",
+        type=Path,
+        action="append",
+        required=True,
+        help="a policy to probe (a .pt or a run directory: its best); repeat",
+    )
+    p.add_argument(
+        "--find-with", type=Path, help="the policy whose play the states come from (default: the first --policy)"
+    )
+    p.add_argument("--n-states", type=int, default=60, help="states to find when --states holds none")
+    p.add_argument("--tries", type=int, default=4, help="replays of each state per policy (actions sampled)")
+    p.add_argument("--steps", type=int, default=200, help="agent steps a replay may last (a low gauge lasts ~128)")
+    p.add_argument("--seed", type=int, default=0, help="the replays' action sampling")
+    p.add_argument("--max-games", type=int, default=200, help="finder games at most")
+    p.add_argument("--features", action="store_true", help="also the linear probe of each policy's conv features")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the forwards are small: more only fight other work)"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
+    for bad, why in (
+        (not 1 <= a.n_states <= 10_000, f"--n-states must be in 1..10000, got {a.n_states}"),
+        (not 1 <= a.tries <= 1000, f"--tries must be in 1..1000, got {a.tries}"),
+        (not 1 <= a.steps <= 10_000, f"--steps must be in 1..10000, got {a.steps}"),
+        (not 1 <= a.max_games <= 100_000, f"--max-games must be in 1..100000, got {a.max_games}"),
+        (not 0 <= a.seed < 2**31, f"--seed must be in 0..{2**31 - 1}, got {a.seed}"),
+        (a.states.exists() and not a.states.is_dir(), f"--states {a.states} is a file: give a directory"),
+        (not 1 <= a.threads <= 256, f"--threads must be in 1..256, got {a.threads}"),
+    ):
+        if bad:
+            raise UserError(why)
+    torch.set_num_threads(a.threads)
+    policies = [policy_file(p) for p in a.policy]
+    if not a.states.exists() or not load_states(a.states):
+        finder = policy_file(a.find_with) if a.find_with else policies[0]
+        print(f"finding {a.n_states} states with {finder} into {a.states}", flush=True)
+        a.states.mkdir(parents=True, exist_ok=True)
+        n, m = find_states(finder, a.states, a.n_states, max_games=a.max_games)
+        print(f"{n} states, {m} samples in {a.states}")
+    states, samples = load_states(a.states), load_states(a.states, SAMPLE_ENV)
+    if not states:
+        raise UserError(f"{a.states} holds no readable state: remove it to find new ones")
+    print(
+        f"{len(states)} states ({np.mean([s.level for s in states]):.1f} of 63 oxygen, "
+        f"{np.mean([s.divers for s in states]):.2f} divers, row {np.mean([s.row for s in states]):.0f} on average), "
+        f"{len(samples)} sample frames",
+        flush=True,
+    )
+    rows = [probe_policy(p, states, samples, a) for p in policies]
+    print()
+    print_table(rows)
+    if a.out:
+        atomic_write(a.out, json.dumps(rows, indent=1).encode())
+        print(f"\n{a.out}")
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))
