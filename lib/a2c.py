@@ -32,6 +32,7 @@ from lib.distributed import Dist, RankLost, env_uniforms
 from lib.envs import AtariVec, VecStep
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.model import AtariA2C, StartPolicy, kl_to_start
+from lib.seaquest import low_gauge, shows_gauge
 from lib.signals import SignalStop
 from lib.stats import StepCorrelation
 
@@ -87,6 +88,9 @@ def a2c_loss(
         kl = kl_to_start(log_prob, start_logits)
         if kl_beta:
             loss = loss + kl_beta * kl
+        low = None if batch.low is None else torch.from_numpy(batch.low).to(device)
+        if low is not None and bool(low.any()):  # the steps where the refill is decided
+            kl_low = kl_to_start(log_prob.detach()[low], start_logits[low])
     metrics = {
         "losses/policy": loss_policy.item(),
         "losses/value": loss_value.item(),
@@ -96,7 +100,21 @@ def a2c_loss(
     }
     if kl is not None:
         metrics["finetune/kl_to_start"] = kl.item()
+        if low is not None and bool(low.any()):
+            metrics["finetune/kl_low_gauge"] = kl_low.item()
     return loss * weight, metrics
+
+
+KL_HORIZON = 10_000  # samples over which the controller may move the coefficient by e^0.2 at most
+
+
+def adapt_kl_coef(coef: float, kl: float, target: float, samples: int, horizon: int = KL_HORIZON) -> float:
+    """``--kl-target``: Ziegler et al. 2019's proportional controller (as TRL's AdaptiveKLController):
+    the error clip(KL / target - 1, -0.2, 0.2), the coefficient times 1 + error * samples / horizon.
+    A KL above the target raises the coefficient, one below lowers it; a batch of 128 moves it by at
+    most 0.26%, ~270 batches (35k agent steps) to double it."""
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * samples / horizon)
 
 
 def act(
@@ -199,7 +217,7 @@ class Learner:
             self.ready, self.ready_boot = [], []
             weight = local * run.dist.world / total  # the mean over every rank's transitions
             loss, m = a2c_loss(
-                run.net, batch, boot_all, run.device, run.cfg.entropy, run.cfg.bf16, weight, run.start, run.cfg.kl
+                run.net, batch, boot_all, run.device, run.cfg.entropy, run.cfg.bf16, weight, run.start, run.kl_coef
             )
             loss.backward()
         run.dist.sum_grads(self.params)
@@ -213,6 +231,11 @@ class Learner:
                 f"grad norm {grad_norm}): stopped before the optimiser step; lower --lr or check the reward model"
             )
         m["losses/grad_norm"] = grad_norm
+        if run.start is not None:
+            m["finetune/kl_coef"] = run.kl_coef  # the coefficient this update used
+            if run.cfg.kl_target is not None:
+                kl_sum, n = run.dist.all_sum([m.get("finetune/kl_to_start", 0.0) * local, float(local)])
+                run.kl_coef = adapt_kl_coef(run.kl_coef, kl_sum / max(n, 1.0), run.cfg.kl_target, int(total))
         run.optimizer.step()
         run.scheduler.step()
         run.progress.train_steps += 1
@@ -256,6 +279,8 @@ class ProgressLog:
             line += f" | loss {learner.metrics['losses/total']:.3f} ent {learner.metrics['losses/entropy']:.2f}"
             if (kl := learner.metrics.get("finetune/kl_to_start")) is not None:
                 line += f" kl {kl:.3f}"
+                if run.cfg.kl_target is not None:
+                    line += f" (coef {run.kl_coef:.3g})"
         if run.recorder is not None:
             w.add_scalar("recorder/segments", run.recorder.segments_written, step)
             line += f" | segments {run.recorder.segments_written:,}"
@@ -292,6 +317,8 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
     collector = NStepCollector(cfg.envs, run.base_env.obs_shape, cfg.n_steps, cfg.gamma)
     learner, games, log = Learner(run), GameStats(cfg.envs, finetune=run.start is not None), ProgressLog(run)
     clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
+    # where the gauge shows (SeaQuest), a fine-tune's KL is also logged on the low-gauge steps alone
+    gauge = run.start is not None and shows_gauge(run.game, tuple(np.shape(run.env.frames)[1:]))
     test_every = cfg.test_every
     next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
     status, failure = "finished", None
@@ -301,10 +328,11 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
         obs = run.env.reset()  # a Ctrl-C while the games reset stops at the first step, cleanly
         run.net.train()
         try:
+            low = low_gauge(run.env.frames) if gauge else None
             actions, values = act_step(run, obs)
             while True:
                 st = run.env.step_wait()
-                prev_obs, prev_actions, obs = obs, actions, st.obs
+                prev_obs, prev_actions, prev_low, obs = obs, actions, low, st.obs
                 run.progress.step += run.global_envs
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
@@ -312,6 +340,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                         log.skip(evaluate_and_save(run, stopper))
                 done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
                 if not done:
+                    low = low_gauge(run.env.frames) if gauge else None  # the frames ``obs`` was made of
                     actions, values = act_step(run, obs)  # the env steps from here while this thread works
                 st.complete()  # a diff reward model's forward on this step (RewardModelWrapper)
                 games.update(st, run.progress, run.writer)
@@ -320,7 +349,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
                 rewards = np.sign(st.rewards) if clip else st.rewards
                 ends = learner_terminal(st, cfg.terminal)
                 learner.waiting = collector.add(
-                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs
+                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_low
                 )
                 if done:
                     break
@@ -387,7 +416,12 @@ def announce(run: Run) -> None:
         + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
         + (f", +{cfg.reward_alive:g} std a step alive" if cfg.reward_alive else "")
         + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
-        + (f", KL {cfg.kl:g} to the start policy" if cfg.kl else "")
+        + (f", KL {cfg.kl:g} to the start policy" if cfg.kl and cfg.kl_target is None else "")
+        + (
+            f", KL to the start policy adapted toward {cfg.kl_target:g} a step from {run.kl_coef:g}"
+            if cfg.kl_target
+            else ""
+        )
         + (f", recording into {cfg.db_path} (p={cfg.record_prob})" if cfg.db_path else ""),
         flush=True,
     )

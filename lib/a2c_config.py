@@ -27,11 +27,25 @@ ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
 TERMINALS = ("life", "game", "none")  # --terminal: what ends the learner's episode
-REWARD_NORMS = ("running", "labels")  # --reward-norm: where the learned reward's statistics come from
+REWARD_NORMS = ("running", "labels", "window")  # --reward-norm: where the learned reward's statistics come from
+BOOK_NORM_WINDOW = 25  # --norm-window: the book's 100 raw frames of one env, in agent steps (frameskip 4)
+DEFAULT_REWARD_CLIP = "5"  # --reward-clip: |normalised reward| at most 5 std; "sign": ptan's np.sign, as the book
+MAX_KL_TARGET = 100.0
 # --kl's default for a fine-tune on a learned reward (-r from a start policy): the one setting that held
 # the frozen-model test on both seeds (docs/results.md); every other run's default is 0
 KL_LEARNED_REWARD = 1.0
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
+
+
+def reward_clip_value(text: str) -> float | None | bool:
+    """--reward-clip's value: a bound C (float), None for 'sign', False when it is neither."""
+    if text == "sign":
+        return None
+    try:
+        c = float(text)
+    except (TypeError, ValueError):
+        return False
+    return c if math.isfinite(c) and 0 < c <= 1000 else False
 
 
 def setting(default: Any = MISSING, help: str = "", *, group: str, flags: tuple[str, ...] = (), checks=(), **arg: Any):
@@ -153,6 +167,18 @@ class A2CConfig:
         type=float,
         checks=[(lambda v: v is None or 0 <= v < 1e6, "--kl must be in [0, 1,000,000), got {v}")],
     )
+    kl_target: float | None = setting(
+        None,
+        "adapt the --kl coefficient each update so that the mean KL(pi || pi_start) per step tracks T (Ziegler et "
+        "al. 2019's proportional controller: the coefficient times 1 + clip(KL/T - 1, -0.2, 0.2) x 128/10,000 per "
+        f"update); it starts at --kl (default {KL_LEARNED_REWARD:g}); finetune/kl_coef in TensorBoard",
+        group="policy",
+        metavar="T",
+        type=float,
+        checks=[
+            (lambda v: v is None or 0 < v <= MAX_KL_TARGET, f"--kl-target must be in (0, {MAX_KL_TARGET:g}], got {{v}}")
+        ],
+    )
     # the book's constants, each a flag with the book's value as its default
     gamma: float = _book_value(GAMMA, "discount of the n-step returns", "--gamma", 0, 1, "(]")
     entropy: float = _book_value(ENTROPY_BETA, "entropy bonus of the loss", "--entropy", 0, 1000, "[)", "BETA")
@@ -212,9 +238,31 @@ class A2CConfig:
         "running",
         "-r: where the reward's centre and std come from: running = the agent's own last 10,000 predictions "
         "(median-centred), labels = fixed, the mean and std over the labelled clips stored in the checkpoint "
-        "(each version's own under --reward-reload)",
+        "(each version's own under --reward-reload), window = each env's own last --norm-window steps (mean-"
+        "centred: the book's, which pays a step for being better than the steps just before it)",
         group="labels",
         choices=REWARD_NORMS,
+    )
+    norm_window: int = setting(
+        BOOK_NORM_WINDOW,
+        f"--reward-norm window: agent steps per env the mean and std are taken over ({BOOK_NORM_WINDOW}: the book's "
+        "100 frames)",
+        group="labels",
+        metavar="W",
+        checks=[(lambda v: 2 <= v <= 1_000_000, "--norm-window must be in 2..1,000,000, got {v}")],
+    )
+    reward_clip: str = setting(
+        DEFAULT_REWARD_CLIP,
+        "-r: the normalised reward is clipped to [-C, C] std, or with 'sign' replaced by its sign (-1, 0 or +1: "
+        "ptan's ClipRewardEnv after the book's normalisation), before --reward-alive and --reward-scale",
+        group="labels",
+        metavar="C|sign",
+        checks=[
+            (
+                lambda v: reward_clip_value(v) is not False,
+                "--reward-clip must be a number in (0, 1000] or sign, got {v!r}",
+            )
+        ],  # noqa: E501
     )
     reward_oracle: bool = setting(
         False,
@@ -293,6 +341,10 @@ class A2CConfig:
             (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
             (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
             ((self.kl or 0) > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),  # noqa: E501
+            (self.kl_target is not None and not (self.model or self.resume), "--kl-target pulls toward the policy -m starts from: give -m"),  # noqa: E501
+            (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501
+            (self.reward_norm == "window" and not self.reward, "--reward-norm window normalises a learned reward: give -r"),  # noqa: E501
+            (self.reward_clip != DEFAULT_REWARD_CLIP and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip

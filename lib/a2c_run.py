@@ -30,6 +30,7 @@ from lib.a2c_config import (
     MAX_RECORD_ENVS,
     MAX_STEP_COUNT,
     A2CConfig,
+    reward_clip_value,
 )
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.checkpoints import (
@@ -134,6 +135,7 @@ RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, op
     "tb_dir": (optional(text(4096)), False),
     "kl_start": (optional(is_dict), False),
     "kl": (optional(float_in(0, 1e6)), False),
+    "kl_coef": (optional(float_in(0, 1e6)), False),
 }
 PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "step": (int_in(0, MAX_STEP_COUNT), True),
@@ -245,6 +247,7 @@ class Run:
     eval_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     dist: Dist = field(default_factory=Dist)
     start: StartPolicy | None = None  # a fine-tune's start policy (--kl, finetune/kl_to_start)
+    kl_coef: float = 0.0  # the KL coefficient in use: --kl, or where --kl-target has moved it
 
     @property
     def global_envs(self) -> int:
@@ -286,6 +289,7 @@ class Run:
             tb_dir=str(self.tb_dir),
             kl_start=self.start.state_dict() if self.start is not None else None,
             kl=self.cfg.kl,
+            kl_coef=self.kl_coef,
         )
 
     def close(self) -> None:
@@ -313,7 +317,7 @@ def make_env_stack(
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
     reward_env = None
     if cfg.reward:
-        from lib.reward_wrapper import RewardModelWrapper
+        from lib.reward_wrapper import DEFAULT_NORM_WINDOW, SIGN, RewardModelWrapper
 
         # loaded and checked first, around the game itself, so that a broken -r leaves no DB
         # behind; the recorder goes in between below
@@ -327,6 +331,8 @@ def make_env_stack(
             scale=cfg.reward_scale,
             alive=cfg.reward_alive,
             norm=cfg.reward_norm,
+            norm_window=cfg.norm_window if cfg.reward_norm == "window" else DEFAULT_NORM_WINDOW,
+            clip=SIGN if cfg.reward_clip == SIGN else reward_clip_value(cfg.reward_clip),
             oracle=cfg.reward_oracle,
         )
     if cfg.db_path:
@@ -439,7 +445,15 @@ def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict[str, Any] | None) -
         return cfg.kl
     if resume_ck is not None and resume_ck.get("kl") is not None:
         return float(resume_ck["kl"])
-    return KL_LEARNED_REWARD if cfg.reward and has_start else 0.0
+    return KL_LEARNED_REWARD if (cfg.reward or cfg.kl_target is not None) and has_start else 0.0
+
+
+def kl_coef_at_start(cfg: A2CConfig, resume_ck: dict[str, Any] | None) -> float:
+    """The coefficient the first update uses: --kl (resolved), or with --kl-target where a resumed
+    run's controller had moved it."""
+    if cfg.kl_target is not None and resume_ck is not None and resume_ck.get("kl_coef") is not None:
+        return float(resume_ck["kl_coef"])
+    return float(cfg.kl or 0.0)
 
 
 def env_threads(cfg: A2CConfig, dist: Dist) -> int:
@@ -521,6 +535,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
         eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
         dist=dist,
         start=start,
+        kl_coef=kl_coef_at_start(cfg, resume_ck),
     )
 
 

@@ -43,6 +43,7 @@ class Transitions:
     boot_mode: (B,) int8              BOOT_NONE / BOOT_NEXT / BOOT_FINAL
     boot_obs:  (B, *obs_shape) uint8  state to bootstrap from (zeros where BOOT_NONE)
     env:       (B,) int64             index of the env the transition came from
+    low:       (B,) bool or None      the state showed a low gauge (SeaQuest; the KL logged on those alone)
     """
 
     obs: np.ndarray
@@ -53,13 +54,18 @@ class Transitions:
     boot_mode: np.ndarray
     boot_obs: np.ndarray
     env: np.ndarray
+    low: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.actions)
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        return Transitions(*(np.concatenate([getattr(p, f) for p in parts]) for f in Transitions.__dataclass_fields__))
+        def joined(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in parts]
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+
+        return Transitions(*(joined(f) for f in Transitions.__dataclass_fields__))
 
 
 class NStepCollector:
@@ -80,6 +86,7 @@ class NStepCollector:
         self.disc = np.ones((n_steps, n_envs), dtype=np.float64)
         self.k = np.zeros((n_steps, n_envs), dtype=np.int64)
         self.valid = np.zeros((n_steps, n_envs), dtype=bool)
+        self.low = np.zeros((n_steps, n_envs), dtype=bool)
         self.t = 0
 
     def add(
@@ -91,11 +98,15 @@ class NStepCollector:
         truncated: np.ndarray,
         next_obs: np.ndarray,
         final_obs: np.ndarray | None = None,
+        low: np.ndarray | None = None,
     ) -> Transitions:
+        """``low`` (N,) bool: the states ``obs`` showed a low gauge (None: not known; the
+        transitions' ``low`` is then None)."""
         j = self.t % self.n
         self.t += 1
         # The slot is free: its previous transition had n rewards by the last step.
         self.obs[j] = obs
+        self.low[j] = False if low is None else low
         self.actions[j] = actions
         self.ret[j] = 0.0
         self.disc[j] = 1.0
@@ -130,6 +141,7 @@ class NStepCollector:
             boot_mode=mode,
             boot_obs=boot_obs,
             env=env.astype(np.int64),
+            low=None if low is None else self.low[slot, env].copy(),
         )
         self.valid[emit] = False
         return out

@@ -49,7 +49,8 @@ prediction is +1 for every step above the running mean and −1 below, which thr
 better a step is -- the one thing the preferences taught the model. Normalised predictions are
 already on the scale sign-clipped scores have (unit variance); the ±5 bound only stops rare
 outliers from dominating a batch (as SB3's VecNormalize clips rewards). The learner must not
-sign-clip ``rewards`` again.
+sign-clip ``rewards`` again. ``--reward-clip sign`` (with ``--reward-norm window``: the book's
+whole reward path) takes the sign instead, to measure the two side by side.
 
 Live rounds (``01_a2c.py -r PATH --reward-reload``): before each agent step the wrapper may look
 at PATH (a ``stat``: mtime_ns, size, inode, at most every ``poll_s`` = 1 s) and, when the file has
@@ -95,6 +96,7 @@ from lib.reward_model import RewardPredictor, load_reward_model
 
 DEFAULT_NORM_WINDOW = 10_000
 DEFAULT_CLIP = 5.0
+SIGN = "sign"  # --reward-clip sign
 MIN_STD = 1e-6
 RELOAD_POLL_S = 1.0  # --reward-reload: seconds between two looks (a stat) at the reward model file
 
@@ -143,6 +145,37 @@ class RunningNorm:
         return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
 
 
+class WindowNorm:
+    """``--reward-norm window``: the book's normalisation. Each env keeps its own last ``window``
+    predictions (the book: 100 raw frames, 25 agent steps; never reset at a lost life), and its
+    prediction is centred on their MEAN and divided by their std, the current one included. Where
+    the book lets raw values through until an env's window is full, this uses the values the env
+    has (its first step is 0): a raw prediction carries the model's arbitrary offset. Through a
+    short window a model that pays a place (being high) pays getting there (climbing)."""
+
+    def __init__(self, window: int, n_envs: int):
+        if window < 2:
+            raise ValueError(f"norm window must be at least 2, got {window}")
+        self.buf = np.zeros((window, n_envs), dtype=np.float64)
+        self.count = 0  # steps added (every env adds one a step)
+        self.mean = self.center = 0.0  # over the envs, for TensorBoard
+        self.std = 1.0
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """Add ``x`` (N,), one prediction per env, and return each minus its env's window mean,
+        divided by that window's std (std < MIN_STD counts as 1)."""
+        x = np.asarray(x, dtype=np.float64).ravel()
+        if x.shape != self.buf.shape[1:]:
+            raise ValueError(f"expected {self.buf.shape[1]} predictions (one per env), got {x.shape}")
+        self.buf[self.count % len(self.buf)] = x
+        self.count += 1
+        filled = self.buf[: min(self.count, len(self.buf))]
+        mean, std = filled.mean(0), filled.std(0)
+        self.mean = self.center = float(mean.mean())
+        self.std = float(std.mean())
+        return ((x - mean) / np.where(std >= MIN_STD, std, 1.0)).astype(np.float32)
+
+
 class FixedNorm(RunningNorm):
     """``--reward-norm labels``: a fixed centre (the mean) and std, as the papers normalise (Ibarz et
     al. 2018 A.1: statistics over the labelled clips, not over the agent's own recent steps, so a
@@ -175,7 +208,10 @@ def normalised(x: np.ndarray) -> np.ndarray:
     return RunningNorm(len(x)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
 
 
-def penalised(members: np.ndarray, norms: list[RunningNorm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
+Norm = RunningNorm | WindowNorm
+
+
+def penalised(members: np.ndarray, norms: list[Norm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
     """(K, N) raw member predictions -> (N,) mean - penalty * std of the members' normalised
     predictions (each member on its own window; std over members, population), and (N,) the
     penalty subtracted."""
@@ -206,7 +242,7 @@ class RewardModelWrapper:
         model_path: str | os.PathLike,
         device: torch.device | str = "cpu",
         norm_window: int = DEFAULT_NORM_WINDOW,
-        clip: float | None = DEFAULT_CLIP,
+        clip: float | str | None = DEFAULT_CLIP,
         infer_threads: int | None = 1,
         penalty: float = 0.0,
         reload: bool = False,
@@ -220,8 +256,10 @@ class RewardModelWrapper:
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
         docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
         ``scale``: the std of the reward the learner gets (``--reward-scale``); ``norm``: "running"
-        (the agent's own last ``norm_window`` predictions) or "labels" (fixed: the stats stored in the
-        checkpoint, measured on its labelled clips; ``--reward-norm``); ``oracle``: send the game's
+        (the agent's own last ``norm_window`` predictions), "labels" (fixed: the stats stored in the
+        checkpoint, measured on its labelled clips) or "window" (each env's own last ``norm_window``
+        steps, ``WindowNorm``; ``--reward-norm``); ``clip``: the bound in std, None for none, or
+        "sign" for the sign of the normalised reward (``--reward-clip``); ``oracle``: send the game's
         true score through this same path instead of the model's prediction (``--reward-oracle``);
         ``alive``: added to every step's normalised, clipped reward before the scale (``--reward-alive``)."""
         self.env = env
@@ -231,7 +269,8 @@ class RewardModelWrapper:
             raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
         if not (math.isfinite(scale) and scale > 0):
             raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
-        if not (math.isfinite(alive) and 0 <= alive <= (clip if clip is not None else math.inf)):
+        bound = 1.0 if clip == SIGN else (clip if clip is not None else math.inf)
+        if not (math.isfinite(alive) and 0 <= alive <= bound):
             raise UserError(f"--reward-alive must be in [0, the clip {clip}], got {alive:g}")
         if norm not in REWARD_NORMS:
             raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
@@ -297,13 +336,17 @@ class RewardModelWrapper:
         if self.norm_mode == "labels":
             stats = self._stored_stats(model)
             assert stats is not None  # _checked refused a model without them
-            self.norm: RunningNorm = FixedNorm(*stats)
+            self.norm: Norm = FixedNorm(*stats)
             self.member_norms = [FixedNorm(*stats) for _ in range(model.ensemble if self.penalty else 0)]
+            return
+        members = model.ensemble if self.penalty else 0
+        if self.norm_mode == "window":
+            self.norm = WindowNorm(self.norm_window, self.env.n_envs)
+            self.member_norms = [WindowNorm(self.norm_window, self.env.n_envs) for _ in range(members)]
             return
         prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
         self.norm = RunningNorm(self.norm_window, prior=prior)
         # with a penalty: one window per member (their scales differ), mean - L * std across them
-        members = model.ensemble if self.penalty else 0
         self.member_norms = [RunningNorm(self.norm_window, prior=prior) for _ in range(members)]
 
     def poll(self) -> bool:
@@ -458,9 +501,7 @@ class RewardModelWrapper:
         st.pending = forward
         return st
 
-    def _predicted(
-        self, st: Any, members_t: torch.Tensor | None, norm: RunningNorm, member_norms: list[RunningNorm]
-    ) -> None:
+    def _predicted(self, st: Any, members_t: torch.Tensor | None, norm: Norm, member_norms: list[Norm]) -> None:
         """Put the members' predictions (K, N) into ``st``: raw mean, normalised (on ``norm``, or with
         a penalty on ``member_norms``) and clipped."""
         assert members_t is not None
@@ -472,7 +513,10 @@ class RewardModelWrapper:
             rewards, pen = penalised(members, member_norms, self.penalty)
             penalty = float(pen.mean())
         clipped = 0.0
-        if self.clip is not None:  # in std units, before the scale
+        if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
+            clipped = float(np.mean(np.abs(rewards) != 1))
+            rewards = np.sign(rewards)
+        elif self.clip is not None:  # in std units, before the scale
             clipped = float(np.mean(np.abs(rewards) > self.clip))
             rewards = np.clip(rewards, -self.clip, self.clip)
         st.pred_rewards = raw

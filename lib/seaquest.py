@@ -116,6 +116,13 @@ def oxygen_levels(frames: np.ndarray) -> np.ndarray:
     return np.where((red + white) > 0, level, -1).astype(np.int16)
 
 
+def low_gauge(frames: np.ndarray) -> np.ndarray:
+    """(N, 210, 160, 3) frames -> (N,) bool: the gauge shows 0 < level <= LOW_OXYGEN (draining or
+    filling alike: one frame cannot tell)."""
+    level = oxygen_levels(frames)
+    return (level > 0) & (level <= LOW_OXYGEN)
+
+
 @dataclass
 class OxygenCounts:
     """What a stretch of play showed: voluntary refills, lives lost, lives lost to oxygen."""

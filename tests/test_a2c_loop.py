@@ -386,3 +386,106 @@ def test_kl_defaults_to_the_learned_rewards_pull_only_for_a_fine_tune_on_one():
     ]
     for kw, st, ck, want in cases:
         assert kl_beta(a2c_config.A2CConfig(name="x", **kw), st, ck) == want, (kw, ck)
+
+
+def test_the_kl_controller_moves_the_coefficient_toward_the_target():
+    """adapt_kl_coef: a KL above the target raises the coefficient, one below lowers it, by at most
+    0.2 x samples / horizon a step; on target it stays."""
+    assert a2c.adapt_kl_coef(1.0, 0.2, 0.1, 128) == pytest.approx(1 + 0.2 * 128 / a2c.KL_HORIZON)
+    assert a2c.adapt_kl_coef(1.0, 0.11, 0.1, 128) == pytest.approx(1 + 0.1 * 128 / a2c.KL_HORIZON)
+    assert a2c.adapt_kl_coef(1.0, 0.0, 0.1, 128) == pytest.approx(1 - 0.2 * 128 / a2c.KL_HORIZON)
+    assert a2c.adapt_kl_coef(0.5, 0.1, 0.1, 128) == 0.5
+
+
+def test_kl_target_adapts_the_coefficient_in_the_loop_and_across_a_resume(tmp_path, monkeypatch):
+    """--kl-target T: every update's KL coefficient is the one the controller left; with T far below
+    the KL it rises update after update, far above it falls; finetune/kl_coef is logged, last.pt
+    keeps where it got to and a resumed run starts from there."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert a2c.train(config(tmp_path / "v0", max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
+    (v0,) = (tmp_path / "v0" / "saves").glob("best_*.pt")
+    real_loss = a2c.a2c_loss
+    coefs: dict[float, list[float]] = {}
+    for target in (1e-7, 100.0):
+        seen: list[float] = []
+
+        def spy(*args, seen=seen, **kw):
+            seen.append(args[8])  # kl_beta: the coefficient this update uses
+            return real_loss(*args, **kw)
+
+        monkeypatch.setattr(a2c, "a2c_loss", spy)
+        out = tmp_path / f"t{target:g}"
+        cfg = config(out, model=str(v0), finetune=True, lr=3e-3, max_steps=1200, kl=1.0, kl_target=target)
+        assert a2c.train(cfg, make_env=FakeVec) == 0
+        coefs[target] = seen
+        (events,) = (out / "runs").rglob("events.out.tfevents.*")
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        assert "finetune/kl_coef" in acc.Tags()["scalars"]
+    up, down = coefs[1e-7], coefs[100.0]
+    assert up[0] == down[0] == 1.0
+    assert all(b > a for a, b in zip(up[1:], up[2:], strict=False))  # rises once the policy has moved
+    assert all(b < a for a, b in zip(down, down[1:], strict=False)) and down[-1] < 1.0
+    last = torch.load(tmp_path / "t1e-07" / "saves" / "last.pt", weights_only=True)
+    assert last["kl_coef"] > 1.0 and last["kl"] == 1.0
+    resumed: list[float] = []
+
+    def spy2(*args, **kw):
+        resumed.append(args[8])
+        return real_loss(*args, **kw)
+
+    monkeypatch.setattr(a2c, "a2c_loss", spy2)
+    more = config(tmp_path / "t1e-07", max_steps=1400, kl_target=1e-7, resume=True)
+    assert a2c.train(more, make_env=FakeVec) == 0
+    assert resumed[0] == pytest.approx(last["kl_coef"])
+
+
+def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
+    """a2c_loss with ``low`` flags logs finetune/kl_low_gauge: KL(pi || pi_start) averaged over the
+    flagged transitions only."""
+    from lib.model import AtariA2C, StartPolicy, kl_to_start
+
+    torch.manual_seed(0)
+    start_net, net = AtariA2C(OBS, 3), AtariA2C(OBS, 3)
+    start = StartPolicy(start_net)
+    rng = np.random.default_rng(0)
+    b = 16
+    obs = rng.integers(0, 255, (b, *OBS), dtype=np.uint8)
+    low = np.zeros(b, dtype=bool)
+    low[[1, 5, 6]] = True
+    batch = Transitions(
+        obs, np.zeros(b, np.int64), np.zeros(b, np.float32), np.ones(b, np.float32), np.ones(b, np.int64),
+        np.zeros(b, np.int8), obs.copy(), np.arange(b), low,
+    )  # fmt: skip
+    _, m = a2c.a2c_loss(net, batch, np.zeros(b, np.float32), torch.device("cpu"), 0.0, start=start)
+    x = torch.from_numpy(obs)
+    with torch.no_grad():
+        logp = torch.log_softmax(net(x)[0], 1)
+        want = kl_to_start(logp[low], start_net(x)[0][low]).item()
+        everywhere = kl_to_start(logp, start_net(x)[0]).item()
+    assert m["finetune/kl_low_gauge"] == pytest.approx(want, rel=1e-5)
+    assert want != pytest.approx(everywhere, rel=1e-3)
+    batch.low = np.zeros(b, dtype=bool)
+    assert (
+        "finetune/kl_low_gauge"
+        not in a2c.a2c_loss(net, batch, np.zeros(b, np.float32), torch.device("cpu"), 0.0, start=start)[1]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(kl_target=0.05), "--kl-target pulls toward the policy -m starts from"),
+        (dict(kl_target=0.05, model="m.pt", kl=0.0), "--kl-target adapts the coefficient"),
+        (dict(kl_target=-1.0, model="m.pt"), "--kl-target must be in"),
+        (dict(reward_clip="abs"), "--reward-clip must be a number in"),
+        (dict(reward_clip="sign"), "--reward-clip clips a learned reward: give -r"),
+        (dict(reward_clip="0", reward="r.pt"), "--reward-clip must be a number in"),
+        (dict(reward_norm="window"), "--reward-norm window normalises a learned reward"),
+        (dict(norm_window=1, reward="r.pt"), "--norm-window must be in"),
+    ],
+)
+def test_the_new_reward_path_and_kl_flags_refuse_bad_values(kw, message):
+    with pytest.raises(UserError, match=message):
+        a2c_config.A2CConfig(name="x", **kw).check()

@@ -106,3 +106,21 @@ def test_envs_are_independent():
     )
     assert list(out.env) == [1] and out.returns[0] == pytest.approx(5 + 0.5 * 7) and out.obs[0, 0] == 100
     assert out.boot_obs[0, 0] == 102
+
+
+def test_low_gauge_flags_travel_with_the_transition_they_started():
+    """``low`` given per step and env comes out on the transition that started at that step (the
+    KL on low-gauge steps is taken over exactly those); not given, the transitions carry none."""
+    col = NStepCollector(2, (1,), 3, GAMMA)
+    flags = [np.array([t % 3 == 0, t % 2 == 0]) for t in range(8)]
+    out = []
+    for t in range(8):
+        obs = np.array([[t], [100 + t]], dtype=np.uint8)
+        z = np.zeros(2, bool)
+        out.append(col.add(obs, np.zeros(2, np.int64), np.ones(2, np.float32), z, z, obs + 1, None, flags[t]))
+    tr = Transitions.concat(out)
+    for o, e, low in zip(tr.obs[:, 0], tr.env, tr.low, strict=True):
+        t = int(o) - 100 * int(e)
+        assert low == flags[t][e]
+    assert tr.low.any() and not tr.low.all()
+    assert run([1, 2, 3, 4], [False] * 4, [False] * 4, n=2).low is None

@@ -425,3 +425,71 @@ def test_the_wrapper_feeds_the_net_what_training_feeds_it_for_the_same_recorded_
         np.testing.assert_array_equal(x[-1, 0], want[-1, 0])
         np.testing.assert_array_equal(x[-1, 1], x[-1, 0])  # the clip's last step: its own frame
         np.testing.assert_array_equal(actions, wrapper_a[end - steps : end, env])
+
+
+def test_window_norm_normalises_each_env_over_exactly_its_last_w_steps():
+    """--reward-norm window: env k's reward is (x - mean) / std of env k's own last W predictions,
+    the current one included; a prediction W steps back no longer counts, another env's never."""
+    from lib.reward_wrapper import WindowNorm
+
+    w, n = 5, 3
+    norm = WindowNorm(w, n)
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(12, n)) * np.array([1.0, 10.0, 0.1]) + np.array([0.0, 100.0, -3.0])
+    xs[:, 2] = 7.0  # a constant env: centred only (its std is 0)
+    outs = [norm.normalise(x) for x in xs]
+    for t in range(12):
+        for k in range(n):
+            seen = xs[max(0, t - w + 1) : t + 1, k]
+            std = seen.std() if seen.std() >= MIN_STD else 1.0
+            assert outs[t][k] == pytest.approx((xs[t, k] - seen.mean()) / std, rel=1e-5, abs=1e-6)
+    assert outs[0][0] == 0.0  # the first step of an env is its own mean
+    # exactly W: change the value W steps back and nothing changes; change the one W-1 back and it does
+    later = WindowNorm(w, n)
+    ys = xs.copy()
+    ys[11 - w, 0] += 50.0
+    assert [later.normalise(y) for y in ys][11][0] == pytest.approx(outs[11][0], rel=1e-6)
+    again = WindowNorm(w, n)
+    ys[11 - w + 1, 0] += 50.0
+    assert [again.normalise(y) for y in ys][11][0] != pytest.approx(outs[11][0], rel=1e-3)
+
+
+def test_window_norm_and_sign_clip_reach_the_learner(tmp_path):
+    """The wrapper with --reward-norm window --reward-clip sign gives the learner the sign of each
+    env's windowed prediction (times --reward-scale), the book's reward path; ±5 keeps the size."""
+    from lib.reward_wrapper import WindowNorm
+
+    path = _model_file(tmp_path, stats=None)
+    book = RewardModelWrapper(FakeVec(n_envs=4), path, norm="window", norm_window=6, clip="sign", scale=0.5)
+    ref = WindowNorm(6, 4)
+    kept = RewardModelWrapper(FakeVec(n_envs=4), path, norm="window", norm_window=6)
+    for _ in range(10):
+        st, st2 = book.step(np.zeros(4, np.int64)), kept.step(np.zeros(4, np.int64))
+        np.testing.assert_array_equal(st.rewards, 0.5 * np.sign(ref.normalise(st.pred_rewards)))
+    assert set(np.unique(st.rewards)) <= {-0.5, 0.0, 0.5}
+    assert not set(np.unique(st2.rewards)) <= {-1.0, 0.0, 1.0}  # the same path with ±5: sizes kept
+    with pytest.raises(UserError, match="--reward-alive must be in"):
+        RewardModelWrapper(FakeVec(n_envs=4), path, clip="sign", alive=1.5)  # the sign's bound is 1
+
+
+def test_stage_1s_flags_build_the_books_reward_path(tmp_path):
+    """01_a2c.py -r M --reward-norm window --norm-window W --reward-clip sign builds the wrapper with
+    exactly those; the defaults keep the running median and the ±5 clip."""
+    from lib.a2c_config import A2CConfig
+    from lib.a2c_run import make_env_stack
+
+    path = _model_file(tmp_path, stats=None)
+    rng = np.random.default_rng(0)
+    book = A2CConfig(name="x", reward=str(path), reward_norm="window", norm_window=7, reward_clip="sign")
+    env, _ = make_env_stack(book, FakeVec(n_envs=4), torch.device("cpu"), rng, None)
+    assert (env.norm_mode, env.norm_window, env.clip, type(env.norm).__name__) == ("window", 7, "sign", "WindowNorm")
+    rewards = np.concatenate([env.step(np.zeros(4, np.int64)).rewards for _ in range(5)])
+    assert set(np.unique(rewards)) == {-1.0, 1.0} or set(np.unique(rewards)) == {-1.0, 0.0, 1.0}
+    default, _ = make_env_stack(
+        A2CConfig(name="x", reward=str(path)), FakeVec(n_envs=4), torch.device("cpu"), rng, None
+    )
+    assert (default.norm_mode, default.norm_window, default.clip) == ("running", 10_000, 5.0)
+    three, _ = make_env_stack(
+        A2CConfig(name="x", reward=str(path), reward_clip="3"), FakeVec(), torch.device("cpu"), rng, None
+    )
+    assert three.clip == 3.0
