@@ -27,8 +27,9 @@ lives lost, the share lost to oxygen, low-gauge climbs toward the surface, the s
 at the surface), the reward model's figures and which rule decided the labels per round,
 a reward-hacking watch per round (correlation of the rlhf arm's predicted and true game returns
 during its fine-tune; its time at the surface), whether the issue's targets hold, and writes
-``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>``; with several seeds
-also the rows averaged over the seeds (intervals across seeds) in ``--out/<teacher>-<labels>.json``.
+``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>...`` (``round_name``: what
+else differs, with a short hash of the settings where the text could be shared); with several seeds
+also the rows averaged over the seeds (intervals across seeds) in ``--out/<teacher>-<labels>....json``.
 Every stage's output is kept and reused when the command runs again: a stopped run continues;
 a run made for other steps (--v0-steps, --ft-steps, --scale) is refused, not extended.
 
@@ -40,15 +41,15 @@ a run made for other steps (--v0-steps, --ft-steps, --scale) is refused, not ext
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import io
+import hashlib
 import json
 import math
 import re
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,6 @@ def check(args: argparse.Namespace) -> None:
             shlex.split(value)
         except ValueError as e:
             raise UserError(f"{flag} cannot be split into flags ({e}): {value!r}") from None
-    check_ft_args(args.ft_args)
     try:
         args.death_penalty = death_penalty_for(args.teacher, args.death_penalty)
     except ValueError as e:
@@ -327,52 +327,123 @@ def check(args: argparse.Namespace) -> None:
         (args.death_pairs < 0 or args.death_pairs > 100_000, f"--death-pairs must be in 0..100000, got {args.death_pairs}"),  # noqa: E501
         (not 2 <= args.death_steps <= 1000, f"--death-steps must be in 2..1000, got {args.death_steps}"),
         (args.death_pairs > 0 and args.live, "--death-pairs is a stage of the staged rounds, not of --live"),
-        (args.sampling == "disagree" and ensemble_of(args) < 2, "--sampling disagree needs an ensemble: --reward-args '--ensemble 3'"),  # noqa: E501
     ]  # fmt: skip
     for bad, message in wrong:
         if bad:
             raise UserError(message)
+    check_pass_through(args)
+    if args.sampling == "disagree" and ensemble_of(args) < 2:
+        raise UserError("--sampling disagree needs an ensemble: --reward-args '--ensemble 3'")
 
 
 # --- the settings of the stages -----------------------------------------------------------------
 
 
 def ensemble_of(args: argparse.Namespace) -> int:
-    """The --ensemble K of --reward-args (1 when not given)."""
-    words = shlex.split(args.reward_args)
-    for i, w in enumerate(words):
-        if w == "--ensemble" and i + 1 < len(words) and words[i + 1].isdigit():
-            return int(words[i + 1])
-        if w.startswith("--ensemble=") and w.split("=", 1)[1].isdigit():
-            return int(w.split("=", 1)[1])
-    return 1
+    """The --ensemble K of --reward-args, as stage 3 reads it (1 when not given)."""
+    return int(pass_through("--reward-args", args.reward_args).get("ensemble", 1))
 
 
-# 01_a2c.py flags that the round sets itself for each arm: --ft-args may not name them
-FT_ARGS_RESERVED = {"-n", "--name", "-m", "--model", "-r", "--reward", "--save", "--db-path", "--max-steps", "--seed"}
-FT_ARGS_RESERVED |= {"--resume", "--force", "--runs-dir", "--test-every", "--test-episodes", "--dev", "--reward-oracle"}
+# What the round sets itself, by the stage's destination: --ft-args (01_a2c.py, per arm) and
+# --reward-args (03_reward_train.py, per reward model) may not set them
+FT_RESERVED = ("name", "model", "reward", "save", "db_path", "max_steps", "seed", "resume", "force", "runs_dir")
+FT_RESERVED += ("test_every", "test_episodes", "dev", "reward_oracle")
+REWARD_RESERVED = ("name", "out", "dev", "seed", "runs_dir", "no_progress", "evaluate", "follow")
+REWARD_RESERVED += ("retrain_every", "poll")
+A_DB = "DB"  # stage 3's DB argument while --reward-args are read: the round gives the DBs
 
 
-def check_ft_args(ft_args: str) -> None:
-    """--ft-args: 01_a2c.py's own flags, parsed by its parser (a wrong one is one line now, not an
-    arm's failure an hour later); none of those the round sets per arm."""
+def pass_through(flag: str, text: str) -> dict[str, Any]:
+    """--ft-args or --reward-args (``flag``) read by its stage's own parser (01_a2c.py's, 03_reward_train.py's)
+    as that stage reads them, prefixes and attached short options too: the settings given, by destination,
+    a flag given at the stage's default kept. UserError (one line) for what the stage would refuse to
+    parse and for a setting the round makes itself."""
     from lib.a2c_cli import build_parser as a2c_parser
+    from lib.cli_help import given_flags
+    from lib.reward_cli import build_parser as reward_parser
 
-    words = shlex.split(ft_args)
-    taken = sorted({w.split("=", 1)[0] for w in words} & FT_ARGS_RESERVED)
-    if taken:
-        raise UserError(f"--ft-args may not set {', '.join(taken)}: the round sets it for each arm")
+    ft = flag == "--ft-args"
+    if ft:
+        stage, parser, reserved = "01_a2c.py", a2c_parser(), FT_RESERVED
+    else:
+        stage, parser, reserved = "03_reward_train.py", reward_parser(), REWARD_RESERVED
+    options = {a.dest: " / ".join(a.option_strings) for a in parser._actions}
+    words = shlex.split(text)
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage lines: our one line says it
-            a2c_parser().parse_args(["-n", "x", *words])
-    except SystemExit:
-        raise UserError(f"--ft-args {ft_args!r}: not flags 01_a2c.py takes (see python 01_a2c.py --help)") from None
+        given = given_flags(parser, words if ft else [A_DB, *words])
+    except ValueError as e:
+        raise UserError(f"{flag} {text!r}: not flags {stage} takes ({e}; see python {stage} --help)") from None
+    dbs = given.pop("dbs", [A_DB])[1:]
+    if dbs:
+        raise UserError(f"{flag} may not name DBs ({' '.join(dbs)}): the round gives each reward model its DBs")
+    taken = [options[dest] for dest in reserved if dest in given]
+    if taken:
+        per = "arm" if ft else "reward model"
+        raise UserError(f"{flag} may not set {', '.join(taken)}: the round sets it for each {per}")
+    return given
 
 
-def round_name(args: argparse.Namespace) -> str:
-    """The teacher's directory under a seed's directory: teacher, labels, and whatever else makes
-    its labels, models or fine-tunes differ (noise, a sampling mode, --reward-args, --from v0,
-    --ft-layers full)."""
+def check_pass_through(args: argparse.Namespace) -> None:
+    """--ft-args and --reward-args parsed (``pass_through``) and checked by their stage's own checks on
+    the settings the round will run them with: a wrong value is one line now, not an arm's failure
+    after v0, the labels and a reward model."""
+    from lib.reward_cli import build_parser as reward_parser
+    from lib.reward_cli import config_from_args
+    from lib.reward_train import check_config
+
+    pass_through("--reward-args", args.reward_args)
+    parsed = reward_parser().parse_args([A_DB, "-n", "x", "-o", "x", *shlex.split(args.reward_args)])
+    try:
+        check_config(config_from_args(parsed, "cpu"))
+    except UserError as e:
+        raise UserError(f"--reward-args {args.reward_args!r}: {e}") from None
+    pass_through("--ft-args", args.ft_args)
+    start, reward = Path("start.pt"), Path("reward.pt")  # stand-ins: the checks read no file
+    arms = [rlhf_config(args, "rlhf", Path("rlhf"), start, reward)]
+    arms += [replace(arms[0], reward_reload=True)] if args.live else []
+    arms += [rlhf_config(args, "oracle", Path("oracle"), start, reward, oracle=True)] if args.oracle_arm else []
+    for cfg in arms:
+        try:
+            cfg.check()
+        except UserError as e:
+            raise UserError(f"--ft-args {args.ft_args!r}: {e}") from None
+
+
+def rlhf_config(
+    args: argparse.Namespace, name: str, save: Path, start: Path, reward: Path, oracle: bool = False
+) -> A2CConfig:
+    """A fine-tune on a reward model, with --ft-args: the rlhf arm (recording its DB beside ``save``,
+    for the next round) or, ``oracle``, the oracle arm (the true score through the same path, no DB)."""
+    where = {"reward_oracle": True} if oracle else {"db_path": str(save.parent / "rlhf-db")}
+    return ft_config(
+        args,
+        name=name,
+        save=str(save),
+        max_steps=int(args.ft_steps * args.scale),
+        model=str(start),
+        reward=str(reward),
+        record_prob=args.record_prob,
+        **where,
+        **ft_settings(args.ft_layers),
+    )
+
+
+def round_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What makes a round's labels, models or fine-tunes differ, --reward-args and --ft-args parsed:
+    what its directory is named for."""
+    keys = ("teacher", "labels", "teacher_noise", "sampling", "death_penalty", "start", "ft_layers")
+    keys += ("branch_pairs", "branch_steps", "death_pairs", "death_steps")
+    settings: dict[str, Any] = {k: getattr(args, k, None) for k in keys}
+    for k, n in (("branch_steps", "branch_pairs"), ("death_steps", "death_pairs")):
+        settings[k] = settings[k] if settings[n] else None  # their clips' length only matters with pairs
+    settings["reward_args"] = pass_through("--reward-args", args.reward_args)
+    settings["ft_args"] = pass_through("--ft-args", getattr(args, "ft_args", ""))
+    return settings
+
+
+def _readable_name(args: argparse.Namespace) -> str:
+    """Teacher, labels, and whatever else makes a round differ, as text (the name of rounds made before
+    ``round_name`` added a hash): it leaves out "-" and rounds floats, so it may be shared."""
     name = f"{args.teacher}-{args.labels}"
     name += f"-noise{args.teacher_noise:g}" if args.teacher_noise else ""
     name += f"-{args.sampling}" if args.sampling != "rare" else ""  # rare: the default
@@ -387,6 +458,53 @@ def round_name(args: argparse.Namespace) -> str:
     name += f"-ft{ft_flags}" if ft_flags else ""
     name += "-fromv0" if getattr(args, "start", "best") == "v0" else ""
     return name + (f"-{args.ft_layers}" if getattr(args, "ft_layers", "frozen") != "frozen" else "")
+
+
+def round_name(args: argparse.Namespace) -> str:
+    """The teacher's directory under a seed's directory: ``_readable_name``, and where that text may
+    be shared by other settings (pass-through flags, a float ``:g`` rounds) the first 8 hex digits of
+    a hash of the parsed settings (``round_settings``), so that two settings never share a directory."""
+    name = _readable_name(args)
+    floats = [getattr(args, k, None) for k in ("teacher_noise", "death_penalty")]
+    lossy = args.reward_args or getattr(args, "ft_args", "") or any(x and float(f"{x:g}") != x for x in floats)
+    if not lossy:
+        return name
+    text = json.dumps(round_settings(args), sort_keys=True, default=str)
+    return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
+SETTINGS_FILE = "settings.json"  # in a round's directory: the settings it was made for (round_settings)
+
+
+def round_dir(args: argparse.Namespace) -> Path:
+    """The round's directory under ``args.out`` (the seed's), made if missing. A round made before
+    ``round_name`` added a hash (named ``_readable_name``) is still found, unless it records other
+    settings (its settings file, else its round.json's); found, it records these."""
+    new, old = args.out / round_name(args), args.out / _readable_name(args)
+    tdir = old if not new.exists() and old != new and old.is_dir() and _made_for(old, args) else new
+    tdir.mkdir(parents=True, exist_ok=True)
+    settings = round_settings(args)
+    if not (tdir / SETTINGS_FILE).exists():
+        atomic_write(tdir / SETTINGS_FILE, json.dumps(settings, indent=1, sort_keys=True, default=str).encode())
+    return tdir
+
+
+def _made_for(tdir: Path, args: argparse.Namespace) -> bool:
+    """Whether an old round directory was made with ``args``' settings, or records none."""
+    want = json.loads(json.dumps(round_settings(args), sort_keys=True, default=str))
+    try:
+        return json.loads((tdir / SETTINGS_FILE).read_text()) == want
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        return False
+    try:
+        made = json.loads((tdir / "round.json").read_text())["settings"]
+        return round_settings(argparse.Namespace(**{**vars(args), **made})) == round_settings(args)
+    except FileNotFoundError:
+        return True  # a stopped round of before the record: these settings claim it
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return False
 
 
 # --- the rounds ---------------------------------------------------------------------------------
@@ -419,8 +537,7 @@ def run_v0(args: argparse.Namespace) -> SeedRun:
         record_prob=args.record_prob,
     )
     train_a2c(v0, V0_EVALS, args)
-    tdir = args.out / round_name(args)
-    tdir.mkdir(parents=True, exist_ok=True)
+    tdir = round_dir(args)
     return SeedRun(args, tdir, db, split_db(db, args.out, args.holdout, args.seed), best_policy(args.out / "v0"))
 
 
@@ -432,38 +549,17 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     ctl_dir = ctl_base / f"r{1 if args.start == 'v0' else k}"
     ctl_start = sr.v0_policy if fresh else best_policy(ctl_base / f"r{k - 1}")
     ctl_name = f"round-{ctl_base.name}-{ctl_dir.name}"
-    ft = ft_settings(args.ft_layers)
-    control = A2CConfig(name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), **ft)
-    train_a2c(control, args.evals, args)
-    rl_start = rlhf_start(sr, k)
-    rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
-    rlhf = ft_config(
-        args,
-        name=rl_name,
-        save=str(rdir / "rlhf"),
-        max_steps=steps,
-        model=str(rl_start),
-        reward=str(reward),
-        db_path=str(rdir / "rlhf-db"),  # the next round's DB
-        record_prob=args.record_prob,
-        **ft,
+    control = A2CConfig(
+        name=ctl_name, save=str(ctl_dir), max_steps=steps, model=str(ctl_start), **ft_settings(args.ft_layers)
     )
-    train_a2c(rlhf, args.evals, args)
+    train_a2c(control, args.evals, args)
+    rl_name = f"round-rlhf-{sr.tdir.name}-r{k}"
+    train_a2c(rlhf_config(args, rl_name, rdir / "rlhf", rlhf_start(sr, k), reward), args.evals, args)
     arms = {"control": (ctl_name, ctl_dir), "rlhf": (rl_name, rdir / "rlhf")}
     if args.oracle_arm:  # the true score through the rlhf arm's path: -r's stats, --ft-args, no DB
         or_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "oracle")
         or_name = f"round-oracle-{sr.tdir.name}-r{k}"
-        oracle = ft_config(
-            args,
-            name=or_name,
-            save=str(rdir / "oracle"),
-            max_steps=steps,
-            model=str(or_start),
-            reward=str(reward),
-            reward_oracle=True,
-            **ft,
-        )
-        train_a2c(oracle, args.evals, args)
+        train_a2c(rlhf_config(args, or_name, rdir / "oracle", or_start, reward, oracle=True), args.evals, args)
         arms["oracle"] = (or_name, rdir / "oracle")
     return arms
 
@@ -561,8 +657,9 @@ def report_seed(sr: SeedRun, results: list[dict[str, Any]], t0: float) -> list[d
     return rounds
 
 
-def report_seeds(args: argparse.Namespace, per_seed: list[list[dict[str, dict[str, float]]]]) -> None:
-    """The rows averaged over the seeds (each ``±``: the 95% interval across seeds) and the targets."""
+def report_seeds(args: argparse.Namespace, per_seed: list[list[dict[str, dict[str, float]]]], name: str) -> None:
+    """The rows averaged over the seeds (each ``±``: the 95% interval across seeds) and the targets,
+    written to ``--out/<name>.json`` (``name``: the seeds' round directory)."""
     rows = across_seeds(per_seed)
     seeds = ",".join(map(str, args.seeds))
     print(
@@ -572,7 +669,7 @@ def report_seeds(args: argparse.Namespace, per_seed: list[list[dict[str, dict[st
     checks = targets(args.teacher, rows)
     for what, ok in checks:
         print(f"target (mean of the seeds): {what}: {'met' if ok else 'MISSED'}")
-    path = args.out / f"{round_name(args)}.json"
+    path = args.out / f"{name}.json"
     report = {"seeds": args.seeds, "rounds": rows, "targets": {what: ok for what, ok in checks}}
     atomic_write(path, json.dumps(report, indent=1).encode())
     print(f"\n{path}")
@@ -582,21 +679,22 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     check(args)
     t0 = time.time()
-    per_seed = []
+    per_seed, names = [], set()
     for seed in args.seeds:
         sr = run_v0(seed_args(args, seed))
+        names.add(sr.tdir.name)
         if args.live:
             per_seed.append(report_live(sr, run_live(sr), t0))
             continue
         if args.reward_only:  # the inner loop: round 1's labels and reward model, no fine-tune
             reward, figures = reward_round(sr, 1)
-            print(f"\n## seed {seed}: {round_name(sr.args)}, reward model {reward}\n")
+            print(f"\n## seed {seed}: {sr.tdir.name}, reward model {reward}\n")
             print_reward_notes(1, figures)
             continue
         results = [run_round(sr, k) for k in range(1, args.rounds + 1)]
         per_seed.append(report_seed(sr, results, t0))
     if len(args.seeds) > 1 and not args.reward_only and not args.live:
-        report_seeds(args, per_seed)
+        report_seeds(args, per_seed, names.pop() if len(names) == 1 else round_name(args))
 
 
 def cli() -> None:

@@ -313,12 +313,13 @@ def teacher_db(db: Path, tdb: Path, train: list[str]) -> None:
 
 
 def ft_config(args: argparse.Namespace, **fields: Any) -> A2CConfig:
-    """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top."""
+    """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top, read by
+    01_a2c.py's parser; a flag given is used even where its value is 01_a2c.py's default (checked
+    before: ``experiments.round.check``)."""
     from lib.a2c_cli import build_parser as a2c_parser
+    from lib.cli_help import given_flags
 
-    parsed = vars(a2c_parser().parse_args(["-n", "x", *shlex.split(args.ft_args)]))
-    given = {k: v for k, v in parsed.items() if k != "name" and v != getattr(A2CConfig, k, None)}
-    return A2CConfig(**{**fields, **given})
+    return A2CConfig(**{**fields, **given_flags(a2c_parser(), shlex.split(args.ft_args))})
 
 
 def ft_settings(layers: str) -> dict[str, Any]:

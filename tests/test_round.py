@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,13 @@ def _round_args(out: Path, *extra: str):
     return build_parser().parse_args(["--out", str(out), "--teacher", "score", "--labels", "15", *extra])
 
 
+def _readable(name: str) -> str:
+    """A round's directory name without the hash of its settings (pass-through flags: 8 hex digits)."""
+    readable, sep, digest = name.rpartition("-")
+    assert sep and len(digest) == 8 and all(c in "0123456789abcdef" for c in digest), name
+    return readable
+
+
 def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -> None:
     from experiments.round import ensemble_of, round_name
     from experiments.stages import label_steps
@@ -160,10 +168,10 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     # a lone flag as the value (argparse would take it for one of its own)
     lone = _round_args(tmp_path, "--reward-args", "--diff-signed", "--ft-args", "--kl", "--seeds", "1")
     assert (lone.reward_args, lone.ft_args, lone.seeds) == ("--diff-signed", "--kl", [1])
-    assert round_name(_round_args(tmp_path, "--reward-args", "--diff-signed")) == "score-15-diffsigned"
+    assert _readable(round_name(_round_args(tmp_path, "--reward-args", "--diff-signed"))) == "score-15-diffsigned"
     assert round_name(_round_args(tmp_path, "--from", "v0")) == "score-15-fromv0"
     args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
-    assert round_name(args) == "score-15-disagree-ensemble3diffblock6x12"
+    assert _readable(round_name(args)) == "score-15-disagree-ensemble3diffblock6x12"
     assert ensemble_of(args) == 3 and ensemble_of(_round_args(tmp_path)) == 1
     assert ensemble_of(_round_args(tmp_path, "--reward-args=--ensemble=4")) == 4
     assert label_steps(300, "random") == [300] and label_steps(300, "uncertain") == [100, 200, 300]
@@ -171,7 +179,7 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert round_name(_round_args(tmp_path, "--ft-layers", "full")) == "score-15-full"
     assert round_name(_round_args(tmp_path, "--ft-layers", "frozen")) == "score-15"
     branch = _round_args(tmp_path, "--teacher", "surface", "--branch-pairs", "150", "--reward-args", "--diff-flow")
-    assert round_name(branch) == "surface-15-branch150-diffflow"
+    assert _readable(round_name(branch)) == "surface-15-branch150-diffflow"
     assert round_name(_round_args(tmp_path, "--branch-pairs", "9", "--branch-steps", "50")) == "score-15-branch9x50"
 
 
@@ -305,6 +313,39 @@ def test_an_arms_row_has_the_share_of_lives_lost_surfacing_empty_only_where_its_
     assert "| lost surfacing empty |" in table([{"v0": row}]) and "| 50% |" in table([{"v0": row}])
     older = summarise({k: v for k, v in games.items() if k != "surfacing_deaths"})  # an eval.json made before
     assert "surfacing_share" not in older and "| n/a |" in table([{"v0": older}])
+
+
+def test_an_arms_row_has_the_best_life_and_the_best_checkpoint_beside_the_mean(tmp_path: Path) -> None:
+    """evaluate_arm's record (a cache of real files, read back without playing): the best single
+    life over the games and the run's best checkpoint; an older cache without lives reads n/a."""
+    from experiments.round_report import across_seeds, summarise, table
+    from experiments.stages import EVAL_RECORD, EVAL_SEED, evaluate_arm, file_digest
+    from lib.model import best_checkpoint_name
+
+    run = tmp_path / "rlhf"
+    run.mkdir()
+    policy = run / "last.pt"
+    policy.write_bytes(b"policy at step 500000")
+    for step, score in ((100_000, 300.0), (480_000, 412.3)):
+        (run / best_checkpoint_name(step, score, 1530)).write_bytes(b"")
+    games = {"scores": [100.0, 300.0], "lengths": [800, 1200], "refills": [None, None]}
+    games |= {"deaths": [None, None], "oxygen_deaths": [None, None]}
+    lives = [[[40.0, 300], [60.0, 500]], [[60.0, 600], [240.0, 400], [0.0, 200]]]
+    args = argparse.Namespace(eval_games=2)
+    key = {"policy": file_digest(policy), "games": 2, "seed": EVAL_SEED, "record": EVAL_RECORD}
+    cache = tmp_path / "eval.json"
+    cache.write_text(json.dumps({"made_from": key, "value": {**games, "lives": lives}}))
+    row = summarise(evaluate_arm(policy, cache, args))
+    assert (row["best_life"], row["best_life_steps"]) == (240.0, 400.0)
+    assert (row["best_ckpt"], row["best_ckpt_kstep"]) == (412.3, 480.0)  # the last best_*.pt written
+    text = table([{"rlhf": row}])
+    assert "| best life | best checkpoint |" in text and "| 240 in 400 steps | 412 at 480k |" in text
+    other = dict(row, best_life=200.0, best_life_steps=600.0)
+    seeds = table(across_seeds([[{"rlhf": row}], [{"rlhf": other}]]))
+    assert re.search(r"\| 220 ± \d+ in 500 steps \|", seeds)  # the seeds' mean, its interval across them
+    cache.write_text(json.dumps({"made_from": key, "value": games}))  # cached before lives were kept
+    older = summarise(evaluate_arm(policy, cache, args))
+    assert "best_life" not in older and "| n/a | 412 at 480k |" in table([{"rlhf": older}])
 
 
 def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path: Path) -> None:
@@ -468,7 +509,7 @@ def test_ft_args_and_the_death_penalty_name_the_round_and_reach_the_rlhf_arm(tmp
 
     papers = "--terminal none --reward-scale 0.05 --reward-norm labels --kl 0.1"
     args = _round_args(tmp_path, "--death-penalty", "100", "--ft-args", papers)
-    assert round_name(args) == "score-15-death100-ftterminalnonerewardscale0.05rewardnormlabelskl0.1"
+    assert _readable(round_name(args)) == "score-15-death100-ftterminalnonerewardscale0.05rewardnormlabelskl0.1"
     cfg = ft_config(args, name="arm", model="p.pt", reward="r.pt", finetune=True)
     assert (cfg.terminal, cfg.reward_scale, cfg.reward_norm, cfg.kl) == ("none", 0.05, "labels", 0.1)
     assert cfg.finetune and cfg.reward == "r.pt" and cfg.name == "arm"
@@ -603,3 +644,126 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
     append_labels(db, labels)
     got = label_agreement(path, db, "cpu")
     assert got == {"agreement": pytest.approx(3 / 5), "pairs": 5}
+
+
+def _round_cli(tmp_path: Path, capsys, *extra: str) -> tuple[int, list[str]]:
+    """``python -m experiments.round --teacher score EXTRA``: its exit code and stderr lines. Its --out
+    lies under a file, so that a round the checks let through stops at once ("cannot create --out")
+    instead of training a v0."""
+    from experiments.round import cli
+
+    (tmp_path / "a-file").write_text("")
+    old = sys.argv
+    sys.argv = ["experiments/round.py", "--out", str(tmp_path / "a-file" / "out"), "--teacher", "score", *extra]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        # argparse's prefixes and attached short options name the flags the round sets per arm
+        (("--ft-args", "--sav /tmp/elsewhere"), "--ft-args may not set --save"),
+        (("--ft-args", "--max-s 10"), "--ft-args may not set --max-steps"),
+        (("--ft-args", "--db-p x"), "--ft-args may not set --db-path"),
+        (("--ft-args", "--reward-o"), "--ft-args may not set --reward-oracle"),
+        (("--ft-args", "-m/x.pt"), "--ft-args may not set -m / --model"),
+        (("--ft-args", "-r/x.pt"), "--ft-args may not set -r / --reward"),
+        (("--ft-args", "--see=3"), "--ft-args may not set --seed"),
+        # 01_a2c.py's own checks, on the arms the round will run
+        (("--ft-args", "--kl -1"), "--kl must be in [0, 1,000,000), got -1"),
+        (("--ft-args", "--lr 5"), "--lr must be a number in (0, 1), got 5"),
+        (("--ft-args", "--reward-penalty 1", "--oracle-arm"), "--reward-oracle has no ensemble"),
+        # the same for --reward-args with 03_reward_train.py's parser and checks
+        (("--reward-args", "--se 3"), "--reward-args may not set --seed"),
+        (("--reward-args", "-o/elsewhere"), "--reward-args may not set -o / --out"),
+        (("--reward-args", "--ev m.pt"), "--reward-args may not set --evaluate"),
+        (("--reward-args", "--fol"), "--reward-args may not set --follow"),
+        (("--reward-args", "--lr 1e3"), "--lr must be positive and at most"),
+        (("--reward-args", "--ensemble 0"), "--ensemble must be at least 1"),
+        (("--reward-args", "--arch book --diff-signed"), "--diff-signed applies to --arch diff only"),
+        (("--reward-args", "--epochs x"), "not flags 03_reward_train.py takes"),
+        (("--reward-args", "other/db"), "--reward-args may not name DBs (other/db)"),
+    ],
+)
+def test_pass_through_flags_are_parsed_and_checked_by_their_stage_before_anything_runs(
+    tmp_path: Path, capsys, extra, msg
+) -> None:
+    """--ft-args and --reward-args are parsed by 01_a2c.py's and 03_reward_train.py's own parsers (was:
+    matched as whole words, so --sav, --max-s or -m/x passed) and checked by their own checks: one
+    line, exit 2, before any stage runs (was: an arm that failed after v0, labels and a reward model)."""
+    code, err = _round_cli(tmp_path, capsys, *extra)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
+
+
+def test_pass_through_prefixes_the_stage_takes_are_taken(tmp_path: Path) -> None:
+    """A prefix the stage's parser reads as one of its flags is that flag: --ens 3 is an ensemble
+    (disagree needs one); --reco 0.5 is --record-prob."""
+    from experiments.round import check, ensemble_of
+    from experiments.stages import ft_config
+
+    args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ens 3", "--ft-args", "--reco 0.5")
+    check(args)
+    assert ensemble_of(args) == 3
+    assert ft_config(args, name="arm", model="p.pt", reward="r.pt", record_prob=0.001).record_prob == 0.5
+
+
+def test_a_flag_given_in_ft_args_is_used_even_at_01_a2cs_default(tmp_path: Path) -> None:
+    """--ft-args "--record-prob 0.00025" (01_a2c.py's default) records at 0.00025, not at the round's
+    0.001 (was: a value equal to the stage's default was dropped, and the round's own stood)."""
+    from experiments.stages import ft_config
+    from lib.a2c_cli import parse_config, to_argv
+    from lib.a2c_config import A2CConfig
+
+    default = A2CConfig.__dataclass_fields__["record_prob"].default
+    args = _round_args(tmp_path, "--ft-args", f"--record-prob {default}")
+    cfg = ft_config(args, name="arm", model="p.pt", reward="r.pt", db_path="db", record_prob=args.record_prob)
+    assert args.record_prob != default and cfg.record_prob == default
+    assert parse_config(to_argv(cfg)).record_prob == default  # what the arm's process is told
+
+
+def test_different_pass_through_settings_never_share_a_round_directory(tmp_path: Path) -> None:
+    """The readable part of a round's name leaves out "-" (1e-3 and 1e3 read alike) and rounds
+    floats; a short hash of the parsed settings is added whenever it could be shared, so two
+    different settings never share a directory (was: the second round reused the first's arms)."""
+    from experiments.round import round_name
+
+    def name(*extra: str) -> str:
+        return round_name(_round_args(tmp_path, *extra))
+
+    pairs = [
+        (("--ft-args", "--clip-grad 1e-3"), ("--ft-args", "--clip-grad 1e3")),
+        (("--ft-args", "--reward-scale 1e-1"), ("--ft-args", "--reward-scale 1e1")),
+        (("--reward-args", "--lr 1e-3"), ("--reward-args", "--lr 1e3")),
+        (("--ft-args", "--kl -1"), ("--ft-args", "--kl 1")),
+        (("--teacher-noise", "0.1000001"), ("--teacher-noise", "0.1")),
+    ]
+    for one, other in pairs:
+        assert name(*one) != name(*other), (one, other)
+    # the readable part stays first; the same settings spelled otherwise hash alike
+    assert name("--ft-args", "--kl 1").startswith("score-15-ftkl1-")
+    assert name("--ft-args", "--kl 1").split("-")[-1] == name("--ft-args", "--kl=1.0").split("-")[-1]
+    assert name() == "score-15" and name("--sampling", "random") == "score-15-random"  # nothing left out
+
+
+def test_an_old_round_directory_is_still_found(tmp_path: Path) -> None:
+    """A round made before the hash (its directory named by the readable part alone) is still the
+    round's directory when it records the same settings or none; from then on it records them, so
+    a round with other settings that read alike gets its own directory."""
+    from experiments.round import round_dir, round_name, seed_args
+
+    kl1 = seed_args(_round_args(tmp_path, "--ft-args", "--kl 1"), 0)
+    old = kl1.out / "score-15-ftkl1"
+    old.mkdir(parents=True)
+    assert round_dir(kl1) == old  # found, and claimed for these settings
+    assert round_dir(kl1) == old
+    other = seed_args(_round_args(tmp_path, "--ft-args", "--kl=1.0 --clip-grad 0.5"), 0)
+    assert round_name(other) != round_name(kl1)
+    renamed = seed_args(_round_args(tmp_path, "--ft-args", "--kl -1"), 0)  # reads as "ftkl1" too
+    assert round_dir(renamed) == renamed.out / round_name(renamed) != old
+    fresh = seed_args(_round_args(tmp_path / "b", "--ft-args", "--kl 1"), 0)
+    assert round_dir(fresh) == fresh.out / round_name(fresh)  # no old directory: the new name
