@@ -39,6 +39,7 @@ from experiments.stages import (
     SeedRun,
     a2c_progress,
     cached_json,
+    checked_progress,
     evaluate_arm,
     file_digest,
     ft_config,
@@ -130,32 +131,30 @@ def run_live(sr: SeedRun) -> dict[str, Any]:
     ldir = sr.tdir / "live"
     ldir.mkdir(parents=True, exist_ok=True)
     plan = live_plan(args)
+    db, save, stable = ldir / "rlhf-db", ldir / "rlhf", ldir / "reward-live.pt"
+    name = f"round-live-{sr.tdir.name}"
+    cfg = ft_config(  # --ft-args too: the live arm learns as the staged rlhf arms do
+        args,
+        name=name,
+        save=str(save),
+        max_steps=plan["steps"],
+        model=str(sr.v0_policy),
+        reward=str(stable),
+        reward_reload=True,
+        db_path=str(db),
+        record_prob=args.record_prob,
+        dev=args.dev,
+        seed=args.seed,
+        runs_dir=str(args.out / "tb"),
+        test_every=max(plan["steps"] // (args.evals * args.rounds), 1),
+        test_episodes=args.test_episodes,
+        **ft_settings(args.ft_layers),
+    )
+    done = checked_progress(cfg)  # a run made for other steps or another --kl: refused, as the staged arms'
     reward1, figures1 = reward_round(sr, 1)  # live starts where staged round 1 starts
-    stable = ldir / "reward-live.pt"
     if not stable.exists():
         atomic_write(stable, reward1.read_bytes())
-    db = ldir / "rlhf-db"
-    save = ldir / "rlhf"
-    name = f"round-live-{sr.tdir.name}"
-    done = a2c_progress(save)
     if done is None or done < plan["steps"]:
-        cfg = ft_config(  # --ft-args too: the live arm learns as the staged rlhf arms do
-            args,
-            name=name,
-            save=str(save),
-            max_steps=plan["steps"],
-            model=str(sr.v0_policy),
-            reward=str(stable),
-            reward_reload=True,
-            db_path=str(db),
-            record_prob=args.record_prob,
-            dev=args.dev,
-            seed=args.seed,
-            runs_dir=str(args.out / "tb"),
-            test_every=max(plan["steps"] // (args.evals * args.rounds), 1),
-            test_episodes=args.test_episodes,
-            **ft_settings(args.ft_layers),
-        )
         cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
         live_loop(sr, cfg, to_argv(cfg), plan, reward1)
     reached = a2c_progress(save) or 0

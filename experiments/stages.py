@@ -246,16 +246,24 @@ def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
         )
 
 
+def checked_progress(cfg: A2CConfig) -> int | None:
+    """Agent steps the run in ``cfg.save_dir`` has done (None: it has no last.pt), once its last.pt
+    is known to be made for what ``cfg`` asks (``check_same_kl``, ``check_same_steps``): the one check
+    every path that reuses or continues a run goes through (``train_a2c``, the live round)."""
+    last = _last_checkpoint(cfg.save_dir)  # read once: it is tens of MB
+    if last is None:
+        return None
+    check_same_kl(cfg, last)
+    check_same_steps(cfg, last)
+    return _steps_done(last)
+
+
 def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
     """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
     evaluations): skipped when done, continued (``resume``) when stopped."""
     steps = cfg.max_steps
-    last = _last_checkpoint(cfg.save_dir)  # read once: it is tens of MB
-    done = None if last is None else _steps_done(last)
-    if last is not None:
-        check_same_kl(cfg, last)
-        check_same_steps(cfg, last)
+    done = checked_progress(cfg)
     if done is not None and done >= steps:
         log(f"{cfg.name}: done ({done:,} steps in {cfg.save_dir}), reused")
         return

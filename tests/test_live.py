@@ -296,3 +296,30 @@ def test_sighup_to_a_round_stops_its_running_stage_on_its_ctrl_c_path(tmp_path: 
     assert p.returncode == 130, (stdout[-2000:], err[-2000:])
     assert "interrupted at step" in (out / "seed0" / "logs" / "round-v0.log").read_text()
     assert "Traceback" not in err and "every finished stage is kept" in err
+
+
+def test_a_live_arm_made_for_other_steps_is_refused_as_the_staged_arms_are(tmp_path: Path) -> None:
+    """--live goes through the staged arms' check of last.pt (``stages.checked_progress``) before
+    anything runs: a 600-step live arm is not resumed to 2,000 steps on its 600-step schedule (lr 0
+    from step 600 on), a 4,000-step one not reused as a 2,000-step one (was: no check on this path)."""
+    from experiments.live import run_live
+    from experiments.round import check, round_name, seed_args
+    from experiments.stages import SeedRun
+    from lib.a2c_config import KL_LEARNED_REWARD
+    from lib.checkpoints import atomic_torch_save
+    from lib.errors import UserError
+
+    given = _round_args(tmp_path, "--live", "--rounds", "2", "--ft-steps", "1000", "--labels", "10")
+    check(given)
+    args = seed_args(given, 0)
+    tdir = args.out / round_name(args)
+    save = tdir / "live" / "rlhf"
+    save.mkdir(parents=True)
+    sr = SeedRun(args, tdir, args.out / "db", {"train": [], "holdout": []}, tmp_path / "v0.pt")
+    for made_for, done in ((600, 600), (4000, 4000), (4000, 2000)):
+        ck = {"progress": {"step": done}, "lr_decay_steps": made_for, "kl": KL_LEARNED_REWARD}
+        atomic_torch_save(ck, save / "last.pt")
+        with pytest.raises(UserError, match=f"made for {made_for:,} agent steps; this one asks for 2,000") as e:
+            run_live(sr)
+        assert "\n" not in str(e.value)
+    assert not (tdir / "r1").exists()  # refused before round 1's labels and model
