@@ -1,0 +1,154 @@
+"""What the learner would be paid, offline: one reward model's predictions on a DB's clips sent
+through each reward path of ``01_a2c.py -r`` (the normalisation and the clip), before any fine-tune.
+
+The paths: ``running`` (the median and std of all the clips' steps, as the running window of the
+agent's last 10,000 predictions sees them once it is full) or ``window`` (each clip's own last
+``--norm-window`` steps, the book's per-env window: a clip is one env's consecutive steps, so its
+first steps have a shorter window than a run has), each with the ±5 clip or the sign (ptan's, after
+the book's normalisation). For each: the mean pay of a climbing and of a still low-gauge step with a
+diver aboard (``experiments.stages.diver_step_flags``) and their difference, the steps that lose a
+life and the ``LIFE_LOSS_LEAD`` steps before them, and the mean step.
+
+    python -m experiments.reward_path --reward runs/round/seed0/surface-100/r1/reward.pt \\
+        --db runs/round/seed0/db --split runs/round/seed0/split.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.stages import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
+from lib.a2c_config import BOOK_NORM_WINDOW
+from lib.errors import UserError, run_cli
+from lib.files import atomic_write
+from lib.reward_eval import predict_segments
+from lib.reward_model import load_reward_model
+from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
+from lib.segments import list_segments, read_segment
+
+PATHS = ("running", "window")
+CLIPS = ("5", "sign")
+
+
+def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BOOK_NORM_WINDOW) -> list[np.ndarray]:
+    """Per clip (T,) raw predictions -> what the learner gets for each step under ``norm`` and ``clip``."""
+    if norm == "running":
+        z = normalised(np.concatenate(preds)) if preds else np.zeros(0, dtype=np.float32)
+        cuts = np.cumsum([len(p) for p in preds])[:-1]
+        out = np.split(z.astype(np.float64), cuts)
+    elif norm == "window":
+        out = []
+        for p in preds:
+            wn = WindowNorm(window, 1)
+            out.append(np.array([wn.normalise(np.array([x]))[0] for x in p], dtype=np.float64))
+    else:
+        raise ValueError(f"unknown norm {norm!r}")
+    if clip == "sign":
+        return [np.sign(z) for z in out]
+    bound = float(clip)
+    return [np.clip(z, -bound, bound) for z in out]
+
+
+def path_figures(z: list[np.ndarray], flags: list[tuple[np.ndarray, np.ndarray]], lost: list[np.ndarray]) -> dict:
+    """The pay of climbing and still low-gauge diver steps, around lost lives, and the mean step."""
+    flat = np.concatenate(z) if z else np.zeros(0)
+    m = diver_step_means(flat, flags)
+    dead = np.concatenate(lost) if lost else np.zeros(0, dtype=bool)
+    leads = []
+    for clip_lost in lost:  # the steps before a loss within its own clip
+        lead = np.zeros(len(clip_lost), dtype=bool)
+        for t in np.flatnonzero(clip_lost):
+            lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
+        leads.append(lead & ~clip_lost)
+    lead = np.concatenate(leads) if leads else np.zeros(0, dtype=bool)
+    return {
+        **m,
+        "gap": m["diver_climb_z"] - m["diver_still_z"],
+        "life_loss_z": float(flat[dead].mean()) if dead.any() else math.nan,
+        "pre_loss_z": float(flat[lead].mean()) if lead.any() else math.nan,
+        "life_losses": int(dead.sum()),
+        "mean_z": float(flat.mean()) if len(flat) else math.nan,
+    }
+
+
+def measure(reward: Path, db: Path, names: list[str], window: int, dev: str = "cpu") -> list[dict]:
+    rm = load_reward_model(reward, device=dev)
+    p = predict_segments(rm, db, names)
+    preds, flags, lost = [], [], []
+    lo = 0
+    for rel in p.names:
+        seg = read_segment(db, rel)
+        n = len(seg.frames)
+        preds.append(np.asarray(p.pred_steps[lo : lo + n], dtype=np.float64))
+        lo += n
+        flags.append(diver_step_flags(seg.frames))
+        lost.append(np.zeros(n, dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
+    if lo != len(p.pred_steps):
+        raise UserError(f"{reward}: {len(p.pred_steps)} predictions for {lo} steps of {db}")
+    rows = []
+    for norm in PATHS:
+        for clip in CLIPS:
+            fig = path_figures(path_rewards(preds, norm, clip, window), flags, lost)
+            rows.append({"norm": norm if norm == "running" else f"window {window}", "clip": clip, **fig})
+    return rows
+
+
+def print_rows(reward: Path, rows: list[dict]) -> None:
+    print(f"\n{reward}")
+    print(
+        "| path | clip | diver step climbing / still (steps) | climbing - still | a lost life | the 15 before", end=""
+    )
+    print(" | mean step |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['norm']} | {'±' + r['clip'] if r['clip'] != 'sign' else 'sign'} | {r['diver_climb_z']:+.2f} / "
+            f"{r['diver_still_z']:+.2f} ({r['diver_climb_steps']} / {r['diver_still_steps']}) | **{r['gap']:+.2f}** "
+            f"| {r['life_loss_z']:+.2f} | {r['pre_loss_z']:+.2f} | {r['mean_z']:+.3f} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.reward_path",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--reward", type=Path, action="append", required=True, help="a reward model (.pt); repeat")
+    p.add_argument("--db", type=Path, required=True, help="the DB whose clips are paid")
+    p.add_argument("--split", type=Path, help="a round's split.json: only its held-out clips (default: every clip)")
+    p.add_argument("--norm-window", type=int, default=BOOK_NORM_WINDOW, help="the window path's steps per env")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    a = p.parse_args(argv)
+    if not 2 <= a.norm_window <= 1000:
+        raise UserError(f"--norm-window must be in 2..1000, got {a.norm_window}")
+    for path in (*a.reward, a.db):
+        if not path.exists():
+            raise UserError(f"{path} does not exist")
+    names = list_segments(a.db)
+    if a.split is not None:
+        try:
+            held = set(json.loads(a.split.read_text())["holdout"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"--split {a.split}: not a round's split.json with a holdout list ({e})") from None
+        names = [n for n in names if n in held]
+    if not names:
+        raise UserError(f"no segment of {a.db} to pay" + (f" in {a.split}'s holdout" if a.split else ""))
+    out = {}
+    for reward in a.reward:
+        rows = measure(reward, a.db, names, a.norm_window)
+        print_rows(reward, rows)
+        out[str(reward)] = rows
+    print(f"\n(±{DEFAULT_CLIP:g} is 01_a2c.py's default clip; the running path is its default normalisation)")
+    if a.out:
+        atomic_write(a.out, json.dumps(out, indent=1).encode())
+
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))

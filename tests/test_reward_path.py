@@ -1,0 +1,71 @@
+"""experiments/reward_path.py: a reward model's predictions sent through each of stage 1's reward
+paths offline (the running median or each env's window; the ±5 clip or the sign)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments import reward_path
+from lib.reward_wrapper import WindowNorm, normalised
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_each_path_pays_what_the_learner_would_get() -> None:
+    rng = np.random.default_rng(0)
+    preds = [rng.normal(size=12) * 3 + 1, rng.normal(size=9) - 4]
+    running = reward_path.path_rewards(preds, "running", "5")
+    np.testing.assert_allclose(np.concatenate(running), np.clip(normalised(np.concatenate(preds)), -5, 5), rtol=1e-6)
+    window = reward_path.path_rewards(preds, "window", "5", window=4)
+    for p, z in zip(preds, window, strict=True):  # each clip its own env, its window restarted
+        wn = WindowNorm(4, 1)
+        np.testing.assert_allclose(z, [np.clip(wn.normalise(np.array([x]))[0], -5, 5) for x in p], rtol=1e-6)
+    signed = reward_path.path_rewards(preds, "window", "sign", window=4)
+    assert all(set(np.unique(z)) <= {-1.0, 0.0, 1.0} for z in signed)
+    np.testing.assert_array_equal(np.concatenate(signed), np.sign(np.concatenate(window)))
+    # a model paying height: through the window the climb is paid, through the running median the place
+    height = [np.r_[np.zeros(10), np.arange(1, 11), np.full(10, 10.0)]]
+    climb = np.zeros(30, dtype=bool)
+    climb[10:20] = True
+    w, r = reward_path.path_rewards(height, "window", "5", 5)[0], reward_path.path_rewards(height, "running", "5")[0]
+    assert w[climb].mean() > w[20:].mean() + 0.5 and r[20:].mean() > r[climb].mean()
+
+
+def test_the_figures_average_the_flagged_steps() -> None:
+    z = [np.array([1.0, 2.0, 3.0, 4.0]), np.array([-1.0, 0.0, 5.0, -2.0])]
+    flags = [
+        (np.array([1, 1, 0, 0], bool), np.array([1, 0, 0, 0], bool)),
+        (np.array([0, 1, 1, 0], bool), np.array([0, 1, 0, 0], bool)),
+    ]
+    lost = [np.zeros(4, bool), np.array([0, 0, 0, 1], bool)]
+    f = reward_path.path_figures(z, flags, lost)
+    assert (f["diver_climb_z"], f["diver_still_z"], f["gap"]) == (0.5, 3.5, -3.0)
+    assert f["life_loss_z"] == -2.0 and f["life_losses"] == 1 and f["mean_z"] == 1.5
+    assert np.isclose(f["pre_loss_z"], np.mean([-1.0, 0.0, 5.0]))  # within the clip that lost it
+
+
+def test_the_command_prints_every_path_and_refuses_a_missing_file(tmp_path: Path) -> None:
+    from experiments.branch import ENV_ID, BranchGame, BranchSettings, make_pairs
+    from lib.checkpoints import atomic_torch_save
+    from lib.model import AtariA2C, policy_checkpoint
+    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
+
+    meanings = BranchGame(0).meanings
+    torch.manual_seed(0)
+    pol = tmp_path / "p.pt"
+    atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), ENV_ID, "seaquest", meanings), pol)
+    db = tmp_path / "db"
+    make_pairs(pol, db, BranchSettings(pairs=2, steps=8, seed=0), at=lambda f: True, log=lambda m: None)
+    reward = tmp_path / "r.pt"
+    save_reward_checkpoint(reward_checkpoint([new_reward_model("diff", 18)], ENV_ID, "seaquest", meanings), reward)
+    cmd = [sys.executable, "-m", "experiments.reward_path", "--reward", str(reward), "--db", str(db)]
+    res = subprocess.run([*cmd, "--out", str(tmp_path / "o.json")], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("| running |") == 2 and res.stdout.count("| window 25 |") == 2
+    bad = subprocess.run([*cmd, "--reward", str(tmp_path / "none.pt")], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
