@@ -119,10 +119,11 @@ def find_states(
     sample_every: int = 8,
     max_games: int = 200,
     at: Callable[[np.ndarray], bool] = at_branch_point,
+    max_samples: int = 3000,
 ) -> tuple[int, int]:
     """Play the finder ``policy`` (actions sampled) until ``n_states`` states are saved into ``db``
     (at most one a life) or ``max_games`` games are over; every ``sample_every`` steps a sample
-    (its 4 frames) goes into ``db`` too. Returns (states, samples) saved."""
+    (its 4 frames) goes into ``db`` too, ``max_samples`` at most. Returns (states, samples) saved."""
     game = BranchGame(seed)
     net, _ = load_policy(policy, ENV_ID, "seaquest", (STACK, 84, 84), len(game.actions))
     net.eval()
@@ -142,15 +143,21 @@ def find_states(
                 meta = _facts(frame) | {"ale_state": game.ale.cloneState().serialize().hex(), "game": g, "life": lives}
                 _save(db, STATE_ENV, step, _window(seen), meta, game.meanings)
                 states, taken = states + 1, True
-                if states % 10 == 0 or states == n_states:
-                    print(f"  {states}/{n_states} states, {g + 1} games, {time.time() - started:.0f} s", flush=True)
-            if step % sample_every == 0 and len(seen) >= STACK:
+                if states % 5 == 0 or states == n_states:
+                    print(
+                        f"  {states}/{n_states} states, {g + 1} games, {step:,} steps, {time.time() - started:.0f} s",
+                        flush=True,
+                    )
+            if step % sample_every == 0 and len(seen) >= STACK and samples < max_samples:
                 _save(db, SAMPLE_ENV, step, _window(seen), _facts(frame) | {"game": g}, game.meanings)
                 samples += 1
             _, lost, over = game.step(_sample(net, game.stack[None], rng)[0])
             step += 1
             seen = [game.frame.copy()] if lost else [*seen[-(STACK - 1) :], game.frame.copy()]
             taken, lives = taken and not lost, lives + lost
+    print(
+        f"  {states} states in {g + 1} games ({step:,} agent steps, {lives} lives lost), {samples} samples", flush=True
+    )
     return states, samples
 
 
