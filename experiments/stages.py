@@ -197,25 +197,46 @@ def _last_checkpoint(save_dir: Path) -> dict[str, Any] | None:
     return read_checkpoint(last, "model") if last.exists() else None
 
 
-def _steps_done(ck: dict[str, Any]) -> int:
-    return int(ck.get("progress", {}).get("step", 0))
+def _recorded(ck: dict[str, Any], spec: dict[str, tuple[Any, bool]], name: str, path: Path, within: str = "") -> Any:
+    """``ck[name]`` (None when missing), a field of a run's last.pt the round reads, once it passes
+    the check ``01_a2c.py --resume`` makes of it (``spec``: ``lib.a2c_run``'s field checks; ``within``:
+    the dict it sits in); UserError with one line naming the file for a value no run writes."""
+    value = ck.get(name)
+    if value is not None:
+        try:
+            spec[name][0](value)
+        except ValueError as e:
+            raise UserError(
+                f"{path}: field '{within}{name}' {e}: remove the directory to train the run again"
+            ) from None
+    return value
+
+
+def _steps_done(ck: dict[str, Any], path: Path) -> int:
+    """The agent steps a run's last.pt (``ck``, read from ``path``) says it has done (0: none recorded)."""
+    from lib.a2c_run import PROGRESS_FIELDS
+
+    progress = ck.get("progress", {})
+    if not isinstance(progress, dict):
+        raise UserError(
+            f"{path}: field 'progress' is not a dict of counters: remove the directory to train the run again"
+        )
+    return _recorded(progress, PROGRESS_FIELDS, "step", path, "progress.") or 0
 
 
 def a2c_progress(save_dir: Path) -> int | None:
     """Agent steps a run in ``save_dir`` has done (from its last.pt), None when it has none."""
     ck = _last_checkpoint(save_dir)
-    return None if ck is None else _steps_done(ck)
+    return None if ck is None else _steps_done(ck, save_dir / "last.pt")
 
 
 def check_same_kl(cfg: A2CConfig, last: dict[str, Any]) -> None:
     """A run in ``cfg.save_dir`` is reused or continued only if it pulled toward its start policy
     with the --kl the arm asks for now: its last.pt (``last``) records the B it ran with (a run from
     before that record, whose B the directory's name alone told, is reused only where --kl was given)."""
-    from lib.a2c_run import kl_beta
+    from lib.a2c_run import RESUME_FIELDS, kl_beta
 
-    had, want = last.get("kl"), kl_beta(cfg, bool(cfg.model), None)
-    if had is not None and (isinstance(had, bool) or not isinstance(had, int | float)):
-        had = math.nan  # not a number: never the B asked for
+    had, want = _recorded(last, RESUME_FIELDS, "kl", cfg.save_dir / "last.pt"), kl_beta(cfg, bool(cfg.model), None)
     if had is None and (cfg.kl is not None or want == 0):
         return
     if had != want:
@@ -231,16 +252,14 @@ def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
     asks for now: its last.pt records the length of its learning-rate schedule (``--max-steps``
     unless ``--lr-decay-steps`` set it), so a v0 of 500k is not extended toward 1M, or a 500k
     fine-tune passed off as a 250k one, because a later command gave other steps."""
-    from lib.a2c_run import lr_schedule_steps
+    from lib.a2c_run import RESUME_FIELDS, lr_schedule_steps
 
-    had, want = last.get("lr_decay_steps"), lr_schedule_steps(cfg)
+    had, want = _recorded(last, RESUME_FIELDS, "lr_decay_steps", cfg.save_dir / "last.pt"), lr_schedule_steps(cfg)
     if had is None:  # a run from before the record
         return
-    readable = isinstance(had, int) and not isinstance(had, bool)
-    if not readable or had != want:
-        made = f"{had:,}" if readable else "an unreadable number of"
+    if had != want:
         raise UserError(
-            f"{cfg.save_dir} holds a run made for {made} agent steps; this one asks for {want:,}: give the "
+            f"{cfg.save_dir} holds a run made for {had:,} agent steps; this one asks for {want:,}: give the "
             "steps it was made with (--v0-steps for v0, --ft-steps for a fine-tune, before --scale) or "
             "remove the directory"
         )
@@ -255,7 +274,7 @@ def checked_progress(cfg: A2CConfig) -> int | None:
         return None
     check_same_kl(cfg, last)
     check_same_steps(cfg, last)
-    return _steps_done(last)
+    return _steps_done(last, cfg.save_dir / "last.pt")
 
 
 def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:

@@ -565,7 +565,6 @@ def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
         ({}, rlhf, False),  # from before the default: it ran without the pull
         ({}, dataclasses.replace(rlhf, kl=KL_LEARNED_REWARD), True),  # --ft-args "--kl 1" named its directory
         ({}, control, True),
-        ({"kl": "1"}, rlhf, False),
         ({"kl": 0.0}, dataclasses.replace(rlhf, kl=0.0), True),
     ]
     _reused_or_refused(cases, save, args, "--kl")
@@ -587,7 +586,6 @@ def test_an_arm_is_reused_only_for_the_steps_it_was_made_for(tmp_path: Path) -> 
         ({"lr_decay_steps": 50}, cfg, False),  # made for 50: not extended to 100
         ({"lr_decay_steps": 200}, cfg, False),  # made for 200, stopped at 100: not reused as done
         ({"lr_decay_steps": 200}, dataclasses.replace(cfg, lr_decay_steps=200), True),
-        ({"lr_decay_steps": "100"}, cfg, False),
     ]
     _reused_or_refused(cases, save, args, "--v0-steps")
 
@@ -767,3 +765,43 @@ def test_an_old_round_directory_is_still_found(tmp_path: Path) -> None:
     assert round_dir(renamed) == renamed.out / round_name(renamed) != old
     fresh = seed_args(_round_args(tmp_path / "b", "--ft-args", "--kl 1"), 0)
     assert round_dir(fresh) == fresh.out / round_name(fresh)  # no old directory: the new name
+
+
+@pytest.mark.parametrize(
+    "recorded, needle",
+    [
+        ({"kl": 10**400}, "field 'kl' must be a finite number"),
+        ({"kl": "1"}, "field 'kl' must be a finite number"),
+        ({"kl": float("nan")}, "field 'kl' must be a finite number"),
+        ({"lr_decay_steps": -5}, "field 'lr_decay_steps' must be an integer"),
+        ({"lr_decay_steps": "100"}, "field 'lr_decay_steps' must be an integer"),
+        ({"lr_decay_steps": 10**400}, "field 'lr_decay_steps' must be an integer"),
+        ({"progress": {"step": "x"}}, "field 'progress.step' must be an integer"),
+        ({"progress": {"step": float("inf")}}, "field 'progress.step' must be an integer"),
+        ({"progress": {"step": [1, 2]}}, "field 'progress.step' must be an integer"),
+        ({"progress": {"step": True}}, "field 'progress.step' must be an integer"),
+        ({"progress": {"step": -3}}, "field 'progress.step' must be an integer"),
+        ({"progress": "x"}, "field 'progress' is not a dict"),
+    ],
+)
+def test_odd_last_pt_values_are_one_line_naming_the_file(tmp_path: Path, recorded, needle) -> None:
+    """What a round reads of an arm's last.pt (its --kl, its schedule's length, its steps done) is
+    refused in one line naming the file when it is not a number it can use (was: OverflowError,
+    ValueError or AttributeError tracebacks, "made for -5 agent steps", "--kl nan")."""
+    from experiments.stages import a2c_progress, checked_progress
+    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
+    from lib.checkpoints import atomic_torch_save
+    from lib.errors import UserError
+
+    save = tmp_path / "arm"
+    save.mkdir()
+    ck = {"progress": {"step": 100}, "kl": KL_LEARNED_REWARD, "lr_decay_steps": 100, **recorded}
+    atomic_torch_save(ck, save / "last.pt")
+    arm = A2CConfig(name="arm", save=str(save), max_steps=100, model="v0.pt", reward="r.pt")
+    reads = [checked_progress] if "progress" not in recorded else [checked_progress, lambda _: a2c_progress(save)]
+    for read in reads:
+        with pytest.raises(UserError) as e:
+            read(arm)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"{save / 'last.pt'}: ") and needle in msg, msg
+        assert "remove the directory" in msg and "--kl nan" not in msg and "-5 agent" not in msg and len(msg) < 400, msg
