@@ -29,6 +29,8 @@ agent sees the maximum of the last two, the policy input the grey 84x84 frames o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +47,7 @@ from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
+from lib.seeds import check_seed
 from lib.segments import Segment, claim_db, list_segments, read_segment, save_segment, segment_relpath
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
@@ -435,12 +438,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
     p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
     args = p.parse_args(argv)
+    if args.db.exists() and not args.db.is_dir():
+        raise UserError(f"--db {args.db} is not a directory: give a new directory (or, with --measure, a DB)")
     if args.measure:
         if args.ref_db is None or args.ref_split is None:
             raise UserError("--measure needs --ref-db and --ref-split")
         for path in (*args.measure, args.db, args.ref_db):
             if not path.exists():
                 raise UserError(f"{path} does not exist")
+        if not list_segments(args.db, warn=None):
+            raise UserError(f"--db {args.db} holds no segments to measure: give the DB this tool made")
         measure(args.measure, args.db, args.ref_db, args.ref_split)
         return
     if args.policy is None:
@@ -458,13 +465,23 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if bad:
             raise UserError(why)
+    check_seed(args.seed)  # the emulator takes it, and the generators seed + 1 and seed + 2
     policy = policy_file(args.policy)
     if args.db.exists() and list_segments(args.db, warn=None):
         raise UserError(f"{args.db} holds segments already: give a new directory")
+    made = [d for d in (args.db, *args.db.parents) if not d.exists()]  # innermost first
     args.db.mkdir(parents=True, exist_ok=True)
     s = BranchSettings(args.pairs, args.steps, args.every, args.seed, max_games=args.max_games, tries=args.tries)
     s.teacher = args.teacher
-    rules = make_death_pairs(policy, args.db, s) if args.kind == "death" else make_pairs(policy, args.db, s)
+    try:
+        rules = make_death_pairs(policy, args.db, s) if args.kind == "death" else make_pairs(policy, args.db, s)
+    except BaseException:
+        if made and not list_segments(args.db, warn=None):  # stopped before a pair: no empty DB left behind
+            shutil.rmtree(args.db, ignore_errors=True)
+            for d in made[1:]:
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # only while empty
+        raise
     print(f"{sum(rules.values())} pairs in {args.db}; decided by {rules}")
 
 

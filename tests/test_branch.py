@@ -280,3 +280,54 @@ def test_a_rounds_death_pairs_go_into_their_own_db_and_are_trained_on(tmp_path: 
         t / "r1" / "death-db",
         t / "r2" / "death-db",
     ]
+
+
+def _branch_cli(capsys, *args: str) -> tuple[int, list[str]]:
+    """``python -m experiments.branch ARGS`` in this process: its exit code and stderr lines."""
+    from experiments.branch import main
+    from lib.errors import run_cli
+
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: main(list(args)))
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (("--seed", "-1"), "--seed must be in 0.."),
+        (("--seed", "99999999999"), "--seed must be in 0.."),
+        (("--teacher", "score", "--kind", "death", "--policy", "{tmp}/nope.pt"), "nope.pt"),
+    ],
+)
+def test_branch_mistakes_are_one_line_exit_2_and_leave_no_directory(tmp_path: Path, capsys, extra, msg) -> None:
+    """A bad --seed is refused before anything is made (was: ValueError / ALE TypeError tracebacks);
+    a run that fails before its first pair leaves no empty --db behind (was: the new directories)."""
+    extra = tuple(x.format(tmp=tmp_path) for x in extra)
+    code, err = _branch_cli(capsys, "--policy", str(policy(tmp_path)), "--db", str(tmp_path / "new" / "db"), *extra)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
+    assert not (tmp_path / "new").exists()
+
+
+def test_branch_db_that_is_a_file_or_measured_empty_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    """--db naming a file (was: FileExistsError), --measure on a --db without segments (was: numpy's
+    "need at least one array"): one line, exit 2."""
+    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
+
+    pol = policy(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    code, err = _branch_cli(capsys, "--policy", str(pol), "--db", str(tmp_path / "a-file"))
+    assert code == 2 and len(err) == 1 and "--db" in err[0] and "not a directory" in err[0], err
+    ref, empty = tmp_path / "ref", tmp_path / "empty"
+    make_pairs(pol, ref, BranchSettings(pairs=1, steps=4, seed=5), at=lambda f: True, log=lambda m: None)
+    empty.mkdir()
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"holdout": list_segments(ref, warn=None), "train": []}))
+    reward = tmp_path / "reward.pt"
+    net = new_reward_model("diff", 18, flow=True)
+    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", BranchGame(0).meanings), reward)
+    measure = ("--measure", str(reward), "--ref-db", str(ref), "--ref-split", str(split))
+    code, err = _branch_cli(capsys, "--db", str(empty), *measure)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and "no segments" in err[0], err
+    code, err = _branch_cli(capsys, "--db", str(tmp_path / "a-file"), *measure)
+    assert code == 2 and len(err) == 1 and "not a directory" in err[0], err
