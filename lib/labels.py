@@ -187,10 +187,13 @@ class LabelTail:
     at the next), so following a file of 100,000 labels costs what the new lines cost.
 
     It notices when the file is no longer the one it read: another inode (replaced), shorter
-    (truncated), or other bytes where its last read ended (rewritten in place); ``read_new`` then
-    returns None and the caller reads everything again (``reset``, then ``read_new`` reads the
-    file from its start). Bad lines are named by their line in the file. Not thread-safe: one
-    reader at a time (the caller's lock)."""
+    (truncated), other bytes where its last read ended (rewritten in place), or the same size with
+    another modification time (an editor that saved it in place: an append always grows it);
+    ``read_new`` then returns None and the caller reads everything again (``reset``, then
+    ``read_new`` reads the file from its start). An edit that keeps the size and lands in the same
+    tick of the file system's clock as the last look goes unseen: ``02_label_ui.py`` is the way to
+    change a label. Bad lines are named by their line in the file. Not thread-safe: one reader at a
+    time (the caller's lock)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -202,13 +205,14 @@ class LabelTail:
         self.offset = 0  # bytes read, whole lines only
         self.lines = 0  # lines in them
         self.tail = b""  # their last TAIL_CHECK bytes
+        self.seen = (-1, -1)  # the file's (size, mtime_ns) at the last read
 
     def read_new(self, warn: Warn = warn, torn_too: bool = False) -> list[Label] | None:
         """The labels of the whole lines appended since the last call ([] when none, or when the
         file is missing or unsafe before anything was read: said once through ``warn``); None when
         the file is not the one read before (read everything again). ``torn_too``: a last line with
-        no newline yet is read too (a torn line after a crash: skipped with a warning) rather than
-        left for the next call (a line still being written)."""
+        no newline is read too (a torn line after a crash: skipped with a warning) when no writer is
+        finishing it (``_cut_short``), else left for the next call as always."""
         fresh = self.ino is None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -228,6 +232,7 @@ class LabelTail:
                 not stat.S_ISREG(st.st_mode)
                 or st.st_ino != self.ino
                 or not self.offset <= st.st_size <= MAX_LABELS_BYTES
+                or (st.st_size == self.seen[0] and st.st_mtime_ns != self.seen[1])
                 or os.pread(fd, len(self.tail), start) != self.tail
             ):
                 return None
@@ -235,14 +240,16 @@ class LabelTail:
             while at < st.st_size and (chunk := os.pread(fd, min(1 << 20, st.st_size - at), at)):
                 chunks.append(chunk)
                 at += len(chunk)
+            data = b"".join(chunks)
+            whole = data[: data.rfind(b"\n") + 1]
+            if torn_too and len(whole) < len(data) and _cut_short(fd, at):
+                whole = data
         except OSError:
             return [] if fresh else None
         finally:
             os.close(fd)
-        data = b"".join(chunks)
-        whole = data if torn_too else data[: data.rfind(b"\n") + 1]
         labels = parse_label_lines(whole, str(self.path), warn, first_line=self.lines + 1)
-        self.ino, self.said = st.st_ino, None
+        self.ino, self.said, self.seen = st.st_ino, None, (st.st_size, st.st_mtime_ns)
         self.offset += len(whole)
         self.lines += whole.count(b"\n")
         self.tail = (self.tail + whole)[-TAIL_CHECK:]
@@ -253,6 +260,21 @@ class LabelTail:
             warn(f"{self.path}: not read ({why})")
             self.said = why
         return []
+
+
+def _cut_short(fd: int, size: int) -> bool:
+    """Whether the label file open as ``fd``, read up to ``size`` bytes and ending in a line with no
+    newline, was cut short (a crash) rather than being written now: every writer appends under an
+    exclusive ``flock`` (``append_labels``), so a shared lock taken at once while the file is still
+    ``size`` bytes means no writer is finishing that line."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: an append is under way
+        return False
+    try:
+        return os.fstat(fd).st_size == size
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def is_control(lab: Label) -> bool:
