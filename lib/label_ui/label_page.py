@@ -287,6 +287,8 @@ class LabelPage:
             ui.notify(error, type="negative", timeout=0)
             tab.answer_failed(item)
             await self.show_current()
+        else:
+            tab.saved(item)  # in the index now: no list offers it
 
     async def undo(self) -> None:
         done = self.tab.undo()

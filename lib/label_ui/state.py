@@ -16,7 +16,7 @@ import bisect
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -422,7 +422,12 @@ class AppState:
         return [d.why_no_pairs() for d in self.dbs]
 
     def sample(
-        self, count: int, rng: np.random.Generator, tab_id: str, exclude: set[tuple[int, PairKey]]
+        self,
+        count: int,
+        rng: np.random.Generator,
+        tab_id: str,
+        exclude: set[tuple[int, PairKey]],
+        is_open: Callable[[], bool] = lambda: True,
     ) -> list[PairItem]:
         """Up to ``count`` new unlabeled pairs, both segments of a pair from one DB, none labeled,
         none in another tab's list, none in ``exclude``; reserved for ``tab_id``. Never hangs:
@@ -430,11 +435,14 @@ class AppState:
         calls it off the event loop (``TabSession.draw``, ``prepare``), and other tabs' lists may
         change meanwhile (``reserved`` is read and written under ``lock``): pairs another tab
         claimed while these were picked are drawn again, so two tabs that open at once both get
-        full lists."""
+        full lists. Nothing when the tab was closed meanwhile (``is_open``, read under ``lock``, as
+        ``TabSession.close`` sets it): a closed tab reserves nothing."""
         out: list[PairItem] = []
         for _ in range(SAMPLE_TRIES):
             picked = self._pick(count - len(out), rng, exclude | {(item.db, item.key) for item in out})
             with self.lock:
+                if not is_open():
+                    return []
                 mine = [item for item in picked if (item.db, item.key) not in self.reserved]
                 for item in mine:
                     self.reserved[(item.db, item.key)] = tab_id
@@ -511,6 +519,11 @@ class AppState:
                 if self.reserved.get((item.db, item.key)) == tab_id:
                     del self.reserved[(item.db, item.key)]
 
+    def release_all(self, tab_id: str) -> None:
+        """Every pair reserved for ``tab_id`` goes back to the pool (under ``lock``: the caller's too)."""
+        for key in [key for key, tab in self.reserved.items() if tab == tab_id]:
+            del self.reserved[key]
+
     def reserve(self, tab_id: str, item: PairItem) -> None:
         with self.lock:
             self.reserved[(item.db, item.key)] = tab_id
@@ -543,6 +556,7 @@ class TabSession:
         self.prepared_at = 0  # ``app.generation`` when it was made
         self.seen: set[tuple[int, PairKey]] = set()  # every pair this tab was given
         self.show_seq = 0
+        self.closed = False  # set (under ``app.lock``) when the tab is gone: nothing is reserved for it after
         self._drawing = threading.Lock()  # one list picked at a time (``draw``, ``prepare``), in a thread
 
     # --- the list ---------------------------------------------------------------------------
@@ -584,14 +598,16 @@ class TabSession:
                 self.prepared, self.prepared_at = self._sample(), at
 
     def _sample(self) -> list[PairItem]:
-        items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen)
+        items = self.app.sample(self.app.pairs, self.rng, self.tab_id, self.seen, lambda: not self.closed)
         self.seen.update((it.db, it.key) for it in items)
         return items
 
     def close(self) -> None:
-        """The tab is gone: its open pairs go back to the pool."""
-        self.app.release(self.tab_id, [it for it in self.items if it.status == "open"])
-        self.app.release(self.tab_id, self.prepared or [])
+        """The tab is gone: every pair it holds goes back to the pool, and a list still being drawn
+        for it (in a thread) reserves nothing when it ends (``AppState.sample``)."""
+        with self.app.lock:
+            self.closed = True
+            self.app.release_all(self.tab_id)
 
     @property
     def answered(self) -> int:
@@ -671,19 +687,21 @@ class TabSession:
         label = self.app.make_label(item, value, **({"control": True} if item.control else {}))
         item.status, item.answer, item.note = "answered", value, ""
         self.history.append(Answer(item, before))
-        self.app.release(self.tab_id, [item])
         self.select_next()
         return item, label
 
+    def saved(self, item: PairItem) -> None:
+        """The answer's label is in the index (``LabelIndex.append``): the pair is let go, as no list
+        offers a labelled pair. Until then it stays reserved, so that no list drawn meanwhile holds it."""
+        self.app.release(self.tab_id, [item])
+
     def answer_failed(self, item: PairItem) -> None:
-        """Saving the answer failed: the pair is open again and selected."""
+        """Saving the answer failed: the pair is open again and selected (still reserved for this tab)."""
         for k in range(len(self.history) - 1, -1, -1):
             if self.history[k].item is item:
                 del self.history[k]
                 break
         item.status, item.answer = "open", None
-        if not item.control:
-            self.app.reserve(self.tab_id, item)
         self.current = next(i for i, it in enumerate(self.items) if it is item)
 
     def undo(self) -> tuple[PairItem, Label] | None:
