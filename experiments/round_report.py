@@ -2,7 +2,9 @@
 together, and ``round.png``.
 
 A row (``summarise``) holds the mean of the arm's evaluation games: score with its 95% interval,
-length, and for SeaQuest the behaviour figures: voluntary refills, lives lost, the share of lost
+length; beside them the book's figure, the best single life over the games (its score and length),
+and the evaluation that saved the run's best checkpoint (its mean score and step); and for SeaQuest
+the behaviour figures: voluntary refills, lives lost, the share of lost
 lives lost to oxygen and to coming up with no diver aboard, low-gauge climbs toward the surface
 (what the surface teacher rewards) and the share of steps spent at the surface (the reward-hacking
 watch: the book's third round ended with an agent parked there), divers rescued (picked up) per
@@ -17,13 +19,18 @@ from typing import Any
 
 import numpy as np
 
+from lib.games import best_of_lives
 from lib.stats import mean_ci95
 from lib.teachers import TEACHER_ENTRIES
 
 ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
-# (key in a row, column title, format); the behaviour columns read "n/a" for games without them
+# (key in a row, column title, format); a cell reads "n/a" where the row lacks the key (behaviour
+# figures of other games, an evaluation cached before the figure existed). What a format holds after
+# its first field is filled from the row: "{:.0f} in {best_life_steps:.0f} steps".
 COLUMNS = (
     ("length", "length", "{:.0f}"),
+    ("best_life", "best life", "{:.0f} in {best_life_steps:.0f} steps"),
+    ("best_ckpt", "best checkpoint", "{:.0f} at {best_ckpt_kstep:.0f}k"),
     ("refills", "refills/game", "{:.2f}"),
     ("deaths", "lives lost/game", "{:.2f}"),
     ("oxygen_share", "lost to oxygen", "{:.0%}"),
@@ -39,6 +46,10 @@ def summarise(d: dict[str, Any]) -> dict[str, float]:
     """One arm's evaluation games (``evaluate_arm``'s record) -> its row."""
     score, half = mean_ci95(d["scores"])
     out = {"score": score, "score_ci": half, "length": float(np.mean(d["lengths"])), "games": len(d["scores"])}
+    if (best := best_of_lives([life for game in d.get("lives", []) for life in game])) is not None:
+        out["best_life"], out["best_life_steps"] = best[0], float(best[1])
+    if ckpt := d.get("best_checkpoint"):
+        out["best_ckpt"], out["best_ckpt_kstep"] = float(ckpt["score"]), ckpt["step"] / 1000
     if all(v is not None for v in d["refills"]):
         deaths = sum(d["deaths"])
         out["refills"] = float(np.mean(d["refills"]))
@@ -62,8 +73,12 @@ def _cell(row: dict[str, float], key: str, fmt: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     ci = row.get(f"{key}_ci")
-    text = fmt.format(v)
-    return f"{text} ± {fmt.format(ci)}" if ci is not None and not math.isnan(ci) and key != "length" else text
+    first, _, rest = fmt.partition("}")  # the figure's own format; the rest names other figures
+    first += "}"
+    text = first.format(v)
+    if ci is not None and not math.isnan(ci) and key != "length":
+        text += f" ± {first.format(ci)}"
+    return text + rest.format(**row)
 
 
 def table(

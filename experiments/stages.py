@@ -39,7 +39,7 @@ from lib.checkpoints import read_checkpoint
 from lib.errors import UserError
 from lib.files import atomic_write
 from lib.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
-from lib.model import BEST_GLOB, best_checkpoint
+from lib.model import BEST_GLOB, best_checkpoint, best_checkpoint_figures
 from lib.oracle import OracleSettings, oracle_label_db
 from lib.play import play
 from lib.play_config import PlayConfig
@@ -809,7 +809,8 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
 def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
     """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``,
     keyed on the policy's content (a run resumed to more steps writes a new ``last.pt`` at the
-    same path) and the games."""
+    same path) and the games. With them, the evaluation that saved the run's best checkpoint
+    (``best_checkpoint``: step, mean score, mean length), where the policy's directory has one."""
 
     def games() -> dict[str, Any]:
         log(f"evaluating {policy}: {args.eval_games} games")
@@ -824,10 +825,15 @@ def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[st
             "deaths": [r.oxygen.deaths if r.oxygen else None for r in results],
             "oxygen_deaths": [r.oxygen.oxygen_deaths if r.oxygen else None for r in results],
             **{name: [_surface(r, key) for r in results] for name, key in SURFACE_FIGURES.items()},
+            "lives": [[list(life) for life in r.lives] for r in results],  # (score, steps) of each life
         }
 
     key = {"policy": file_digest(policy), "games": args.eval_games, "seed": EVAL_SEED, "record": EVAL_RECORD}
-    return cached_json(cache, games, key)
+    record = cached_json(cache, games, key)
+    best = best_checkpoint(policy.parent)  # the run's, read from its name: not played, not cached
+    if best is not None and (figures := best_checkpoint_figures(best)) is not None:
+        record["best_checkpoint"] = dict(zip(("step", "score", "length"), figures, strict=True))
+    return record
 
 
 # evaluate_arm's record: its name -> the SurfaceCounts field per game
@@ -838,7 +844,9 @@ SURFACE_FIGURES = {
     "diver_steps": "diver_steps",
     "surfacing_deaths": "surfacing_deaths",
 }
-EVAL_RECORD = 2  # evaluate_arm's record layout: a cache of an older one (no surfacing_deaths) is played again
+# evaluate_arm's record layout: a cache of an older one (no surfacing_deaths) is played again. One
+# without "lives" (per-life scores, added later) still loads: its best-life cell reads n/a.
+EVAL_RECORD = 2
 
 
 def _surface(res: Any, key: str) -> float | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,9 @@ class EpisodeResult:
     surface:     SeaQuest's sub with a low gauge and at the surface (low-gauge climbs, steps at the
                  surface, idle there with a full gauge: ``lib.seaquest.SurfaceCounts``), filled in
                  by the same observer
+    lives:       (score, agent steps) of each life in order: a life ends on the step that loses it
+                 (``terminated``) or ends the game; the last one is cut short where the game was cut.
+                 The scores sum to ``score``, the steps to ``steps``
     """
 
     index: int
@@ -53,6 +56,19 @@ class EpisodeResult:
     reward_corr: float | None = None
     oxygen: OxygenCounts | None = None
     surface: SurfaceCounts | None = None
+    lives: list[tuple[float, int]] = field(default_factory=list)
+
+
+def best_life(results: Sequence[EpisodeResult]) -> tuple[float, int] | None:
+    """The (score, agent steps) of the best single life over all the games (``best_of_lives``).
+    The book reports this figure: its test env ends an episode at each lost life."""
+    return best_of_lives([life for r in results for life in r.lives])
+
+
+def best_of_lives(lives: Sequence[Sequence[float]]) -> tuple[float, int] | None:
+    """The best of (score, agent steps) lives: the highest score, the longer of two that score the
+    same; None when there are none."""
+    return max(((float(s), int(n)) for s, n in lives), default=None)
 
 
 class GameObserver(Protocol):
@@ -87,6 +103,13 @@ class _Slot:
     index: int
     score: float = 0.0
     steps: int = 0
+    life_score: float = 0.0  # the life in progress
+    life_steps: int = 0
+    lives: list[tuple[float, int]] = field(default_factory=list)  # the lives that ended
+
+    def end_life(self) -> None:
+        self.lives.append((self.life_score, self.life_steps))
+        self.life_score, self.life_steps = 0.0, 0
 
 
 class _Games:
@@ -111,7 +134,9 @@ class _Games:
     def finish(self, i: int, end: str) -> None:
         game, self.slots[i] = self.slots[i], None
         assert game is not None
-        res = EpisodeResult(game.index, game.score, game.steps, end)
+        if game.life_steps:  # cut mid-life (max steps), or a frame limit: the life ends with the game
+            game.end_life()
+        res = EpisodeResult(game.index, game.score, game.steps, end, lives=game.lives)
         for ob in self.observers:
             ob.finished(i, res)
         self.results.append(res)
@@ -131,9 +156,13 @@ class _Games:
             r = float(step.true_rewards[i])
             game.score += r
             game.steps += 1
+            game.life_score += r
+            game.life_steps += 1
             pred = None if preds is None else float(preds[k])
             for ob in self.observers:
                 ob.stepped(i, frames[k], r, pred, bool(step.terminated[i]))
+            if step.terminated[i]:  # a life lost, or the last one: the game is over
+                game.end_life()
             if step.game_over[i]:
                 # The env has already started a new game in this slot (same-step autoreset).
                 self.finish(i, "frame limit" if step.truncated[i] else "game over")
@@ -205,8 +234,9 @@ def play_games(
 
 
 def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Mean, std (population) and max of the scores, mean and max length: the ``eval/*`` figures
-    (``lib.behaviour.behaviour_stats`` adds what else the games showed)."""
+    """Mean, std (population) and max of the scores, mean and max length, the best single life's
+    score and length (``best_life``): the ``eval/*`` figures (``lib.behaviour.behaviour_stats`` adds
+    what else the games showed)."""
     scores = np.array([r.score for r in results], dtype=np.float64)
     lengths = np.array([r.steps for r in results], dtype=np.float64)
     stats = {
@@ -216,4 +246,6 @@ def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
         "length_mean": float(lengths.mean()),
         "length_max": float(lengths.max()),
     }
+    if (best := best_life(results)) is not None:
+        stats["best_life_score"], stats["best_life_length"] = float(best[0]), float(best[1])
     return stats

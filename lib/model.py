@@ -166,6 +166,14 @@ def best_checkpoint_name(step: int, score_mean: float, length_mean: float) -> st
 
 
 BEST_NAME = re.compile(r"best_(\d+)_score.*\.pt")  # what best_checkpoint_name writes
+BEST_FIGURES = re.compile(r"best_(\d+)_score(-?\d+(?:\.\d+)?)_len(\d+)\.pt")  # its step, score and length
+
+
+def best_checkpoint_figures(path: str | os.PathLike) -> tuple[int, float, float] | None:
+    """(step, mean score, mean game length) of the evaluation that saved a best checkpoint, read
+    from the name ``best_checkpoint_name`` gave it; None for a name it did not write."""
+    m = BEST_FIGURES.fullmatch(Path(path).name)
+    return None if m is None else (int(m[1]), float(m[2]), float(m[3]))
 
 
 def best_checkpoints(save_dir: str | os.PathLike) -> list[Path]:

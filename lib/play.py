@@ -26,7 +26,7 @@ from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.checkpoints import POLICY_FORMAT, check_fields, read_checkpoint, wrong_kind
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
-from lib.games import EpisodeResult, play_games, select_actions
+from lib.games import EpisodeResult, best_life, play_games, select_actions
 from lib.model import POLICY_FIELDS, load_policy, policy_file, resolve_device
 from lib.play_config import PlayConfig
 from lib.reward_wrapper import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
@@ -247,6 +247,8 @@ def _play_loop(
 def format_episode(res: EpisodeResult, with_reward: bool = False) -> str:
     """One console line per game; ``with_reward`` adds the predicted/true reward correlation."""
     parts = [f"episode {res.index}: score {res.score:g}, {res.steps} steps ({res.end})"]
+    if (best := best_life([res])) is not None:
+        parts.append(f"best life {format_life(best)}")
     if res.oxygen is not None:
         ox = res.oxygen
         parts.append(f"refills {ox.refills}, lives lost {ox.deaths} ({ox.oxygen_deaths} to oxygen)")
@@ -260,14 +262,22 @@ def format_episode(res: EpisodeResult, with_reward: bool = False) -> str:
     return ", ".join(parts)
 
 
+def format_life(life: tuple[float, int]) -> str:
+    """A life's (score, agent steps) as '460 in 580 steps'."""
+    return f"{life[0]:g} in {life[1]} steps"
+
+
 def summary(results: list[EpisodeResult], with_reward: bool = False) -> str:
-    """Mean, std (population) and max of the scores, mean length, and the mean reward correlation."""
+    """Mean, std (population) and max of the scores, mean length, the best single life (the book's
+    figure: ``lib.games.best_life``), and the mean reward correlation."""
     scores = np.array([r.score for r in results], dtype=np.float64)
     steps = np.array([r.steps for r in results], dtype=np.float64)
     line = (
         f"{len(results)} episode(s): score mean {scores.mean():.1f}, std {scores.std():.1f}, "
         f"max {scores.max():g}; length mean {steps.mean():.0f} steps"
     )
+    if (best := best_life(results)) is not None:
+        line += f"; best life {format_life(best)}"
     if behaviour := format_behaviour(behaviour_stats(results)):
         line += f"; {behaviour}"
     if with_reward:

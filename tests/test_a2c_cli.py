@@ -73,6 +73,7 @@ def test_tiny_run_records_evaluates_and_saves(tmp_path):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"eval/score_mean", "losses/policy", "losses/value", "losses/entropy"} <= tags, tags
+    assert {"eval/best_life_score", "eval/best_life_length"} <= tags, tags  # the book's figure
     # SeaQuest's behaviour figures, read from the oxygen gauge of the evaluation games
     assert {"eval/refills_per_game", "eval/deaths_per_game", "eval/oxygen_death_share"} <= tags, tags
     assert "to oxygen)" in r.stdout

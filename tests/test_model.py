@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lib.model import best_checkpoint, best_checkpoint_name, policy_file
+from lib.model import best_checkpoint, best_checkpoint_figures, best_checkpoint_name, policy_file
 
 
 def test_best_checkpoint_is_the_highest_step_even_past_nine_digits(tmp_path: Path) -> None:
@@ -16,3 +16,13 @@ def test_best_checkpoint_is_the_highest_step_even_past_nine_digits(tmp_path: Pat
     (tmp_path / "best_notes.pt").write_bytes(b"")  # not a name 01_a2c.py writes: not a candidate
     assert best_checkpoint(tmp_path) == tmp_path / names[1]
     assert policy_file(tmp_path) == tmp_path / names[1]
+
+
+def test_a_best_checkpoints_name_gives_back_the_evaluation_that_saved_it() -> None:
+    assert best_checkpoint_figures(best_checkpoint_name(480_128, 412.34, 1529.6)) == (480_128, 412.3, 1530.0)
+    assert best_checkpoint_figures(Path("saves/pong") / best_checkpoint_name(1_000_000_128, -20.5, 800)) == (
+        1_000_000_128,
+        -20.5,
+        800.0,
+    )
+    assert best_checkpoint_figures("best_notes.pt") is None and best_checkpoint_figures("last.pt") is None

@@ -179,6 +179,11 @@ def test_summary_line() -> None:
     line = summary(res)
     assert "2 episode(s): score mean 200.0, std 100.0, max 300" in line
     assert "length mean 600 steps" in line and "refills" not in line  # no gauge was read
+    assert "best life" not in line  # no lives recorded
+    res[0].lives, res[1].lives = [(60.0, 300), (40.0, 200)], [(60.0, 350), (240.0, 350)]
+    assert "length mean 600 steps; best life 240 in 350 steps" in summary(res)
+    res[1].lives = [(60.0, 350), (40.0, 350)]  # the same score in two lives: the longer one
+    assert "best life 60 in 350 steps" in summary(res)
     from lib.seaquest import OxygenCounts
 
     res[0].oxygen, res[1].oxygen = OxygenCounts(1, 4, 1), OxygenCounts(2, 4, 0)
@@ -244,6 +249,66 @@ def test_reward_model_normalisation(models: dict[str, Path]) -> None:
     # the reward view's normalisation is the learner's: the training stats until the window fills
     assert norm_prior(rm) == (0.5, 2.0)
     np.testing.assert_allclose(RunningNorm(10_000, prior=norm_prior(rm)).normalise(raw), [0.0, 1.0, -1.0])
+
+
+def test_a_real_game_splits_into_lives_where_the_lives_counter_drops() -> None:
+    from lib.games import play_games
+
+    env = AtariVec(n_envs=1, seed=4)  # a game whose lives score differently
+    lives_before: list[int] = []  # the env's lives counter when each step's action was chosen
+    rewards: list[float] = []
+
+    class Rewards:
+        def started(self, slot, index): ...
+        def stepped(self, slot, frame, reward, pred, life_lost):
+            rewards.append(reward)
+
+        def finished(self, slot, res): ...
+        def aborted(self): ...
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        lives_before.append(int(env.lives[0]))
+        return rng.integers(0, env.n_actions, len(obs))
+
+    rng = np.random.default_rng(0)
+    try:
+        (res,) = play_games(env, policy, 1, observers=[Rewards()])
+    finally:
+        env.close()
+    assert res.end == "game over" and len(rewards) == res.steps
+    # A life ends on the step after which the counter is lower, and on the game's last step.
+    ends = [t for t in range(res.steps - 1) if lives_before[t + 1] < lives_before[t]] + [res.steps - 1]
+    starts = [0] + [t + 1 for t in ends[:-1]]
+    want = [(sum(rewards[a : b + 1]), b + 1 - a) for a, b in zip(starts, ends, strict=True)]
+    assert res.lives == want and len({s for s, _ in want}) > 1
+    assert len(res.lives) == lives_before[0] == 4  # SeaQuest's sub and 3 in reserve; no extra life earned
+    assert sum(s for s, _ in res.lives) == res.score and sum(n for _, n in res.lives) == res.steps
+
+
+def test_lives_end_where_one_is_lost_where_the_game_ends_and_where_it_is_cut() -> None:
+    """A hand-made sequence of steps through ``play_games``' bookkeeping: two lives lost, then the
+    frame limit (a truncation: no life lost) ends the game; a second game is cut by max steps."""
+    from types import SimpleNamespace
+
+    from lib.games import _Games, best_life
+
+    def step(reward: float, lost: bool = False, truncated: bool = False, max_steps: int | None = None) -> None:
+        flags = {"terminated": [lost], "truncated": [truncated], "game_over": [truncated]}
+        s = SimpleNamespace(true_rewards=np.array([reward]), **{k: np.array(v) for k, v in flags.items()})
+        games.stepped(np.array([0]), np.zeros((1, 2, 2, 3), np.uint8), s, None, max_steps)
+
+    games = _Games(1, 2, [])
+    games.start_all(1)
+    for r, lost in ((10, False), (0, False), (20, True), (5, True), (0, False)):
+        step(r, lost)
+    step(30, truncated=True)
+    step(7)
+    step(8, max_steps=2)
+    first, second = games.results
+    assert (first.score, first.steps, first.end) == (65, 6, "frame limit")
+    assert first.lives == [(30, 3), (5, 1), (30, 2)]
+    assert (second.end, second.lives) == ("max steps", [(15, 2)])
+    assert best_life(games.results) == (30, 3)  # the same score as the last life, and longer
 
 
 def test_play_games_hands_predict_the_frame_each_step_showed_next() -> None:
