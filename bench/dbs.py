@@ -305,18 +305,25 @@ def cut(seg: Segment, start: int, stop: int, step: int | None = None) -> Segment
     )
 
 
-def write_action_db(root: Path, specs: list[tuple[int, float]], t: int = 10, size: int = 64) -> list[str]:
+def write_action_db(
+    root: Path, specs: list[tuple[int, float]], t: int = 10, size: int = 64, lose_life: tuple[int, ...] = ()
+) -> list[str]:
     """One segment per (action, true reward per step): every step takes that action, frames are
-    ``size`` x ``size`` moving blocks. With ``action_model`` the predicted returns are known."""
+    ``size`` x ``size`` moving blocks. With ``action_model`` the predicted returns are known. The
+    segments numbered in ``lose_life`` lose a life on their middle step."""
     out = []
     for k, (action, reward) in enumerate(specs):
+        dones, lives = np.zeros(t, dtype=bool), np.full(t, 3, dtype=np.int32)
+        if k in lose_life:
+            dones[t // 2] = True
+            lives[t // 2 + 1 :] = 2  # lives before each step
         seg = Segment(
             frames=synthetic_frames(t, size, size, k),
             actions=np.full(t, action, dtype=np.int64),
             rewards=np.full(t, reward, dtype=np.float32),
-            dones=np.zeros(t, dtype=bool),
+            dones=dones,
             game_over=np.zeros(t, dtype=bool),
-            lives=np.full(t, 3, dtype=np.int32),
+            lives=lives,
             env_id=SEAQUEST,
             env_index=0,
             step=(k + 1) * t,

@@ -13,6 +13,15 @@ from typing import Any
 from lib.cli_help import DefaultsOnceFormatter
 from lib.errors import EXIT_INTERRUPTED, UserError
 from lib.reward_config import ARCHS, INPUTS, FollowConfig, TrainConfig
+from lib.teachers import (
+    DEFAULT_DEATH_PENALTY,
+    DEFAULT_TEACHER,
+    GAUGE_TEACHERS,
+    TEACHERS,
+    Teacher,
+    death_penalty_for,
+    teacher_help,
+)
 
 D = TrainConfig  # the defaults live in one place
 FD = FollowConfig
@@ -32,7 +41,24 @@ def _core_args(p: argparse.ArgumentParser) -> None:
         "--evaluate",
         metavar="MODEL",
         help="train nothing: score this reward model on the DBs' segments with true rewards (oracle agreement "
-        "over all pairs whose true returns differ, return and per-step correlation), one line per DB and a total",
+        "over all pairs whose true returns differ, return and per-step correlation, and the agreement with "
+        "--teacher's own answers over all pairs it prefers one of, per deciding rule too), one line per DB "
+        "and a total",
+    )
+    g.add_argument(
+        "--teacher",
+        choices=TEACHERS,
+        default=argparse.SUPPRESS,  # given or not: it applies to --evaluate only
+        help=f"--evaluate: whose rule the model is scored against beside the bare score (default "
+        f"{DEFAULT_TEACHER}): " + teacher_help(),
+    )
+    g.add_argument(
+        "--death-penalty",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="P",
+        help=f"--evaluate with the score teacher: each life lost in a clip costs P points of its sum, as "
+        f"02_label_ui.py --oracle labels (default {DEFAULT_DEATH_PENALTY:g}; 0: the bare score's order)",
     )
     g.add_argument("--dev", default=D.device, help="torch device to train on: cpu or cuda")
     g.add_argument("--epochs", type=int, default=D.epochs, help="maximum epochs (early stopping usually ends sooner)")
@@ -213,11 +239,26 @@ def check_name(name: str) -> None:
         raise UserError(f"-n must be a plain name (no '/', no leading '.', at most 100 characters), got {name!r}")
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    """``--evaluate MODEL DB...``: one line of figures per DB and a total."""
+def evaluate_teacher(args: argparse.Namespace) -> tuple[str, float]:
+    """--evaluate's teacher and death penalty (its default where not given); UserError for either
+    without --evaluate, or a penalty the teacher does not take."""
+    given = [f"--{k.replace('_', '-')}" for k in ("teacher", "death_penalty") if hasattr(args, k)]
+    if given and not args.evaluate:
+        raise UserError(f"{given[0]} applies to --evaluate only")
+    teacher = getattr(args, "teacher", DEFAULT_TEACHER)
+    try:
+        return teacher, death_penalty_for(teacher, getattr(args, "death_penalty", None))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def evaluate(args: argparse.Namespace, teacher: str, penalty: float) -> int:
+    """``--evaluate MODEL DB...``: one line of figures per DB and a total, against the score and
+    against ``teacher`` at death penalty ``penalty`` (``evaluate_teacher``)."""
     from lib.model import resolve_device
     from lib.reward_eval import evaluate_model
     from lib.reward_model import load_reward_model
+    from lib.seaquest import OXYGEN_GAMES
     from lib.segments import check_same_game
 
     device = resolve_device(args.dev)
@@ -225,9 +266,13 @@ def evaluate(args: argparse.Namespace) -> int:
         if not Path(db).is_dir():
             raise UserError(f"DB not found: {db}")
     game = check_same_game(args.dbs, "--evaluate got")
+    if teacher in GAUGE_TEACHERS and game not in OXYGEN_GAMES:
+        raise UserError(
+            f"the {teacher} teacher reads SeaQuest's oxygen gauge; the DBs hold {game or 'an unknown game'}"
+        )
     rm = load_reward_model(args.evaluate, game=game, device=device)
     print(f"scoring {args.evaluate} on {len(args.dbs)} DB(s), device {device}")
-    evaluate_model(rm, args.dbs)
+    evaluate_model(rm, args.dbs, Teacher(teacher, death_penalty=penalty))
     return 0
 
 
@@ -306,8 +351,9 @@ def main() -> int:
     parser = build_parser()
     args = parser.parse_args()
     fcfg = follow_config_from_args(args)
+    teacher, penalty = evaluate_teacher(args)
     if args.evaluate:
-        return evaluate(args)
+        return evaluate(args, teacher, penalty)
     if not args.name or not args.out:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
     check_name(args.name)

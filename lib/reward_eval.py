@@ -8,6 +8,11 @@ Three figures per set of segments with true rewards:
 - **return correlation**: Pearson r of predicted and true segment returns (``lib.stats.pearson``);
 - **per-step correlation**: Pearson r of the per-step prediction and the true reward of each step.
 
+``--evaluate`` adds the **teacher agreement** (``teacher_agreement``): the same share over the pairs
+a synthetic teacher (``lib.teachers``) prefers one of, by its own rule, overall and per rule that
+decided. The score teacher with its death penalty is not the bare score: a clip with a lost life
+may score more and still lose, which is what a model trained on its labels learnt.
+
 Test pairs share segments with training pairs (a pair is held out, not its segments);
 ``experiments/quality.py`` measures agreement, by the same ``oracle_agreement``, on segments never
 trained on.
@@ -18,17 +23,19 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lib.errors import UserError, warn
+from lib.labels import FIRST_BETTER, SECOND_BETTER
 from lib.reward_data import PreferenceData, model_inputs, step_features
 from lib.reward_model import AnyRewardModel, DiffRewardModel, RewardPredictor, lean_net, preference_loss
-from lib.segments import SegmentError, decode_segment, list_segments, read_segment
+from lib.segments import SegmentError, db_game, decode_segment, list_segments, read_segment
 from lib.stats import pearson
+from lib.teachers import TEACHER_ENTRIES, SegmentFacts, Teacher, segment_facts
 
 
 def oracle_agreement(pred1: np.ndarray, pred2: np.ndarray, true1: np.ndarray, true2: np.ndarray) -> tuple[float, int]:
@@ -177,6 +184,7 @@ class SegmentPredictions:
     pred_steps: np.ndarray  # (sum of lengths,)
     true_steps: np.ndarray  # (sum of lengths,)
     skipped: int = 0  # unreadable segments, or segments without true rewards
+    facts: list[SegmentFacts] = field(default_factory=list)  # per segment, where asked for (a teacher's view)
 
 
 @dataclass
@@ -209,11 +217,18 @@ def all_pairs_agreement(pred: np.ndarray, true: np.ndarray) -> tuple[float, int]
 
 
 def predict_segments(
-    rm: RewardPredictor, db: str | os.PathLike, names: Sequence[str], warn: Callable[[str], None] = warn
+    rm: RewardPredictor,
+    db: str | os.PathLike,
+    names: Sequence[str],
+    warn: Callable[[str], None] = warn,
+    facts: bool = False,
 ) -> SegmentPredictions:
     """Per-step predictions of the model for ``names`` of a DB; segments that cannot be read or
-    have no true rewards (the book's) are skipped, with one warning each for broken ones."""
+    have no true rewards (the book's) are skipped, with one warning each for broken ones. With
+    ``facts``, also what a teacher knows of each segment (``lib.teachers.segment_facts``)."""
     kept, pr, tr, ps, ts = [], [], [], [], []
+    seen: list[SegmentFacts] = []
+    game = (db_game(db, warn=None) or (None, None))[0] if facts else None
     skipped = 0
     for rel in names:
         try:
@@ -231,8 +246,10 @@ def predict_segments(
         tr.append(float(np.sum(seg.rewards, dtype=np.float64)))
         ps.append(pred)
         ts.append(np.asarray(seg.rewards, dtype=np.float64))
+        if facts:
+            seen.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
     cat = (lambda xs: np.concatenate(xs)) if ps else (lambda xs: np.zeros(0))
-    return SegmentPredictions(kept, np.array(pr), np.array(tr), cat(ps), cat(ts), skipped)
+    return SegmentPredictions(kept, np.array(pr), np.array(tr), cat(ps), cat(ts), skipped, seen)
 
 
 def score(p: SegmentPredictions) -> Scores:
@@ -250,24 +267,80 @@ def merge(parts: Sequence[SegmentPredictions]) -> SegmentPredictions:
         np.concatenate([p.pred_steps for p in parts]) if parts else np.zeros(0),
         np.concatenate([p.true_steps for p in parts]) if parts else np.zeros(0),
         sum(p.skipped for p in parts),
+        [f for p in parts for f in p.facts],
     )
 
 
-def evaluate_model(rm: RewardPredictor, dbs: Sequence[str | os.PathLike], log: Callable[[str], None] = print) -> Scores:
-    """``--evaluate``: one line per DB and a total line over all their segments; returns the total.
+@dataclass
+class TeacherScores:
+    """Agreement with a teacher's own answers (``teacher_agreement``); NaN where it prefers no pair.
+
+    by_rule: for each rule that decided a pair (``lib.teachers``: death, score, refill, ...), the
+             (agreement, pairs) of the pairs it decided"""
+
+    teacher: str
+    death_penalty: float
+    pairs: int
+    agreement: float
+    by_rule: dict[str, tuple[float, int]]
+
+    def text(self) -> str:
+        who = f"{self.teacher} teacher"
+        if TEACHER_ENTRIES[self.teacher].death_penalty is not None:
+            who += f" (death penalty {self.death_penalty:g})"
+        rules = ", ".join(f"{rule} {_pct(a)} of {n:,}" for rule, (a, n) in self.by_rule.items())
+        pairs = f"{self.pairs:,} pairs it prefers one of" + (f": {rules}" if rules else "")
+        return f"{who} agreement {_pct(self.agreement)} ({pairs})"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def teacher_agreement(p: SegmentPredictions, teacher: Teacher) -> TeacherScores:
+    """Over every unordered pair of the segments (``p.facts``, ``predict_segments(facts=True)``)
+    that ``teacher`` prefers one of by its own rule (``Teacher.judge_rule``, no random answers): the
+    share whose predicted returns order them as the teacher does (a predicted tie is wrong, as in
+    ``oracle_agreement``), overall and per deciding rule. Ties and can't-tell pairs are left out."""
+    i, j = np.triu_indices(len(p.facts), k=1)
+    verdicts = [teacher.judge_rule(p.facts[a], p.facts[b]) for a, b in zip(i, j, strict=True)]
+    answers = np.array([answer for answer, _ in verdicts], dtype=np.int64)
+    rules = np.array([rule for _, rule in verdicts], dtype=object)
+    prefers = (answers == FIRST_BETTER) | (answers == SECOND_BETTER)
+    pred = np.asarray(p.pred_returns, dtype=np.float64)
+    right = np.sign(pred[i] - pred[j]) == np.where(answers == FIRST_BETTER, 1.0, -1.0)
+
+    def share(m: np.ndarray) -> tuple[float, int]:
+        n = int(m.sum())
+        return (float(right[m].mean()) if n else math.nan), n
+
+    overall, n = share(prefers)
+    by_rule = {rule: share(prefers & (rules == rule)) for rule in sorted(set(rules[prefers].tolist()))}
+    return TeacherScores(teacher.name, teacher.death_penalty, n, overall, by_rule)
+
+
+def evaluate_model(
+    rm: RewardPredictor,
+    dbs: Sequence[str | os.PathLike],
+    teacher: Teacher,
+    log: Callable[[str], None] = print,
+) -> tuple[Scores, TeacherScores]:
+    """``--evaluate``: one line per DB and a total line over all their segments, each with the
+    figures against the true score and against ``teacher``'s own answers; returns the total's.
     UserError when no DB has a segment with true rewards."""
     parts = []
     for db in dbs:
         root = Path(db)
         if not root.is_dir():
             raise UserError(f"DB not found: {root}")
-        p = predict_segments(rm, root, list_segments(root))
+        p = predict_segments(rm, root, list_segments(root), facts=True)
         skipped = f" ({p.skipped} skipped: unreadable or without true rewards)" if p.skipped else ""
-        log(score(p).line(str(root)) + skipped)
+        log(f"{score(p).line(str(root))}; {teacher_agreement(p, teacher).text()}{skipped}")
         parts.append(p)
     total = merge(parts)
     if not total.names:
         raise UserError("no segment with true rewards in " + ", ".join(map(str, dbs)) + ": nothing to score")
-    result = score(total)
-    log(result.line(f"total ({len(parts)} DB{'s' if len(parts) > 1 else ''})"))
-    return result
+    result, by_teacher = score(total), teacher_agreement(total, teacher)
+    what = f"total ({len(parts)} DB{'s' if len(parts) > 1 else ''})"
+    log(f"{result.line(what)}; {by_teacher.text()}")
+    return result, by_teacher

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from bench.dbs import make_square_db, write_legacy_segment
+from bench.dbs import action_model, make_square_db, write_action_db, write_legacy_segment
 from lib.checkpoints import read_checkpoint
 from lib.oracle import oracle_label_db
 from lib.reward_config import TrainConfig
 from lib.reward_data import load_preferences
-from lib.reward_eval import all_pairs_agreement, predict_segments, score
+from lib.reward_eval import all_pairs_agreement, evaluate_model, predict_segments, score
 from lib.reward_model import load_reward_model
 from lib.reward_train import train_reward_model
 from lib.segments import list_segments, read_segment
+from lib.teachers import Teacher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,8 +58,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
     return db, res.path, flat
 
 
-def run_evaluate(model: Path, *dbs: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "--evaluate", str(model), *map(str, dbs)]
+def run_evaluate(model: Path, *args: Path | str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "03_reward_train.py"), "--evaluate", str(model), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -124,3 +125,68 @@ def test_evaluate_bad_input_one_line_exit_2(trained: tuple[Path, Path, Path], ar
         [sys.executable, str(ROOT / "03_reward_train.py"), *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.fixture
+def died_for_points(tmp_path: Path) -> tuple[Path, Path]:
+    """Three clips and a model that orders them by the score: 20 points with a lost life, 10, 0
+    (each clip takes one action on every step; the model pays 3, 2 and 1 a step for those actions).
+    The score teacher at its default penalty (100) orders them 10 > 0 > 20-with-a-death."""
+    db = tmp_path / "db"
+    write_action_db(db, [(0, 2.0), (1, 1.0), (2, 0.0)], t=10, size=64, lose_life=(0,))
+    return db, action_model(64, tmp_path / "model.pt", [{0: 3.0, 1: 2.0, 2: 1.0}])
+
+
+def test_evaluate_scores_against_the_teachers_rule_beside_the_bare_score(died_for_points) -> None:
+    db, model = died_for_points
+    rm = load_reward_model(model)
+    lines: list[str] = []
+    bare, by_teacher = evaluate_model(rm, [db], Teacher("score", death_penalty=100.0), log=lines.append)
+    assert (bare.agreement, bare.pairs) == (1.0, 3)  # 30 > 20 > 10 predicted, 20 > 10 > 0 scored
+    # The teacher prefers both clips over the one that died: the model got those two pairs wrong.
+    assert (by_teacher.agreement, by_teacher.pairs) == (pytest.approx(1 / 3), 3)
+    assert by_teacher.by_rule == {"death": (0.0, 2), "score": (1.0, 1)}
+    bare_line = "3 segments, oracle agreement 100.0% (3 pairs with different true returns), return corr +1.000"
+    want = "score teacher (death penalty 100) agreement 33.3% (3 pairs it prefers one of: death 0.0% of 2, "
+    want += "score 100.0% of 1)"
+    assert lines[0] == f"{db}: {bare_line}, per-step corr +1.000; {want}"
+    assert lines[1].startswith("total (1 DB): 3 segments, oracle agreement 100.0%") and lines[1].endswith(want)
+    # At penalty 0 the teacher is the bare score.
+    _, plain = evaluate_model(rm, [db], Teacher("score"), log=lines.append)
+    assert (plain.agreement, plain.pairs, plain.by_rule) == (1.0, 3, {"score": (1.0, 3)})
+
+
+@pytest.mark.slow
+def test_evaluate_cli_takes_the_teacher_and_its_death_penalty(died_for_points) -> None:
+    db, model = died_for_points
+    p = run_evaluate(model, db)
+    assert p.returncode == 0, p.stderr
+    assert "oracle agreement 100.0%" in p.stdout and "score teacher (death penalty 100) agreement 33.3%" in p.stdout
+    p = run_evaluate(model, db, "--death-penalty", "0")
+    assert p.returncode == 0 and "score teacher (death penalty 0) agreement 100.0% (3 pairs" in p.stdout, p.stderr
+    # The gauge teachers cannot read 64x64 frames: they prefer no pair.
+    p = run_evaluate(model, db, "--teacher", "surface")
+    assert p.returncode == 0 and "surface teacher agreement n/a (0 pairs it prefers one of)" in p.stdout, p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--evaluate", "MODEL", "DB", "--teacher", "surface", "--death-penalty", "5"], "ranks lost lives already"),
+        (["--evaluate", "MODEL", "DB", "--death-penalty", "-1"], "--death-penalty must be a number of points >= 0"),
+        (["-n", "x", "-o", "OUT", "DB", "--teacher", "oxygen"], "--teacher applies to --evaluate only"),
+        (["--evaluate", "MODEL", "BREAKOUT", "--teacher", "oxygen"], "reads SeaQuest's oxygen gauge"),
+    ],
+)
+def test_evaluate_teacher_mistakes_one_line_exit_2(died_for_points, tmp_path: Path, args, message) -> None:
+    db, model = died_for_points
+    breakout = tmp_path / "breakout"
+    make_square_db(breakout, n_segments=2, steps=4, env_id="BreakoutNoFrameskip-v4")
+    paths = {"DB": db, "MODEL": model, "OUT": tmp_path / "out", "BREAKOUT": breakout}
+    argv = [str(paths.get(a, a)) for a in args]
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "03_reward_train.py"), *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()  # nothing trained

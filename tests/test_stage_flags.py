@@ -28,7 +28,8 @@ FLAGS = {
         "--death-penalty", "--follow", "--schedule", "--label-rate", "--poll",
     ],
     "03_reward_train.py": [
-        "-h", "--help", "--evaluate", "--dev", "--epochs", "--batch", "--lr", "--seed", "--test-ratio",
+        "-h", "--help", "--evaluate", "--teacher", "--death-penalty", "--dev", "--epochs", "--batch", "--lr",
+        "--seed", "--test-ratio",
         "--patience", "--micro-frames", "--diff-block", "--diff-signed", "--diff-flow", "--arch", "--ensemble",
         "--noise", "--env",
         "-n", "--name", "-o", "--out", "--runs-dir", "--no-progress", "--mask-rows", "--input", "--follow",
