@@ -929,3 +929,25 @@ def test_pruning_the_clip_cache_deletes_only_its_own_clips(tmp_path: Path) -> No
     running.write_bytes(b"t" * 100)
     assert prune_cache(tmp_path, max_bytes=1024, keep_bytes=0) == 2
     assert mine.exists() and not clip.exists() and not killed.exists() and running.exists()
+
+
+def test_the_clip_cache_defaults_to_the_users_cache_directory_and_help_says_where(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --cache-dir the clips go to the user's cache directory ($XDG_CACHE_HOME, else
+    ~/.cache, under rlhf-atari/clips), wherever the page is started from (was: the checkout's
+    .cache/clips, the code's directory); --help names the rule and where it is now."""
+    from lib.label_ui.config import build_parser, parse_config
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    argv = ["-d", str(db), "--no-token"]
+    xdg = parse_config(argv, environ={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")})
+    assert xdg.cache_dir == tmp_path / "xdg" / "rlhf-atari" / "clips" and xdg.cache_dir.is_dir()
+    home = parse_config(argv, environ={"XDG_CACHE_HOME": "relative/ignored", "HOME": str(tmp_path / "home")})
+    assert home.cache_dir == tmp_path / "home" / ".cache" / "rlhf-atari" / "clips" and home.cache_dir.is_dir()
+    assert list(elsewhere.iterdir()) == []
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    text = " ".join(build_parser().format_help().split())
+    assert "$XDG_CACHE_HOME" in text and f"{tmp_path / 'xdg' / 'rlhf-atari' / 'clips'}" in text.replace(" ", ""), text

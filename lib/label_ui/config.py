@@ -7,7 +7,8 @@ import ipaddress
 import os
 import secrets
 import socket
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,7 +28,16 @@ MAX_POOL = 10_000_000
 MAX_RECENT = 10_000_000
 MIN_POLL, MAX_POLL = 0.05, 3600.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "clips"
+CACHE_SUBDIR = Path("rlhf-atari") / "clips"  # under the user's cache directory: the clips' default home
+
+
+def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where clips are cached without --cache-dir: the user's cache directory (``$XDG_CACHE_HOME``
+    when it is an absolute path, as the XDG base-directory rule says, else ``~/.cache``) under
+    ``CACHE_SUBDIR``: the same from every working directory, outside the code and every DB."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    return (Path(xdg) if os.path.isabs(xdg) else home / ".cache") / CACHE_SUBDIR
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class LabelConfig:
     token: str | None = None
     token_generated: bool = False  # no token given: one was made for this run (printed at start)
     fps: float = 15.0
-    cache_dir: Path = DEFAULT_CACHE_DIR
+    cache_dir: Path = field(default_factory=default_cache_dir)
     oracle: int | None = None
     teacher: str = DEFAULT_TEACHER
     teacher_noise: float = 0.0
@@ -146,8 +156,9 @@ def _add_page_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--cache-dir",
         type=_path,
-        default=d.cache_dir,
-        help=f"where encoded clips are cached (default {DEFAULT_CACHE_DIR})",
+        default=None,
+        help=f"where encoded clips are cached (default: {CACHE_SUBDIR} in the user's cache directory, "
+        f"$XDG_CACHE_HOME or ~/.cache, wherever the page is started: here {default_cache_dir()})",
     )
 
 
@@ -293,7 +304,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     dbs = _checked_dbs(args.db)
     _check_values(args)
     token, generated = _access_token(args, environ)
-    cache_dir = _checked_cache_dir(args, dbs)
+    cache_dir = _checked_cache_dir(args, dbs, environ)
     if args.token is not None:
         warn(f"--token is visible to every user of this machine (ps); prefer ${TOKEN_ENV} or --token-file")
     same = {f.name: getattr(args, f.name) for f in fields(LabelConfig) if hasattr(args, f.name)}
@@ -409,16 +420,16 @@ def _access_token(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
     return token, generated
 
 
-def _checked_cache_dir(args: argparse.Namespace, dbs: list[Path]) -> Path:
-    """--cache-dir, resolved, never inside a DB; made (and checked writable) when a page will serve clips."""
-    cache_dir = args.cache_dir.resolve()
+def _checked_cache_dir(args: argparse.Namespace, dbs: list[Path], environ: Mapping[str, str]) -> Path:
+    """--cache-dir (``default_cache_dir`` when not given), resolved, never inside a DB; made (and
+    checked writable) when a page will serve clips."""
+    given = args.cache_dir if args.cache_dir is not None else default_cache_dir(environ)
+    cache_dir = given.resolve()
     for db in dbs:
         root = db.resolve()
         if cache_dir == root or root in cache_dir.parents:
-            raise UserError(
-                f"--cache-dir {args.cache_dir} is inside the DB {db}: put clips outside segment directories"
-            )
-    return _cache_dir(args.cache_dir) if args.oracle is None else cache_dir
+            raise UserError(f"--cache-dir {given} is inside the DB {db}: put clips outside segment directories")
+    return _cache_dir(given) if args.oracle is None else cache_dir
 
 
 def check_single_link(labels: Path) -> None:
