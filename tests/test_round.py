@@ -238,6 +238,23 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
     assert len(read_label_log(db)) == 15
 
 
+def _round_cli(tmp_path: Path, capsys, *extra: str) -> tuple[int, list[str]]:
+    """``python -m experiments.round --teacher score EXTRA``: its exit code and stderr lines. Its --out
+    lies under a file, so that a round the checks let through stops at once ("cannot create --out")
+    instead of training a v0."""
+    from experiments.round import cli
+
+    (tmp_path / "a-file").write_text("")
+    old = sys.argv
+    sys.argv = ["experiments/round.py", "--out", str(tmp_path / "a-file" / "out"), "--teacher", "score", *extra]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize(
     "extra, msg",
     [
@@ -257,19 +274,8 @@ def test_round_labels_in_thirds_picked_by_the_models_so_far(tmp_path: Path) -> N
 )
 def test_round_bad_values_are_one_line_exit_2(tmp_path: Path, capsys, extra, msg) -> None:
     """Issue 24 (Low 4): every bad value ends in one line and exit 2 before any stage runs."""
-    from experiments.round import cli
-
-    argv = ["--out", str(tmp_path / "out"), "--teacher", "score", *extra]
-    old = sys.argv
-    sys.argv = ["experiments/round.py", *argv]
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli()
-    finally:
-        sys.argv = old
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
-    assert not (tmp_path / "out" / "seed0" / "v0").exists()
+    code, err = _round_cli(tmp_path, capsys, *extra)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
 
 
 def _rows(score: float, refills: float, climbs: float) -> dict[str, dict[str, float]]:
@@ -642,23 +648,6 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
     append_labels(db, labels)
     got = label_agreement(path, db, "cpu")
     assert got == {"agreement": pytest.approx(3 / 5), "pairs": 5}
-
-
-def _round_cli(tmp_path: Path, capsys, *extra: str) -> tuple[int, list[str]]:
-    """``python -m experiments.round --teacher score EXTRA``: its exit code and stderr lines. Its --out
-    lies under a file, so that a round the checks let through stops at once ("cannot create --out")
-    instead of training a v0."""
-    from experiments.round import cli
-
-    (tmp_path / "a-file").write_text("")
-    old = sys.argv
-    sys.argv = ["experiments/round.py", "--out", str(tmp_path / "a-file" / "out"), "--teacher", "score", *extra]
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli()
-    finally:
-        sys.argv = old
-    return e.value.code, capsys.readouterr().err.strip().splitlines()
 
 
 @pytest.mark.parametrize(
