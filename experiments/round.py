@@ -35,7 +35,7 @@ a run made for other steps (--v0-steps, --ft-steps, --scale) is refused, not ext
 
     python -m experiments.round --teacher surface --rounds 3 --labels 100   # the book's three rounds
     python -m experiments.round --teacher score --seeds 0,1
-    python -m experiments.round --scale 10 --dev cuda                      # a 10M-step v0 on a GPU
+    python -m experiments.round --scale 10 --dev cuda                      # every step count x10, on a GPU
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS, death_penalty_for
 
 ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
+V0_STEPS = 2_500_000  # the default v0: one that needs air (measured 2026-12-01, docs/results.md)
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 
 
@@ -122,7 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher", choices=TEACHERS, default="oxygen", help="who labels (lib/teachers.py)")
     p.add_argument("--teacher-noise", type=float, default=0.0, help="share of random answers of the teacher")
     p.add_argument("--labels", type=int, default=300, help="labeled pairs for the reward model")
-    p.add_argument("--v0-steps", type=int, default=1_000_000, help="agent steps of the from-scratch v0 run")
+    p.add_argument(
+        "--v0-steps",
+        type=int,
+        default=V0_STEPS,
+        help="agent steps of the from-scratch v0 run (2.5M: a v0 that runs out of air in most lives, so the low "
+        "gauge the surface teacher is about is common; docs/results.md)",
+    )
     p.add_argument("--ft-steps", type=int, default=500_000, help="agent steps of each fine-tune arm")
     p.add_argument("--eval-games", type=int, default=30, help="full games each of v0, control and rlhf plays")
     p.add_argument("--out", type=Path, default=Path("runs/round"), help="where every stage's output is kept")

@@ -293,7 +293,7 @@ def test_a_choice_set_in_code_is_checked_against_its_choices() -> None:
     A2CConfig(name="x", terminal="none", reward_norm="labels").check()
     with pytest.raises(UserError, match=r"^--terminal must be one of life, game, none, got 'lives'$"):
         A2CConfig(name="x", terminal="lives").check()
-    with pytest.raises(UserError, match=r"^--reward-norm must be one of running, labels, got 'label'$"):
+    with pytest.raises(UserError, match=r"^--reward-norm must be one of running, labels, window, got 'label'$"):
         A2CConfig(name="x", reward_norm="label").check()
 
 
@@ -313,7 +313,7 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
         record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
         lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1, reward_scale=0.2, reward_alive=0.1,
         reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="game", kl=0.5,
-        gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5,
+        gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5, kl_target=0.05, norm_window=10, reward_clip="sign",
     )  # fmt: skip
     at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
     assert at_default == {"resume", "reward_oracle"}  # --resume excludes --force and -m, --reward-oracle a penalty

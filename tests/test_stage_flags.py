@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FLAGS = {
     "01_a2c.py": [
         "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "-m", "--model",
-        "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--gamma", "--entropy", "--n-steps",
+        "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--kl-target", "--gamma", "--entropy",
+        "--n-steps",
         "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-penalty", "--reward-reload",
-        "--reward-scale", "--reward-alive", "--reward-norm", "--reward-oracle", "--db-path", "--record-prob",
+        "--reward-scale", "--reward-alive", "--reward-norm", "--norm-window", "--reward-clip", "--reward-oracle",
+        "--db-path", "--record-prob",
         "--segment-steps",
         "--save", "--test-every", "--test-episodes", "--runs-dir", "--bf16", "--threads", "--env-threads",
     ],
