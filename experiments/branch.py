@@ -397,7 +397,7 @@ def measure(models: list[Path], db: Path, ref_db: Path, ref_split: Path) -> None
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m experiments.branch",
         description=__doc__.split("\n\n")[0],
@@ -437,7 +437,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
     p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
     p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if args.db.exists() and not args.db.is_dir():
         raise UserError(f"--db {args.db} is not a directory: give a new directory (or, with --measure, a DB)")
     if args.measure:
@@ -466,6 +470,11 @@ def main(argv: list[str] | None = None) -> None:
         if bad:
             raise UserError(why)
     check_seed(args.seed)  # the emulator takes it, and the generators seed + 1 and seed + 2
+    play(args)
+
+
+def play(args: argparse.Namespace) -> None:
+    """Make the pairs into a new --db; a run stopped before its first pair leaves no directory."""
     policy = policy_file(args.policy)
     if args.db.exists() and list_segments(args.db, warn=None):
         raise UserError(f"{args.db} holds segments already: give a new directory")

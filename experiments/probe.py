@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from experiments.branch import ENV_ID, BranchGame, at_branch_point
+from lib.a2c import act
 from lib.envs import grey84
 from lib.errors import UserError, run_cli, warn
 from lib.files import atomic_write
@@ -207,12 +208,8 @@ def load_states(db: Path, env: int = STATE_ENV) -> list[SavedState]:
 
 
 def _sample(net: AtariA2C, stacks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(B, 4, 84, 84) uint8 -> (B,) actions sampled from the policy's softmax."""
-    with torch.no_grad():
-        logits = net(torch.from_numpy(np.ascontiguousarray(stacks)))[0]
-    p = torch.softmax(logits.double(), 1).numpy()
-    u = rng.random((len(p), 1))
-    return np.minimum((p.cumsum(1) < u).sum(1), p.shape[1] - 1)
+    """(B, 4, 84, 84) uint8 -> (B,) actions sampled from the policy's softmax (stage 1's ``act``)."""
+    return act(net, np.ascontiguousarray(stacks), torch.device("cpu"), False, rng.random(len(stacks)))[0]
 
 
 @dataclass
