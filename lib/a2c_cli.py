@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, fields, replace
+from dataclasses import replace
 
+from lib import settings
 from lib.a2c_config import A2CConfig
-from lib.cli_help import DefaultsOnceFormatter
 from lib.errors import EXIT_INTERRUPTED
 
 GROUPS = {  # --help's groups, in order, and their titles
@@ -22,29 +22,14 @@ GROUPS = {  # --help's groups, in order, and their titles
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """01_a2c.py's flags in groups (``--help``), one per ``A2CConfig`` field: its flags, default,
-    help and type come from the field's ``setting``."""
-    p = argparse.ArgumentParser(
-        prog="01_a2c.py",
-        description="Train an A2C agent on an Atari game. With --db-path it records random segments of "
+    """01_a2c.py's flags in groups (``--help``), one per ``A2CConfig`` field."""
+    return settings.build_parser(
+        A2CConfig,
+        "01_a2c.py",
+        "Train an A2C agent on an Atari game. With --db-path it records random segments of "
         "its play for labeling; with -r it learns from a reward model instead of the game score.",
-        formatter_class=DefaultsOnceFormatter,
+        GROUPS,
     )
-    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
-    for f in fields(A2CConfig):
-        meta = f.metadata
-        flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
-        kw = {"dest": f.name, "help": meta["help"], **meta["arg"]}
-        if f.default is MISSING:
-            kw["required"] = True
-        elif isinstance(f.default, bool):
-            kw["action"] = "store_true"
-        else:
-            kw["default"] = f.default
-            if f.default is not None and "type" not in kw and not isinstance(f.default, str):
-                kw["type"] = type(f.default)
-        groups[meta["group"]].add_argument(*flags, **kw)
-    return p
 
 
 def parse_config(argv: list[str] | None = None) -> A2CConfig:
@@ -76,16 +61,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def to_argv(cfg: A2CConfig) -> list[str]:
-    """``cfg`` as ``01_a2c.py``'s documented flags (the long names), for a caller that runs the
-    stage as a process (``experiments/round.py``): ``parse_config(to_argv(cfg)) == cfg``. Only what
-    differs from the defaults is written, so the command reads as a person would type it."""
-    argv: list[str] = []
-    for action in build_parser()._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = getattr(cfg, action.dest)
-        if value == action.default and not action.required:
-            continue
-        flag = max(action.option_strings, key=len)
-        argv += [flag] if isinstance(action, argparse._StoreTrueAction) else [flag, str(value)]
-    return argv
+    """``cfg`` as ``01_a2c.py``'s documented flags, for a caller that runs the stage as a process
+    (``experiments/round.py``): ``parse_config(to_argv(cfg)) == cfg``."""
+    return settings.to_argv(build_parser(), cfg)

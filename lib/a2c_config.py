@@ -5,15 +5,14 @@ Imports no torch, so that ``--help`` stays fast."""
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from lib.envs import DEFAULT_ENV
-from lib.errors import UserError
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS
 from lib.seeds import MAX_SEED
 from lib.segments import MAX_ENV_INDEX
+from lib.settings import at_least, check_between, check_fields, setting, within
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
 GAMMA = 0.99
@@ -48,42 +47,12 @@ def reward_clip_value(text: str) -> float | None | bool:
     return c if math.isfinite(c) and 0 < c <= 1000 else False
 
 
-def setting(default: Any = MISSING, help: str = "", *, group: str, flags: tuple[str, ...] = (), checks=(), **arg: Any):
-    """One flag of ``01_a2c.py``, declared once: its default, its ``--help`` text, the ``--help`` group
-    it is listed in, its own checks (``(ok(value), message)`` pairs, the message formatted with
-    ``v``) and what else argparse needs (``type``, ``choices``, ``metavar``). ``lib/a2c_cli.py``
-    builds the parser from these; ``A2CConfig.check`` runs the checks."""
-    if "choices" in arg:  # a value set in code is checked against them too, not only a flag argparse read
-        choices = tuple(arg["choices"])
-        one_of = (lambda v: v in choices, f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}")
-        checks = (*checks, one_of)
-    meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg}
-    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
-
-
-def _within(flag: str, lo: float, hi: float, ends: str = "[]"):
-    """A setting's check that its value lies between ``lo`` and ``hi``; ``ends`` says which ends
-    belong to the range, as the message writes them ("[)": lo does, hi does not)."""
-
-    def ok(v: float) -> bool:
-        return (lo <= v if ends[0] == "[" else lo < v) and (v <= hi if ends[1] == "]" else v < hi)
-
-    def text(x: float) -> str:
-        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-    return ((ok, f"{flag} must be in {ends[0]}{text(lo)}, {text(hi)}{ends[1]}, got {{v}}"),)
-
-
 def _book_value(
     default: float, help: str, flag: str, lo: float, hi: float, ends: str = "[]", metavar: str | None = None
 ):
     """A setting of the A2C's learning rule (``--gamma``, ``--entropy``, ...): the book's value as its
     default, in the policy group, checked to lie in the range ``_within`` writes."""
-    return setting(default, help, group="policy", metavar=metavar, checks=_within(flag, lo, hi, ends))
-
-
-def _positive_count(flag: str):
-    return ((lambda v: v >= 0, flag + " must be >= 0, got {v}"),)
+    return setting(default, help, group="policy", metavar=metavar, checks=within(flag, lo, hi, ends))
 
 
 @dataclass(frozen=True)
@@ -146,7 +115,7 @@ class A2CConfig:
         0,
         f"agent steps over which the lr decays to 0 (0: --max-steps if given, else {LR_DECAY_STEPS:,})",
         group="policy",
-        checks=_positive_count("--lr-decay-steps"),
+        checks=at_least("--lr-decay-steps"),
     )
     terminal: str = setting(
         "life",
@@ -223,7 +192,7 @@ class A2CConfig:
         "-r: the std of the learned reward the learner gets (the papers: 0.05, near the clipped score's 0.11)",
         group="labels",
         metavar="S",
-        checks=_within("--reward-scale", 0, 1e6, "()"),
+        checks=within("--reward-scale", 0, 1e6, "()"),
     )
     reward_alive: float = setting(
         0.0,
@@ -232,7 +201,7 @@ class A2CConfig:
         "its own step's pay (0: the median step earns 0, and a life's worth rests on the model alone)",
         group="labels",
         metavar="B",
-        checks=_within("--reward-alive", 0, 5, "[]"),
+        checks=within("--reward-alive", 0, 5, "[]"),
     )
     reward_norm: str = setting(
         "running",
@@ -280,7 +249,7 @@ class A2CConfig:
         "per agent step and env, probability to start recording a segment "
         "(the default gives ~2,500 segments over 10M steps)",
         group="labels",
-        checks=_within("--record-prob", 0, 1),
+        checks=within("--record-prob", 0, 1),
     )
     segment_steps: int = setting(
         DEFAULT_SEGMENT_STEPS,
@@ -294,7 +263,7 @@ class A2CConfig:
         100_000,
         "evaluate every this many agent steps (0: never)",
         group="output",
-        checks=_positive_count("--test-every"),
+        checks=at_least("--test-every"),
     )
     test_episodes: int = setting(
         10,
@@ -310,14 +279,14 @@ class A2CConfig:
         "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
         group="speed",
     )
-    threads: int = setting(0, "torch CPU threads (0: one per core)", group="speed", checks=_positive_count("--threads"))
+    threads: int = setting(0, "torch CPU threads (0: one per core)", group="speed", checks=at_least("--threads"))
     env_threads: int = setting(
         0,
         "emulator threads of every vector env (training and evaluation; 0: the cores this process may "
         "use, divided among the ranks of a torchrun on this machine)",
         group="speed",
         metavar="N",
-        checks=_positive_count("--env-threads"),
+        checks=at_least("--env-threads"),
     )
 
     @property
@@ -327,12 +296,7 @@ class A2CConfig:
     def check(self) -> None:
         """UserError with one line for the first flag value that cannot work: each flag's own checks
         (``setting``) in ``--help`` order, then the ones between flags."""
-        for f in fields(self):
-            value = getattr(self, f.name)
-            for ok, message in f.metadata["checks"]:
-                if not ok(value):
-                    flag = (f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",))[-1]
-                    raise UserError(message.format(v=value, flag=flag))
+        check_fields(self)
         wrong = [
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
@@ -348,6 +312,4 @@ class A2CConfig:
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip
-        for bad, message in wrong:
-            if bad:
-                raise UserError(message)
+        check_between(wrong)

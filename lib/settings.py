@@ -1,0 +1,165 @@
+"""How every command line of the project declares a setting, once: a dataclass field made by
+``setting`` carries its default, ``--help`` text, ``--help`` group, flag names and checks.
+``build_parser`` builds the argparse parser from the fields, ``check_fields`` runs the checks (a
+``UserError``: one line, exit 2), ``to_argv`` writes a config back as the flags a person would
+type. Imports no torch, so that ``--help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, Field, field, fields
+from typing import Any
+
+from lib.cli_help import DefaultsOnceFormatter
+from lib.errors import UserError
+
+Check = tuple[Callable[[Any], bool], str]  # (ok(value), message formatted with v and flag)
+
+
+def setting(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    group: str,
+    flags: tuple[str, ...] = (),
+    checks: Iterable[Check] = (),
+    positional: bool = False,
+    **arg: Any,
+) -> Any:
+    """One flag, declared once: its default (none: a required flag), its ``--help`` text, the
+    ``--help`` group it is listed in, its names (default ``--field-name``), its own checks
+    (``(ok(value), message)`` pairs, the message formatted with ``v`` and ``flag``) and what else
+    argparse needs (``type``, ``choices``, ``metavar``, ``nargs``, ``action``). ``positional``: an
+    argument without a flag name. A value with ``choices`` is checked against them too, so that a
+    value set in code is refused as one read from the command line is."""
+    if "choices" in arg:
+        choices = tuple(arg["choices"])
+        one_of = (lambda v: v in choices, f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}")
+        checks = (*checks, one_of)
+    meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg, "positional": positional}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+def within(flag: str, lo: float, hi: float, ends: str = "[]") -> tuple[Check]:
+    """A check that the value lies between ``lo`` and ``hi``; ``ends`` says which ends belong to
+    the range, as the message writes them ("[)": lo does, hi does not)."""
+
+    def ok(v: float) -> bool:
+        return (lo <= v if ends[0] == "[" else lo < v) and (v <= hi if ends[1] == "]" else v < hi)
+
+    def text(x: float) -> str:
+        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+    return ((ok, f"{flag} must be in {ends[0]}{text(lo)}, {text(hi)}{ends[1]}, got {{v}}"),)
+
+
+def at_least(flag: str, lo: float = 0) -> tuple[Check]:
+    """A check that the value is at least ``lo`` (a count: 0 or more)."""
+    return ((lambda v: v >= lo, f"{flag} must be >= {lo:g}, got {{v}}"),)
+
+
+def flag_of(f: Field) -> str:
+    """The name a field's messages give it: its longest flag name, or the field's name if positional."""
+    if f.metadata["positional"]:
+        return f.name.upper()
+    return max(f.metadata["flags"] or (f"--{f.name.replace('_', '-')}",), key=len)
+
+
+def _argument(f: Field) -> tuple[tuple[str, ...], dict[str, Any]]:
+    meta = f.metadata
+    kw: dict[str, Any] = {"help": meta["help"], **meta["arg"]}
+    default = (
+        f.default
+        if f.default is not MISSING
+        else (f.default_factory() if f.default_factory is not MISSING else MISSING)
+    )  # type: ignore[misc]  # noqa: E501
+    if meta["positional"]:
+        names: tuple[str, ...] = (f.name,)
+        if default is not MISSING:
+            kw.setdefault("nargs", "?")
+            kw["default"] = default
+    else:
+        names = meta["flags"] or ("--" + f.name.replace("_", "-"),)
+        kw["dest"] = f.name
+        if default is MISSING:
+            kw["required"] = True
+        elif isinstance(default, bool) and "action" not in kw:
+            kw["action"] = "store_false" if default else "store_true"
+        else:
+            kw["default"] = default
+    takes_value = kw.get("action") in (None, "store")
+    if takes_value and "type" not in kw and default not in (MISSING, None) and not isinstance(default, (str, list)):
+        kw["type"] = type(default)
+    return names, kw
+
+
+def build_parser(
+    cls: type, prog: str, description: str, groups: dict[str, str], epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser of ``cls``'s fields, one argument each, in ``groups`` (key: the title ``--help``
+    shows), in the order of the fields; each default shown once."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=epilog,
+        formatter_class=DefaultsOnceFormatter,
+    )
+    made = {key: p.add_argument_group(title) for key, title in groups.items()}
+    for f in fields(cls):
+        if "group" not in f.metadata:  # a field that is no flag (set by the program)
+            continue
+        names, kw = _argument(f)
+        made[f.metadata["group"]].add_argument(*names, **kw)
+    return p
+
+
+def check_fields(cfg: Any) -> None:
+    """UserError with one line for the first field whose value fails one of its own checks, in
+    ``--help`` order."""
+    for f in fields(cfg):
+        if "checks" not in f.metadata:
+            continue
+        value = getattr(cfg, f.name)
+        for ok, message in f.metadata["checks"]:
+            if not ok(value):
+                raise UserError(message.format(v=value, flag=flag_of(f)))
+
+
+def check_between(wrong: Iterable[tuple[Any, str]]) -> None:
+    """UserError with the message of the first ``(bad, message)`` pair whose ``bad`` holds: the
+    checks between two or more settings."""
+    for bad, message in wrong:
+        if bad:
+            raise UserError(message)
+
+
+def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
+    """``cfg`` as the documented flags of ``parser`` (the long names), for a caller that runs the
+    stage as a process: parsing the result gives ``cfg`` back. Only what differs from the
+    defaults is written, so the command reads as a person would type it."""
+    argv: list[str] = []
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        value = getattr(cfg, action.dest)
+        if not action.option_strings:
+            if value != action.default or action.default is None:
+                argv += [str(value)] if not isinstance(value, list) else [str(v) for v in value]
+            continue
+        if value == action.default and not action.required:
+            continue
+        flag = max(action.option_strings, key=len)
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            argv += [flag]
+        elif isinstance(value, list):
+            argv += (
+                [flag, *map(str, value)]
+                if action.nargs not in (None, "?")
+                else [f for v in value for f in (flag, str(v))]
+            )  # noqa: E501
+        else:
+            argv += [flag, str(value)]
+    return argv
