@@ -97,17 +97,19 @@ def _argument(f: Field) -> tuple[tuple[str, ...], dict[str, Any]]:
 
 
 def build_parser(
-    cls: type, prog: str, description: str, groups: dict[str, str], epilog: str | None = None
+    cls: type, prog: str, description: str, groups: dict[str, str | tuple[str, str]], epilog: str | None = None
 ) -> argparse.ArgumentParser:
     """The parser of ``cls``'s fields, one argument each, in ``groups`` (key: the title ``--help``
-    shows), in the order of the fields; each default shown once."""
+    shows, or a (title, description) pair), in the order of the fields; each default shown once."""
     p = argparse.ArgumentParser(
         prog=prog,
         description=description,
         epilog=epilog,
         formatter_class=DefaultsOnceFormatter,
     )
-    made = {key: p.add_argument_group(title) for key, title in groups.items()}
+    made = {
+        key: p.add_argument_group(*((title,) if isinstance(title, str) else title)) for key, title in groups.items()
+    }
     for f in fields(cls):
         if "group" not in f.metadata:  # a field that is no flag (set by the program)
             continue
