@@ -32,7 +32,8 @@ from bench.table import print_table
 from lib.label_ui.clips import encode_clip_file
 from lib.labels import Label, append_labels
 from lib.oracle import oracle_label_db
-from lib.segments import Segment, encode_segment, list_segments
+from lib.segment_writer import encode_segment
+from lib.segments import Segment, list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,14 +18,8 @@ import zstandard
 
 from bench.dbs import make_atari_db
 from bench.table import print_table
-from lib.segments import (
-    FORMAT_NAME,
-    decode_segment,
-    encode_segment,
-    list_segments,
-    read_segment,
-    save_segment,
-)
+from lib.segment_writer import encode_segment, save_segment
+from lib.segments import FORMAT_NAME, decode_segment, list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from lib.segments import Segment, save_segment
+from lib.segment_writer import save_segment
+from lib.segments import Segment
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 SEAQUEST_ACTIONS = (

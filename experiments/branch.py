@@ -48,7 +48,8 @@ from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.seeds import check_seed
-from lib.segments import Segment, claim_db, list_segments, read_segment, save_segment, segment_relpath
+from lib.segment_writer import claim_db, save_segment, segment_relpath
+from lib.segments import Segment, list_segments, read_segment
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"

@@ -51,14 +51,8 @@ from lib.errors import UserError, run_cli, warn
 from lib.files import atomic_write
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
-from lib.segments import (
-    Segment,
-    SegmentError,
-    claim_db,
-    list_segments,
-    read_segment,
-    save_segment,
-)
+from lib.segment_writer import claim_db, save_segment
+from lib.segments import Segment, SegmentError, list_segments, read_segment
 
 STACK = 4  # frames of the policy input: a state and a sample are this many steps of frames
 STATE_ENV, SAMPLE_ENV = 0, 1  # env directories of the DB: saved states, sample frames

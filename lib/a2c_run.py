@@ -61,7 +61,8 @@ from lib.model import (
 )
 from lib.recorder import EpisodeRecorderWrapper
 from lib.seeds import EVAL_SEED_OFFSET
-from lib.segments import MAX_ENV_STEP, check_db_game
+from lib.segment_writer import check_db_game
+from lib.segments import MAX_ENV_STEP
 from lib.stats import StepCorrelation, pearson
 from lib.tb import hparams_table, run_dir
 

@@ -31,17 +31,8 @@ import numpy as np
 
 from lib.envs import VecStep
 from lib.errors import UserError
-from lib.segments import (
-    MAX_ENV_STEP,
-    MAX_SEGMENT_STEPS,
-    Segment,
-    SegmentWriter,
-    check_db_game,
-    claim_db,
-    list_segments,
-    max_segment_steps,
-    remove_stale_segment_temps,
-)
+from lib.segment_writer import SegmentWriter, check_db_game, claim_db, remove_stale_segment_temps
+from lib.segments import MAX_ENV_STEP, MAX_SEGMENT_STEPS, Segment, list_segments, max_segment_steps
 
 DEFAULT_SEGMENT_STEPS = 50
 # About 2,500 segments over a 10M-step run: 10M * p / (1 + 50 p) ~= 2,500.

@@ -31,14 +31,8 @@ from lib.envs import DEFAULT_ENV, game_of, rom_name
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LEGACY_LABELS_FILE, Warn, load_labels
 from lib.reward_model import INPUT_CHUNK, DiffRewardModel, reward_input
-from lib.segments import (
-    SegmentError,
-    check_same_game,
-    decode_segment,
-    encode_segment,
-    is_compressed,
-    read_segment_bytes,
-)
+from lib.segment_writer import encode_segment
+from lib.segments import SegmentError, check_same_game, decode_segment, is_compressed, read_segment_bytes
 
 Log = Callable[[str], None]
 

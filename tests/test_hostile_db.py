@@ -26,21 +26,18 @@ from lib.errors import UserError
 from lib.files import UMASK
 from lib.labels import Label, append_labels, load_labels, read_label_log
 from lib.oracle import oracle_label_db
+from lib.segment_writer import check_db_game, claim_db, encode_segment, save_segment
 from lib.segments import (
     FORMAT_NAME,
     Segment,
     SegmentError,
     SegmentWatch,
-    check_db_game,
     check_same_game,
-    claim_db,
     decode_segment,
-    encode_segment,
     list_segments,
     load_segment,
     read_db_info,
     read_segment,
-    save_segment,
     scan_db,
 )
 

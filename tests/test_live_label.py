@@ -34,7 +34,8 @@ from lib.label_ui.cli import main
 from lib.labels import Label, append_labels, pair_key, parse_label_line, read_label_log
 from lib.oracle import FollowSettings, OracleSettings, labels_due, oracle_follow, oracle_label_db
 from lib.sampling import SegmentLooks, recent_segments
-from lib.segments import RACY_NS, SegmentWatch, load_segment, save_segment
+from lib.segment_writer import save_segment
+from lib.segments import RACY_NS, SegmentWatch, load_segment
 from lib.signals import SignalStop
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -172,13 +172,13 @@ def test_an_existing_segment_is_never_replaced_and_the_clash_is_counted(tmp_path
 def test_disk_full_segments_are_counted_and_reported(tmp_path, monkeypatch):
     import errno
 
-    import lib.segments
+    import lib.segment_writer
 
     def full(path, data, fsync=True):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     env = EpisodeRecorderWrapper(CountingEnv(2), tmp_path, record_prob=1.0, segment_steps=2)
-    monkeypatch.setattr(lib.segments, "create_exclusive", full)
+    monkeypatch.setattr(lib.segment_writer, "create_exclusive", full)
     _record(env, 6)
     env.close()
     assert env.segments_written == 0 and env.segments_failed == 6
@@ -203,7 +203,8 @@ def test_segment_steps_are_bounded_by_what_readers_accept(tmp_path):
 def test_the_longest_segment_a_recorder_may_write_is_read_back(tmp_path):
     """MAX_SEGMENT_STEPS full-size frames of noise (incompressible): every reader takes it."""
     from lib.recorder import MAX_SEGMENT_STEPS
-    from lib.segments import Segment, encode_segment, load_segment
+    from lib.segment_writer import encode_segment
+    from lib.segments import Segment, load_segment
 
     t = MAX_SEGMENT_STEPS
     frames = np.random.default_rng(0).integers(0, 256, (t, 210, 160, 3), dtype=np.uint8)

@@ -171,7 +171,7 @@ def rare_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], 
     from test_seaquest import CLIMB_START, PARKED_PLAN, STAY_PLAN
 
     from bench.dbs import cut, play_plan
-    from lib.segments import save_segment
+    from lib.segment_writer import save_segment
 
     root = tmp_path_factory.mktemp("rare") / "db"
     parked, stay = play_plan(PARKED_PLAN), play_plan(STAY_PLAN)
@@ -236,7 +236,7 @@ def gauge_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str],
     from test_seaquest import CLIMB_PLAN, CLIMB_REFILL, CLIMB_START, PARKED_PLAN, STAY_PLAN
 
     from bench.dbs import cut, play_plan
-    from lib.segments import save_segment
+    from lib.segment_writer import save_segment
 
     root = tmp_path_factory.mktemp("gauge") / "db"
     parked, stay, climb = play_plan(PARKED_PLAN), play_plan(STAY_PLAN), play_plan(CLIMB_PLAN)

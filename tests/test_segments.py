@@ -11,15 +11,8 @@ import numpy as np
 import pytest
 
 from bench.dbs import book_pickle
-from lib.segments import (
-    Segment,
-    SegmentError,
-    decode_segment,
-    list_segments,
-    load_segment,
-    save_segment,
-    segment_path,
-)
+from lib.segment_writer import save_segment
+from lib.segments import Segment, SegmentError, decode_segment, list_segments, load_segment, segment_path
 
 
 def make_segment(t=50, env_index=3, step=12345, seed=0):

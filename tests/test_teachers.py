@@ -38,7 +38,8 @@ from lib.seaquest import (
     oxygen_levels,
     sub_rows,
 )
-from lib.segments import Segment, save_segment
+from lib.segment_writer import save_segment
+from lib.segments import Segment
 from lib.teachers import (
     CLIMB_MIN_ROWS,
     DEFAULT_DEATH_PENALTY,
