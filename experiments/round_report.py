@@ -21,7 +21,6 @@ import numpy as np
 
 from lib.games import best_of_lives
 from lib.stats import mean_ci95
-from lib.teachers import TEACHER_ENTRIES
 
 ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
 # (key in a row, column title, format); a cell reads "n/a" where the row lacks the key (behaviour
@@ -100,10 +99,18 @@ def table(
     return "\n".join(lines)
 
 
+# The target sets each teacher's round report checks (``targets``, ``model_targets``).
+REPORTS: dict[str, tuple[str, ...]] = {
+    "score": ("score_each_round",),
+    "oxygen": ("refills",),
+    "surface": ("refills", "behaviour_labels"),
+}
+
+
 def targets(teacher: str, rounds: list[dict[str, dict[str, float]]]) -> list[tuple[str, bool]]:
-    """The targets of the teacher's entry (``lib.teachers.TeacherEntry.report``), each with whether
+    """The targets of the teacher's report (``REPORTS``), each with whether
     it held: ``score_each_round`` in every round, ``refills`` after the last."""
-    report = TEACHER_ENTRIES[teacher].report
+    report = REPORTS.get(teacher, ())
     out: list[tuple[str, bool]] = []
     if "score_each_round" in report:
         out += [
@@ -138,12 +145,12 @@ MIN_RULE_AGREEMENT, MIN_BEHAVIOUR_LABELS = 0.8, 0.25
 
 
 def model_targets(teacher: str, rounds: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:
-    """The reward-model targets per round of a teacher whose entry reports ``behaviour_labels`` (the
+    """The reward-model targets per round of a teacher whose report has ``behaviour_labels`` (the
     surface teacher; ``run_round``'s ``reward_model`` and ``evidence``): from round 2 on, held-out
     agreement of at least 80% on the diver-climb and refill pairs (None: no such held-out pair);
     every round, at least 25% of the labels decided by a rule the score does not pay for
     (``behaviour``: that count)."""
-    if "behaviour_labels" not in TEACHER_ENTRIES[teacher].report:
+    if "behaviour_labels" not in REPORTS.get(teacher, ()):
         return []
     out: list[tuple[str, bool | None]] = []
     for k, r in enumerate(rounds, start=1):

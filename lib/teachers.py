@@ -158,7 +158,7 @@ class TeacherEntry:
     ``reads_gauge``: it reads SeaQuest's oxygen gauge (``lib.seaquest``), so a DB of another game is
     refused; ``death_penalty``: its ``--death-penalty`` default (None: it takes none); ``old_facts``:
     the label fields, first to last, that say how a label written before labels named their rule was
-    decided; ``report``: the round report's target sets for it (``experiments/round_report.py``)."""
+    decided."""
 
     name: str
     summary: str
@@ -167,7 +167,6 @@ class TeacherEntry:
     reads_gauge: bool = False
     death_penalty: float | None = None
     old_facts: tuple[str, ...] = ()
-    report: tuple[str, ...] = ()
 
 
 TEACHER_ENTRIES: dict[str, TeacherEntry] = {
@@ -180,7 +179,6 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             _by_score,
             death_penalty=DEFAULT_DEATH_PENALTY,
             old_facts=("returns",),
-            report=("score_each_round",),
         ),
         TeacherEntry(
             "oxygen",
@@ -190,7 +188,6 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             _by_oxygen,
             reads_gauge=True,
             old_facts=("oxygen_deaths", "refills", "returns"),
-            report=("refills",),
         ),
         TeacherEntry(
             "surface",
@@ -199,7 +196,6 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             ("death", "refill", "diver_climb", "rescue", "idle", "score", "tie"),
             _by_surface,
             reads_gauge=True,
-            report=("refills", "behaviour_labels"),
         ),
     )
 }

@@ -794,3 +794,18 @@ def test_odd_last_pt_values_are_one_line_naming_the_file(tmp_path: Path, recorde
         msg = str(e.value)
         assert "\n" not in msg and msg.startswith(f"{save / 'last.pt'}: ") and needle in msg, msg
         assert "remove the directory" in msg and "--kl nan" not in msg and "-5 agent" not in msg and len(msg) < 400, msg
+
+
+def test_every_teacher_has_its_round_report_targets() -> None:
+    """The round report knows each teacher's targets (lib.teachers knows nothing of the report): a
+    teacher added without them would report no target at all."""
+    from experiments.round_report import REPORTS, targets
+    from lib.teachers import TEACHERS
+
+    assert set(REPORTS) == set(TEACHERS)
+    rows = {
+        "rlhf": {"score": 90.0, "refills": 1.5, "oxygen_share": 0.1},
+        "control": {"score": 100.0, "oxygen_share": 0.4},
+    }
+    assert [ok for _, ok in targets("score", [rows])] == [True]
+    assert [name for name, _ in targets("surface", [rows])][0] == "rlhf refills at least once per game"
