@@ -360,10 +360,10 @@ def make_death_pairs(policy: Path, db: Path, s: BranchSettings, log: Callable[[s
 
 
 def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: str = "cpu") -> dict[str, float]:
-    """What a reward model pays a climbing and a still low-gauge diver step (``stages.diver_step_flags``)
+    """What a reward model pays a climbing and a still low-gauge diver step (``readouts.diver_step_flags``)
     of the clips of ``db``, in the units the learner would see on ``ref_names`` of ``ref_db``
     (their median step 0, their std 1): a test of the climb on clips that start alike."""
-    from experiments.stages import diver_step_flags, diver_step_means
+    from experiments.readouts import diver_step_flags, diver_step_means
     from lib.reward_eval import predict_segments
     from lib.reward_model import load_reward_model
 

@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from experiments.readouts import held_out_figures
 from experiments.round_report import summarise, table
 from experiments.stages import (
     CURVE_TAGS,
@@ -44,7 +45,6 @@ from experiments.stages import (
     file_digest,
     ft_config,
     ft_settings,
-    held_out_figures,
     held_out_key,
     print_evidence,
     print_model_figures,

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench.table import print_table
-from experiments.stages import LIFE_LOSS_LEAD, held_out_figures
+from experiments.readouts import LIFE_LOSS_LEAD, held_out_figures
 from lib.errors import UserError, run_cli
 from lib.labels import EQUAL, load_labels
 from lib.oracle import OracleSettings, oracle_label_db

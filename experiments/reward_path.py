@@ -6,7 +6,7 @@ agent's last 10,000 predictions sees them once it is full) or ``window`` (each c
 ``--norm-window`` steps, the book's per-env window: a clip is one env's consecutive steps, so its
 first steps have a shorter window than a run has), each with the ±5 clip or the sign (ptan's, after
 the book's normalisation). For each: the mean pay of a climbing and of a still low-gauge step with a
-diver aboard (``experiments.stages.diver_step_flags``) and their difference, the steps that lose a
+diver aboard (``experiments.readouts.diver_step_flags``) and their difference, the steps that lose a
 life and the ``LIFE_LOSS_LEAD`` steps before them, and the mean step.
 
     python -m experiments.reward_path --reward runs/round/seed0/surface-100/r1/reward.pt \\
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.stages import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
+from experiments.readouts import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
 from lib.a2c_config import BOOK_NORM_WINDOW
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write

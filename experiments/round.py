@@ -56,10 +56,10 @@ from typing import Any
 import numpy as np
 
 from experiments.live import report_live, run_live
+from experiments.readouts import LIFE_LOSS_LEAD, own_clip_figures
 from experiments.round_report import ARMS, across_seeds, model_targets, plot, summarise, table, targets
 from experiments.stages import (
     CURVE_TAGS,
-    LIFE_LOSS_LEAD,
     NO_MODEL_MODES,
     SeedRun,
     best_policy,
@@ -68,7 +68,6 @@ from experiments.stages import (
     file_digest,
     ft_config,
     ft_settings,
-    own_clip_figures,
     print_evidence,
     print_model_figures,
     reward_round,

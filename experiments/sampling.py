@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from bench.table import print_table
-from experiments.stages import held_out_figures, log, run_stage, split_db, teacher_db
+from experiments.readouts import held_out_figures
+from experiments.stages import log, run_stage, split_db, teacher_db
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.labels import LABELS_FILE, check_relpath, load_labels

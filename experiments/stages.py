@@ -8,8 +8,8 @@ what the staged rounds (``experiments.round``) and the live round (``experiments
   models (``train_reward``), a round's inner loop (``reward_round``: labels, model, figures), the
   evaluation games (``evaluate_arm``); each skipped when its output is there, kept in a cache keyed on
   what it was made from (``cached_json``);
-- figures: a reward model on held-out segments (``held_out_figures``), what the teacher's labels
-  rested on (``teacher_evidence``), TensorBoard curves (``tb_scalars``).
+- figures: what the teacher's labels rested on (``teacher_evidence``), TensorBoard curves
+  (``tb_scalars``), the notes printed of them; what a reward model pays is ``experiments.readouts``'.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import shlex
 import shutil
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.readouts import HELD_OUT_FIGURES, held_out_figures, label_agreement
 from experiments.round_report import behaviour_share
 from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
@@ -43,14 +43,11 @@ from lib.model import BEST_GLOB, best_checkpoint, best_checkpoint_figures
 from lib.oracle import OracleSettings, oracle_label_db
 from lib.play import play
 from lib.play_config import PlayConfig
-from lib.reward_eval import oracle_agreement, predict_segments, score
-from lib.reward_model import load_reward_model, reward_training_finished
-from lib.reward_wrapper import normalised
+from lib.reward_model import reward_training_finished
 from lib.sampling import MODEL_MODES, SAMPLING_MODES
-from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 from lib.signals import critical
-from lib.teachers import RULE_FACTS, Teacher, segment_facts
+from lib.teachers import RULE_FACTS, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_MODEL_MODES = tuple(m for m in SAMPLING_MODES if m not in MODEL_MODES)  # random, rare, gauge
@@ -544,20 +541,6 @@ def reward_round(sr: SeedRun, k: int) -> tuple[Path, dict[str, Any]]:
     return reward, {"reward_model": figs, "evidence": evidence}
 
 
-def label_agreement(reward: Path, ldb: Path, dev: str) -> dict[str, float]:
-    """How well a reward model understood the clips of the agent it produced: the share of the
-    labels of ``ldb`` that prefer one clip (1 or 2) whose order its predicted returns agree with,
-    measured before it is trained on them (a predicted tie counts as wrong)."""
-    labels = [lab for lab in load_labels(ldb, warn=None).values() if lab.label in (FIRST_BETTER, SECOND_BETTER)]
-    names = sorted({n for lab in labels for n in (lab.sample1, lab.sample2)})
-    preds = predict_segments(load_reward_model(reward, device=dev), ldb, names)
-    ret = dict(zip(preds.names, preds.pred_returns.tolist(), strict=True))
-    judged = [lab for lab in labels if lab.sample1 in ret and lab.sample2 in ret]
-    order = {FIRST_BETTER: 1.0, SECOND_BETTER: -1.0}
-    right = sum(np.sign(ret[lab.sample1] - ret[lab.sample2]) == order[lab.label] for lab in judged)
-    return {"agreement": right / len(judged) if judged else math.nan, "pairs": len(judged)}
-
-
 def cached_json(path: Path, make: Any, key: dict[str, Any] | None = None) -> Any:
     """``make()``'s JSON-able result, kept in ``path`` with ``key`` (what it was made from: a
     file's digest, the settings) and read back when the command runs again with the same key;
@@ -602,9 +585,6 @@ def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], lis
 # --- figures ------------------------------------------------------------------------------------
 
 
-HELD_OUT_FIGURES = 2  # the version of held_out_figures' figures: 2, the climbing step aligned (2026-11-27)
-
-
 def held_out_key(reward: Path, args: argparse.Namespace, holdout: list[str]) -> dict[str, Any]:
     """What a reward model's held-out figures were made from (``cached_json``'s key): the model's
     bytes, the teacher and its death penalty, the held-out set's size, and the figures' version, so
@@ -612,153 +592,6 @@ def held_out_key(reward: Path, args: argparse.Namespace, holdout: list[str]) -> 
     key = {"reward": file_digest(reward), "teacher": args.teacher, "holdout": len(holdout)}
     key |= {"death_penalty": args.death_penalty} if args.death_penalty else {}
     return key | {"figures": HELD_OUT_FIGURES}
-
-
-def held_out_figures(
-    db: Path, holdout: list[str], reward: Path, teacher: str, dev: str, death_penalty: float = 0.0
-) -> dict[str, Any]:
-    """The reward model on segments it never saw: agreement with the teacher over every held-out
-    pair the teacher prefers one of (a predicted tie counts as wrong), overall and per deciding rule
-    (``by_rule``: agreement and pairs); ``--evaluate``'s figures against the score (agreement,
-    per-step correlation); what the model pays where a life is lost (``life_loss_rewards``) and,
-    for SeaQuest, on steps with a low gauge and a diver aboard (``diver_step_rewards``)."""
-    rm = load_reward_model(reward, device=dev)
-    preds = predict_segments(rm, db, holdout)
-    vs_score = score(preds)
-    game = (db_game(db) or (None, None))[0]
-    facts, lost, flags = [], [], []
-    for rel in preds.names:
-        seg = read_segment(db, rel)
-        facts.append(segment_facts(seg.frames, seg.rewards, seg.dones, game))
-        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
-        if shows_gauge(game, seg.frames.shape[1:]):  # the steps' flags, not the frames (~5 MB a segment)
-            flags.append(diver_step_flags(seg.frames))
-    judge = Teacher(teacher, death_penalty=death_penalty)
-    i, j = np.triu_indices(len(facts), k=1)
-    verdicts = [judge.judge_rule(facts[a], facts[b]) for a, b in zip(i, j, strict=True)]
-    agree, n, by_rule = rule_agreement(preds.pred_returns[i], preds.pred_returns[j], verdicts)
-    figs: dict[str, Any] = {
-        "teacher_agreement": agree,
-        "teacher_pairs": n,
-        "by_rule": by_rule,
-        "score_agreement": vs_score.agreement,
-        "score_pairs": vs_score.pairs,
-        "step_corr_heldout": vs_score.step_corr,
-        "heldout_segments": vs_score.segments,
-        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
-    }
-    if flags and len(flags) == len(facts):
-        figs.update(_diver_step_figures(preds.pred_steps, flags))
-    return figs
-
-
-def rule_agreement(
-    pred1: np.ndarray, pred2: np.ndarray, verdicts: list[tuple[int, str]]
-) -> tuple[float, int, dict[str, dict[str, float]]]:
-    """Agreement of predicted returns with the teacher's verdicts (answer, rule) on the same pairs:
-    over every pair it prefers one of, and per rule that decided ({rule: {agreement, pairs}})."""
-    answers = np.array([a for a, _ in verdicts], dtype=np.int64).reshape(-1)
-    rules = np.array([r for _, r in verdicts], dtype=object).reshape(-1)
-    # The preference as a pair of "true returns", so that oracle_agreement's one rule applies:
-    # (1, 0) when #1 is preferred, (0, 1) for #2, NaN (left out) for ties and can't tell.
-    t1 = np.where(answers == FIRST_BETTER, 1.0, np.where(answers == SECOND_BETTER, 0.0, math.nan))
-    agree, n = oracle_agreement(pred1, pred2, t1, 1.0 - t1)
-    by_rule = {}
-    for rule in sorted(set(rules[np.isfinite(t1)].tolist())):
-        m = rules == rule
-        a, k = oracle_agreement(pred1[m], pred2[m], t1[m], 1.0 - t1[m])
-        by_rule[rule] = {"agreement": a, "pairs": k}
-    return agree, n, by_rule
-
-
-def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
-    """SeaQuest: the model's mean normalised reward (``lib.reward_wrapper.normalised``, the
-    learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
-    ``lib.seaquest``'s low) and a diver aboard, split by whether the step climbs (``diver_step_flags``):
-    ``diver_climb_z`` and ``diver_still_z`` (NaN where there are none), with their counts.
-    A model that has learned what the surface teacher asks for pays more for the climb."""
-    return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
-
-
-def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the step
-    climbing: the sub's top row in the frame the step led to is above the one its action was
-    chosen on. That is the step a reward model pays for the climb: its action moved the sub, and
-    the diff net's input is that step's frame and the next. (Until 2026-11-27 the flag was the
-    step after, whose frame already shows the move: the action there is often no longer UP.) A
-    segment's first step (its gauge's trend unknown) and last step (its next frame not recorded)
-    are not judged."""
-    levels, rows, divers = oxygen_levels(frames), sub_rows(frames), divers_aboard(frames)
-    draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
-    draining[1:-1] = levels[1:-1] <= levels[:-2]  # not filling
-    up[:-1] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
-    return draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0), up
-
-
-def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
-    return diver_step_means(normalised(pred_steps).astype(np.float64), flags)
-
-
-def diver_step_means(z: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
-    """The mean of ``z`` (per-step pay, the segments' steps in a row) on the climbing and on the
-    still low-gauge diver steps of ``diver_step_flags`` (one pair of masks per segment), and how many."""
-    steps = sum(len(low) for low, _ in flags)
-    if len(z) != steps:
-        raise ValueError(f"{len(z)} predictions for {steps} steps")
-    low, up = np.concatenate([f[0] for f in flags]), np.concatenate([f[1] for f in flags])
-    climb, still = low & up, low & ~up
-    return {
-        "diver_climb_z": float(z[climb].mean()) if climb.any() else math.nan,
-        "diver_climb_steps": int(climb.sum()),
-        "diver_still_z": float(z[still].mean()) if still.any() else math.nan,
-        "diver_still_steps": int(still.sum()),
-    }
-
-
-LIFE_LOSS_LEAD = 15  # steps before a life loss that ``life_loss_rewards`` also averages
-
-
-def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
-    """What a reward model pays around a lost life, in the learner's units: per-step predictions
-    normalised as ``RewardModelWrapper`` does (``lib.reward_wrapper.normalised``). The true
-    reward there is 0, so a model the agent cannot exploit pays about 0 or less.
-
-    ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the
-    ``LIFE_LOSS_LEAD`` steps before each of them (what the agent is paid for heading into a death);
-    ``life_losses``: how many there were. NaN where there is none. ``mean_z``: the mean step (the
-    median is 0): below 0, a life that goes on costs about ``mean_z`` a step, and under
-    ``--terminal life`` a death that costs less than the rest of the life is the way out."""
-    pred_steps = np.asarray(pred_steps, dtype=np.float64)
-    life_lost = np.asarray(life_lost, dtype=bool)
-    if pred_steps.shape != life_lost.shape:
-        raise ValueError(f"{pred_steps.shape} predictions for {life_lost.shape} steps")
-    z = normalised(pred_steps).astype(np.float64)
-    at = np.flatnonzero(life_lost)
-    lead = np.zeros(len(z), dtype=bool)
-    for t in at:
-        lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
-    lead &= ~life_lost
-    return {
-        "life_losses": int(len(at)),
-        "life_loss_z": float(z[at].mean()) if len(at) else math.nan,
-        "pre_loss_z": float(z[lead].mean()) if lead.any() else math.nan,
-        "mean_z": float(z.mean()) if len(z) else math.nan,
-    }
-
-
-def own_clip_figures(db: Path, reward: Path, dev: str) -> dict[str, float]:
-    """What a reward model pays around a lost life on the clips the agent fine-tuned on it recorded of
-    its own play (``life_loss_rewards``): does the agent it produced find dying paid?"""
-    names = list_segments(db, warn=None)
-    preds = predict_segments(load_reward_model(reward, device=dev), db, names)
-    lost = []
-    for rel in preds.names:
-        seg = read_segment(db, rel)
-        lost.append(np.zeros(len(seg.frames), dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
-    return {
-        "segments": len(preds.names),
-        **life_loss_rewards(preds.pred_steps, np.concatenate(lost) if lost else np.zeros(0, dtype=bool)),
-    }
 
 
 EVIDENCE_KEY = {"oxygen_deaths": "by_oxygen_death", "refills": "by_refill", "returns": "by_score"}

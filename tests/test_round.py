@@ -123,7 +123,7 @@ def test_teacher_evidence_counts_by_the_teachers_own_rule(tmp_path: Path) -> Non
 
 
 def test_life_loss_rewards_are_in_the_learners_units():
-    from experiments.stages import LIFE_LOSS_LEAD, life_loss_rewards
+    from experiments.readouts import LIFE_LOSS_LEAD, life_loss_rewards
 
     pred = np.zeros(100)
     pred[::10] = 1.0  # a regular reward: median 0, std 0.3
@@ -368,22 +368,22 @@ def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path
     assert (ev["by_refill"], ev["by_score"], ev["by_oxygen_death"], ev["ties"], ev["labels"]) == (1, 1, 0, 1, 6)
 
 
-def test_agreement_per_deciding_rule() -> None:
-    """Each rule's pairs scored on their own: a model that gets the score right and the diver climb
-    wrong shows it."""
-    from experiments.stages import rule_agreement
+def test_agreement_per_deciding_rule(tmp_path: Path) -> None:
+    """Each rule's pairs scored on their own (lib.reward_eval.teacher_agreement), in the round's
+    figures: a model that gets the score right and the cost of a death wrong shows it. Three clips
+    scored 20 (with a lost life), 10 and 0, a model that pays them 30, 20 and 10: the score teacher
+    at penalty 100 prefers both others to the one that died."""
+    from bench.dbs import action_model, write_action_db
+    from experiments.readouts import held_out_figures
+    from lib.segments import list_segments
 
-    verdicts = [(FIRST_BETTER, "score")] * 4 + [(SECOND_BETTER, "diver_climb")] * 2 + [(EQUAL, "tie")]
-    verdicts += [(FIRST_BETTER, "death")]
-    pred1 = np.array([2.0, 2.0, 2.0, 0.0, 2.0, 2.0, 1.0, 1.0])  # the 4th score pair and both climbs wrong
-    pred2 = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    agree, n, by_rule = rule_agreement(pred1, pred2, verdicts)
-    assert n == 7 and agree == pytest.approx(4 / 7)  # the tie is left out
-    assert by_rule == {
-        "death": {"agreement": 1.0, "pairs": 1},
-        "diver_climb": {"agreement": 0.0, "pairs": 2},
-        "score": {"agreement": 0.75, "pairs": 4},
-    }
+    db = tmp_path / "db"
+    write_action_db(db, [(0, 2.0), (1, 1.0), (2, 0.0)], t=10, size=64, lose_life=(0,))
+    model = action_model(64, tmp_path / "model.pt", [{0: 3.0, 1: 2.0, 2: 1.0}])
+    figs = held_out_figures(db, list_segments(db), model, "score", "cpu", death_penalty=100.0)
+    assert figs["teacher_pairs"] == 3 and figs["teacher_agreement"] == pytest.approx(1 / 3)
+    assert figs["by_rule"] == {"death": {"agreement": 0.0, "pairs": 2}, "score": {"agreement": 1.0, "pairs": 1}}
+    assert figs["score_agreement"] == 1.0  # the bare score orders them as the model does
 
 
 def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
@@ -394,7 +394,7 @@ def test_diver_step_rewards_split_low_gauge_diver_steps_by_climbing() -> None:
     from test_seaquest import CLIMB_PLAN, CLIMB_START, CLIMB_TOP
 
     from bench.dbs import play_plan
-    from experiments.stages import diver_step_rewards
+    from experiments.readouts import diver_step_rewards
 
     seg = play_plan(CLIMB_PLAN)
     frames = seg.frames
@@ -626,7 +626,7 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
     import torch
 
     from bench.dbs import make_square_db
-    from experiments.stages import label_agreement
+    from experiments.readouts import label_agreement
     from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
     from lib.segments import read_segment
 
