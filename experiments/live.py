@@ -35,6 +35,7 @@ from typing import Any
 
 from experiments.readouts import held_out_figures
 from experiments.round_report import summarise, table
+from experiments.round_settings import RoundSettings
 from experiments.stages import (
     CURVE_TAGS,
     SeedRun,
@@ -113,7 +114,7 @@ LIVE_VERSIONS = 8  # reward-model versions a live round aims at: a retrain every
 LIVE_RECENT = 200  # the teacher labels pairs of the agent's newest clips: what it does now
 
 
-def live_plan(args: argparse.Namespace) -> dict[str, Any]:
+def live_plan(args: RoundSettings) -> dict[str, Any]:
     """The staged benchmark's budget, live: agent steps, labels after round 1's, their rate."""
     steps = int(args.ft_steps * args.scale) * args.rounds
     later = args.labels * (args.rounds - 1)

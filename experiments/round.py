@@ -41,7 +41,6 @@ a run made for other steps (--v0-steps, --ft-steps, --scale) is refused, not ext
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import math
@@ -58,6 +57,7 @@ import numpy as np
 from experiments.live import report_live, run_live
 from experiments.readouts import LIFE_LOSS_LEAD, own_clip_figures
 from experiments.round_report import ARMS, across_seeds, model_targets, plot, summarise, table, targets
+from experiments.round_settings import GROUPS, RoundSettings
 from experiments.stages import (
     CURVE_TAGS,
     NO_MODEL_MODES,
@@ -79,25 +79,27 @@ from experiments.stages import (
 from lib.a2c_config import A2CConfig
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
-from lib.sampling import SAMPLING_MODES
 from lib.seeds import MAX_SEED
 from lib.segments import list_segments
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_between, check_fields
 from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS, death_penalty_for
+from lib.teachers import death_penalty_for
 
-ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB
-FT_LAYERS = ("frozen", "full")  # label all at once: no reward model picks the pairs
-V0_STEPS = 2_500_000  # the default v0: one that needs air (measured 2026-12-01, docs/results.md)
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
-
-
+PROG = "python -m experiments.round"
+DESCRIPTION = (
+    "A whole RLHF round with a synthetic teacher: v0, labels, reward model, fine-tune on the reward model (rlhf) "
+    "and on the score (control), then the same evaluation games for all three."
+)
 PASS_THROUGH = ("--reward-args", "--ft-args")  # their value is another program's flags
 
 
 class RoundParser(argparse.ArgumentParser):
     """argparse takes a lone value that starts with "-" for a flag of its own, so ``--reward-args
     "--diff-signed"`` was "expected one argument" (a value with a space, "--diff-block 2x12", was
-    not). The word after a pass-through flag is always its value: it is glued on as FLAG=VALUE."""
+    not). The word after a pass-through flag is always its value: it is glued on as FLAG=VALUE.
+    What it reads is a ``RoundSettings``."""
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         words, glued = list(sys.argv[1:] if args is None else args), []
@@ -109,187 +111,23 @@ class RoundParser(argparse.ArgumentParser):
             else:
                 glued.append(words[i])
                 i += 1
-        return super().parse_known_args(glued, namespace)
+        return super().parse_known_args(glued, RoundSettings() if namespace is None else namespace)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = RoundParser(
-        prog="python -m experiments.round",
-        description="A whole RLHF round with a synthetic teacher: v0, labels, reward model, fine-tune on the "
-        "reward model (rlhf) and on the score (control), then the same evaluation games for all three.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--teacher", choices=TEACHERS, default="oxygen", help="who labels (lib/teachers.py)")
-    p.add_argument("--teacher-noise", type=float, default=0.0, help="share of random answers of the teacher")
-    p.add_argument("--labels", type=int, default=300, help="labeled pairs for the reward model")
-    p.add_argument(
-        "--v0-steps",
-        type=int,
-        default=V0_STEPS,
-        help="agent steps of the from-scratch v0 run (2.5M: a v0 that runs out of air in most lives, so the low "
-        "gauge the surface teacher is about is common; docs/results.md)",
-    )
-    p.add_argument("--ft-steps", type=int, default=500_000, help="agent steps of each fine-tune arm")
-    p.add_argument("--eval-games", type=int, default=30, help="full games each of v0, control and rlhf plays")
-    p.add_argument("--out", type=Path, default=Path("runs/round"), help="where every stage's output is kept")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply every step count by this (10 for a GPU)")
-    p.add_argument("--dev", default="cpu", help="torch device of every stage: cpu, cuda or cuda:N")
-    p.add_argument(
-        "--seeds",
-        type=seed_list,
-        default=[0],
-        metavar="S,S,...",
-        help="run everything once per seed (v0, the splits, the labels, the fine-tunes), each under --out/seed<S>; "
-        "the report gives means with 95%% intervals across the seeds",
-    )
-    p.add_argument(
-        "--rounds", type=int, default=1, help="label-retrain-finetune rounds (round k labels round k-1's DB)"
-    )
-    p.add_argument(
-        "--from",
-        dest="start",
-        choices=("best", "v0"),
-        default="best",
-        help="where each round's fine-tunes start: best = round k-1's best policy of the same arm (the book's "
-        "way), v0 = v0's best policy every round",
-    )
-    _add_label_args(p)
-    _add_finetune_args(p)
-    return p
-
-
-def _add_label_args(p: argparse.ArgumentParser) -> None:
-    """What gets recorded and labelled, and how the reward model is trained."""
-    p.add_argument(
-        "--record-prob",
-        type=float,
-        default=0.001,
-        help="v0's per-step chance to start recording a segment (0.001: ~1,000 segments per 1M steps)",
-    )
-    p.add_argument("--holdout", type=float, default=0.2, help="share of the DB's segments never labeled")
-    p.add_argument(
-        "--sampling",
-        choices=ROUND_MODES,
-        default="rare",
-        help="which pairs the teacher labels (02_label_ui.py --sampling): rare, the default (no model: the "
-        "segments that look least like the others first, each with a random partner; it doubled the surface "
-        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); gauge (SeaQuest: clips "
-        "with a low gauge and a diver aboard paired with each other, then rare's); random; or the first "
-        "third at random and each further third picked by a reward model trained on the labels so far "
-        "(uncertain, disagree)",
-    )
-    p.add_argument(
-        "--death-penalty",
-        type=float,
-        default=None,
-        metavar="P",
-        help="the score teacher: each life lost in a clip costs P points of its sum (02_label_ui.py "
-        f"--death-penalty; default {DEFAULT_DEATH_PENALTY:g}, 0 for the other teachers); names the round's "
-        "directory",
-    )
-    p.add_argument(
-        "--branch-pairs",
-        type=int,
-        default=0,
-        metavar="N",
-        help="the surface teacher: every round also N pairs of clips played twice from one saved emulator state "
-        "of the policy the round's rlhf arm starts from, one clip that may only climb and one that may not "
-        "(experiments/branch.py), trained on beside the labels in this and every later round; 0: none. With "
-        '--reward-args "--diff-flow" they made round 1\'s model pay a climbing low-gauge diver step +0.57 std over '
-        "a still one (docs/results.md); names the round's directory",
-    )
-    p.add_argument(
-        "--branch-steps",
-        type=int,
-        default=15,
-        help="agent steps of each branch clip (15: a climb ends before the surface; 50: most climbs reach it and "
-        "refill there, so the surface teacher's refill rule decides most pairs)",
-    )
-    p.add_argument(
-        "--death-pairs",
-        type=int,
-        default=0,
-        metavar="N",
-        help="every round also N death pairs: where the policy the round's rlhf arm starts from loses a life, the "
-        "state --death-steps before it is played again until one replay loses the life and one does not "
-        "(experiments/branch.py --kind death), labelled by the round's teacher and trained on beside the labels "
-        "in this and every later round; 0: none. They teach which steps lead into a death; names the round's "
-        "directory",
-    )
-    p.add_argument(
-        "--death-steps",
-        type=int,
-        default=40,
-        help="agent steps of each death-pair clip (40: a hit sub takes ~20 steps to lose its life, and the steps "
-        "before the hit)",
-    )
-    p.add_argument(
-        "--reward-args",
-        default="",
-        metavar='"FLAGS"',
-        help='03_reward_train.py flags for every reward model of the round, e.g. "--ensemble 3" (disagree '
-        "needs an ensemble); they name the round's directory, so that rounds with other flags never share one",
+def build_parser() -> RoundParser:
+    """The round's flags in groups (``--help``), one per ``RoundSettings`` field: ``lib.settings``'
+    parser, read by a ``RoundParser``."""
+    fields = settings_parser(RoundSettings, PROG, DESCRIPTION, GROUPS)
+    return RoundParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=fields.formatter_class, add_help=False, parents=[fields]
     )
 
 
-def _add_finetune_args(p: argparse.ArgumentParser) -> None:
-    """What the fine-tunes train and how they are watched; the modes that skip or replace them."""
-    p.add_argument(
-        "--ft-layers",
-        choices=FT_LAYERS,
-        default="frozen",
-        help="what each fine-tune trains, both arms alike: frozen = the heads only, the conv layers frozen "
-        "(01_a2c.py --finetune, the book's way), full = every layer, at the same learning rate",
-    )
-    p.add_argument(
-        "--ft-args",
-        default="",
-        metavar='"FLAGS"',
-        help='01_a2c.py flags for the rlhf (and oracle) fine-tunes, e.g. "--terminal none --reward-scale 0.05 '
-        "--reward-norm labels\"; they name the round's directory, as --reward-args do",
-    )
-    p.add_argument(
-        "--oracle-arm",
-        action="store_true",
-        help="add an arm fine-tuned on the TRUE per-step score sent through exactly the rlhf arm's reward path "
-        "(01_a2c.py -r MODEL --reward-oracle with the same --ft-args: normalisation, scale, clip, terminal): "
-        "what the path costs apart from what the model's errors cost",
-    )
-    p.add_argument(
-        "--reward-only",
-        action="store_true",
-        help="the cheap inner loop: v0 (reused when done), round 1's labels and reward model, and its held-out "
-        "agreement per deciding rule; no fine-tune and no evaluation games",
-    )
-    p.add_argument(
-        "--live",
-        action="store_true",
-        help="the same teacher, labels and agent steps, live (experiments/live.py): round 1's labels and model, "
-        "then ONE fine-tune of --rounds x --ft-steps from v0 while the teacher labels the other "
-        "(--rounds - 1) x --labels pairs of the agent's newest clips and the reward model is retrained as they "
-        "arrive; its row is printed beside the staged rounds' (run those first for the comparison)",
-    )
-    p.add_argument("--evals", type=int, default=5, help="evaluations during each fine-tune (the round.png curve)")
-    p.add_argument("--test-episodes", type=int, default=10, help="games per evaluation during training")
-
-
-MAX_SCALE = 1000.0
-MAX_ROUNDS = 50
-
-
-def seed_list(text: str) -> list[int]:
-    """--seeds 0,1,2 -> [0, 1, 2]."""
-    try:
-        seeds = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seeds such as 0,1,2, got {text!r}") from None
-    if not seeds:
-        raise argparse.ArgumentTypeError("expected at least one seed")
-    return seeds
-
-
-def check(args: argparse.Namespace) -> None:
-    """Every bad value is one line (UserError) before anything runs."""
+def check(args: RoundSettings) -> None:
+    """Every bad value is one line (UserError) before anything runs: each flag's own checks
+    (``RoundSettings``), the ones between flags, then --reward-args and --ft-args read and checked
+    by their stages. Resolves --death-penalty's default for the teacher in ``args``."""
+    check_fields(args)
     for flag, value in (("--reward-args", args.reward_args), ("--ft-args", args.ft_args)):
         try:
             shlex.split(value)
@@ -299,44 +137,21 @@ def check(args: argparse.Namespace) -> None:
         args.death_penalty = death_penalty_for(args.teacher, args.death_penalty)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if not (math.isfinite(args.scale) and 0 < args.scale <= MAX_SCALE):
-        raise UserError(f"--scale must be a number in (0, {MAX_SCALE:g}], got {args.scale}")
-    if min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1:
-        raise UserError(
-            f"--scale {args.scale:g} leaves less than one agent step of --v0-steps {args.v0_steps} or "
-            f"--ft-steps {args.ft_steps}: give a larger --scale"
-        )
-    bad_seeds = [s for s in args.seeds if not 0 <= s <= MAX_SEED]
-    if bad_seeds or len(set(args.seeds)) != len(args.seeds):
-        raise UserError(f"--seeds must be distinct numbers in 0..{MAX_SEED}, got {','.join(map(str, args.seeds))}")
-    if not 1 <= args.rounds <= MAX_ROUNDS:
-        raise UserError(f"--rounds must be in 1..{MAX_ROUNDS}, got {args.rounds}")
-    wrong = [
-        (args.labels < 1, f"--labels must be at least 1, got {args.labels}"),
-        (args.v0_steps < 1 or args.ft_steps < 1, "--v0-steps and --ft-steps must be at least 1"),
-        (args.eval_games < 1, f"--eval-games must be at least 1, got {args.eval_games}"),
-        (not args.scale > 0, f"--scale must be positive, got {args.scale}"),
-        (not 0 <= args.teacher_noise <= 1, f"--teacher-noise must be in [0, 1], got {args.teacher_noise}"),
-        (not 0 < args.holdout < 1, f"--holdout must be in (0, 1), got {args.holdout}"),
+    seeds_wrong = any(not 0 <= s <= MAX_SEED for s in args.seeds) or len(set(args.seeds)) != len(args.seeds)
+    check_between([
+        (min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1, f"--scale {args.scale:g} leaves less than one agent step of --v0-steps {args.v0_steps} or --ft-steps {args.ft_steps}: give a larger --scale"),  # noqa: E501
+        # one value, but its message writes the seeds as they were given
+        (seeds_wrong, f"--seeds must be distinct numbers in 0..{MAX_SEED}, got {','.join(map(str, args.seeds))}"),
         (args.oracle_arm and (args.live or args.reward_only), "--oracle-arm is an arm of the staged rounds"),
-        (not 0 < args.record_prob <= 1, f"--record-prob must be in (0, 1], got {args.record_prob}"),
-        (args.evals < 1 or args.test_episodes < 1, "--evals and --test-episodes must be at least 1"),
         (args.sampling not in NO_MODEL_MODES and args.labels < 3, "--sampling needs --labels 3 or more (in thirds)"),
         (args.live and args.reward_only, "--live and --reward-only exclude each other"),
         (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
         (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels the pairs no model picks: --sampling {', '.join(NO_MODEL_MODES)}"),  # noqa: E501
         (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
-        (args.branch_pairs < 0 or args.branch_pairs > 100_000, f"--branch-pairs must be in 0..100000, got {args.branch_pairs}"),  # noqa: E501
-        (not 2 <= args.branch_steps <= 1000, f"--branch-steps must be in 2..1000, got {args.branch_steps}"),
         (args.branch_pairs > 0 and args.teacher != "surface", "--branch-pairs are labelled by the surface teacher: give --teacher surface"),  # noqa: E501
         (args.branch_pairs > 0 and args.live, "--branch-pairs is a stage of the staged rounds, not of --live"),
-        (args.death_pairs < 0 or args.death_pairs > 100_000, f"--death-pairs must be in 0..100000, got {args.death_pairs}"),  # noqa: E501
-        (not 2 <= args.death_steps <= 1000, f"--death-steps must be in 2..1000, got {args.death_steps}"),
         (args.death_pairs > 0 and args.live, "--death-pairs is a stage of the staged rounds, not of --live"),
-    ]  # fmt: skip
-    for bad, message in wrong:
-        if bad:
-            raise UserError(message)
+    ])  # fmt: skip
     check_pass_through(args)
     if args.sampling == "disagree" and ensemble_of(args) < 2:
         raise UserError("--sampling disagree needs an ensemble: --reward-args '--ensemble 3'")
@@ -345,7 +160,7 @@ def check(args: argparse.Namespace) -> None:
 # --- the settings of the stages -----------------------------------------------------------------
 
 
-def ensemble_of(args: argparse.Namespace) -> int:
+def ensemble_of(args: RoundSettings) -> int:
     """The --ensemble K of --reward-args, as stage 3 reads it (1 when not given)."""
     return int(pass_through("--reward-args", args.reward_args).get("ensemble", 1))
 
@@ -389,7 +204,7 @@ def pass_through(flag: str, text: str) -> dict[str, Any]:
     return given
 
 
-def check_pass_through(args: argparse.Namespace) -> None:
+def check_pass_through(args: RoundSettings) -> None:
     """--ft-args and --reward-args parsed (``pass_through``) and checked by their stage's own checks on
     the settings the round will run them with: a wrong value is one line now, not an arm's failure
     after v0, the labels and a reward model."""
@@ -416,7 +231,7 @@ def check_pass_through(args: argparse.Namespace) -> None:
 
 
 def rlhf_config(
-    args: argparse.Namespace, name: str, save: Path, start: Path, reward: Path, oracle: bool = False
+    args: RoundSettings, name: str, save: Path, start: Path, reward: Path, oracle: bool = False
 ) -> A2CConfig:
     """A fine-tune on a reward model, with --ft-args: the rlhf arm (recording its DB beside ``save``,
     for the next round) or, ``oracle``, the oracle arm (the true score through the same path, no DB)."""
@@ -434,7 +249,7 @@ def rlhf_config(
     )
 
 
-def round_settings(args: argparse.Namespace) -> dict[str, Any]:
+def round_settings(args: RoundSettings) -> dict[str, Any]:
     """What makes a round's labels, models or fine-tunes differ, --reward-args and --ft-args parsed:
     what its directory is named for."""
     keys = ("teacher", "labels", "teacher_noise", "sampling", "death_penalty", "start", "ft_layers")
@@ -447,7 +262,7 @@ def round_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def _readable_name(args: argparse.Namespace) -> str:
+def _readable_name(args: RoundSettings) -> str:
     """Teacher, labels, and whatever else makes a round differ, as text (the name of rounds made before
     ``round_name`` added a hash): it leaves out "-" and rounds floats, so it may be shared."""
     name = f"{args.teacher}-{args.labels}"
@@ -466,7 +281,7 @@ def _readable_name(args: argparse.Namespace) -> str:
     return name + (f"-{args.ft_layers}" if getattr(args, "ft_layers", "frozen") != "frozen" else "")
 
 
-def round_name(args: argparse.Namespace) -> str:
+def round_name(args: RoundSettings) -> str:
     """The teacher's directory under a seed's directory: ``_readable_name``, and where that text may
     be shared by other settings (pass-through flags, a float ``:g`` rounds) the first 8 hex digits of
     a hash of the parsed settings (``round_settings``), so that two settings never share a directory."""
@@ -482,7 +297,7 @@ def round_name(args: argparse.Namespace) -> str:
 SETTINGS_FILE = "settings.json"  # in a round's directory: the settings it was made for (round_settings)
 
 
-def round_dir(args: argparse.Namespace) -> Path:
+def round_dir(args: RoundSettings) -> Path:
     """The round's directory under ``args.out`` (the seed's), made if missing. A round made before
     ``round_name`` added a hash (named ``_readable_name``) is still found, unless it records other
     settings (its settings file, else its round.json's); found, it records these."""
@@ -495,7 +310,7 @@ def round_dir(args: argparse.Namespace) -> Path:
     return tdir
 
 
-def _made_for(tdir: Path, args: argparse.Namespace) -> bool:
+def _made_for(tdir: Path, args: RoundSettings) -> bool:
     """Whether an old round directory was made with ``args``' settings, or records none."""
     want = json.loads(json.dumps(round_settings(args), sort_keys=True, default=str))
     try:
@@ -521,14 +336,12 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def seed_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
+def seed_args(args: RoundSettings, seed: int) -> argparse.Namespace:
     """``args`` for one seed: its own directory under --out."""
-    one = copy.copy(args)
-    one.seed, one.out = seed, args.out / f"seed{seed}"
-    return one
+    return replace(args, seed=seed, out=args.out / f"seed{seed}")
 
 
-def run_v0(args: argparse.Namespace) -> SeedRun:
+def run_v0(args: RoundSettings) -> SeedRun:
     """v0 and its DB (stage 1), the DB's split; the teacher's directory."""
     try:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -663,7 +476,7 @@ def report_seed(sr: SeedRun, results: list[dict[str, Any]], t0: float) -> list[d
     return rounds
 
 
-def report_seeds(args: argparse.Namespace, per_seed: list[list[dict[str, dict[str, float]]]], name: str) -> None:
+def report_seeds(args: RoundSettings, per_seed: list[list[dict[str, dict[str, float]]]], name: str) -> None:
     """The rows averaged over the seeds (each ``±``: the 95% interval across seeds) and the targets,
     written to ``--out/<name>.json`` (``name``: the seeds' round directory)."""
     rows = across_seeds(per_seed)

@@ -14,7 +14,6 @@ what the staged rounds (``experiments.round``) and the live round (``experiments
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ import numpy as np
 
 from experiments.readouts import HELD_OUT_FIGURES, held_out_figures, label_agreement
 from experiments.round_report import behaviour_share
+from experiments.round_settings import RoundSettings
 from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 from lib.checkpoints import read_checkpoint
@@ -274,7 +274,7 @@ def checked_progress(cfg: A2CConfig) -> int | None:
     return _steps_done(last, cfg.save_dir / "last.pt")
 
 
-def train_a2c(cfg: A2CConfig, evals: int, args: argparse.Namespace) -> None:
+def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings) -> None:
     """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
     evaluations): skipped when done, continued (``resume``) when stopped."""
@@ -336,7 +336,7 @@ def teacher_db(db: Path, tdb: Path, train: list[str]) -> None:
             atomic_write(dst, src.read_bytes())
 
 
-def ft_config(args: argparse.Namespace, **fields: Any) -> A2CConfig:
+def ft_config(args: RoundSettings, **fields: Any) -> A2CConfig:
     """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top, read by
     01_a2c.py's parser; a flag given is used even where its value is 01_a2c.py's default (checked
     before: ``experiments.round.check``)."""
@@ -360,7 +360,7 @@ def label_steps(n: int, sampling: str) -> list[int]:
     return [n] if sampling in NO_MODEL_MODES else sorted({n // 3, 2 * n // 3, n})
 
 
-def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: Path | None = None) -> None:
+def label(tdb: Path, args: RoundSettings, upto: int | None = None, reward: Path | None = None) -> None:
     """The teacher labels ``tdb`` up to ``upto`` (default --labels) pairs: at random, or picked by
     --sampling with ``reward``, as the label page would offer them."""
     upto = args.labels if upto is None else upto
@@ -384,7 +384,7 @@ def label(tdb: Path, args: argparse.Namespace, upto: int | None = None, reward: 
     log(f"labels: {s.labeled} {how} pairs from the {args.teacher} teacher in {s.seconds:.0f} s: {s.counts}")
 
 
-def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace, older: list[Path] | None = None) -> Path:
+def label_and_train(tdb: Path, tdir: Path, args: RoundSettings, older: list[Path] | None = None) -> Path:
     """Labels of ``tdb`` and the round's reward model, trained on them and on the ``older`` rounds'
     label DBs. With a model-picked --sampling, a model trained on the first third picks the second
     third, a model of both the last; only the final one is the round's."""
@@ -397,7 +397,7 @@ def label_and_train(tdb: Path, tdir: Path, args: argparse.Namespace, older: list
     return model
 
 
-def train_reward(dbs: list[Path], tdir: Path, args: argparse.Namespace, name: str = "round") -> Path:
+def train_reward(dbs: list[Path], tdir: Path, args: RoundSettings, name: str = "round") -> Path:
     path = tdir / f"reward-{name}.pt"
     if reward_training_finished(path):
         log(f"reward model: {path}, reused")
@@ -416,7 +416,7 @@ class SeedRun:
     """One seed's run: its settings (``args.out`` is the seed's directory, ``args.seed`` its seed),
     the teacher's directory, v0's DB, split and best policy."""
 
-    args: argparse.Namespace
+    args: RoundSettings
     tdir: Path
     db: Path
     split: dict[str, list[str]]
@@ -585,7 +585,7 @@ def tb_scalars(tb_root: Path, run_prefix: str, tag: str) -> tuple[list[int], lis
 # --- figures ------------------------------------------------------------------------------------
 
 
-def held_out_key(reward: Path, args: argparse.Namespace, holdout: list[str]) -> dict[str, Any]:
+def held_out_key(reward: Path, args: RoundSettings, holdout: list[str]) -> dict[str, Any]:
     """What a reward model's held-out figures were made from (``cached_json``'s key): the model's
     bytes, the teacher and its death penalty, the held-out set's size, and the figures' version, so
     that figures cached by an older way of measuring are made again."""
@@ -639,7 +639,7 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
     return ev
 
 
-def evaluate_arm(policy: Path, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
+def evaluate_arm(policy: Path, cache: Path, args: RoundSettings) -> dict[str, Any]:
     """--eval-games full games with EVAL_SEED (the same games for every arm); kept in ``cache``,
     keyed on the policy's content (a run resumed to more steps writes a new ``last.pt`` at the
     same path) and the games. With them, the evaluation that saved the run's best checkpoint
