@@ -313,3 +313,14 @@ class A2CConfig:
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip
         check_between(wrong)
+
+
+def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict | None) -> float:
+    """--kl in effect (its default decided here, beside its declaration): as given; unset, the B the
+    resumed run had, else ``KL_LEARNED_REWARD`` for a fine-tune on a learned reward (-r with a start
+    policy) and 0 for any other run."""
+    if cfg.kl is not None:
+        return cfg.kl
+    if resume_ck is not None and resume_ck.get("kl") is not None:
+        return float(resume_ck["kl"])
+    return KL_LEARNED_REWARD if (cfg.reward or cfg.kl_target is not None) and has_start else 0.0

@@ -24,12 +24,12 @@ from lib.a2c_config import (
     ADAM_EPS,
     BATCH_SIZE,
     FINETUNE_LEARNING_RATE,
-    KL_LEARNED_REWARD,
     LEARNING_RATE,
     LR_DECAY_STEPS,
     MAX_RECORD_ENVS,
     MAX_STEP_COUNT,
     A2CConfig,
+    kl_beta,
     reward_clip_value,
 )
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
@@ -437,16 +437,6 @@ def _start_policy(cfg: A2CConfig, net: AtariA2C, resume_ck: dict[str, Any] | Non
     if cfg.kl and start is None:
         raise UserError(f"--kl: {cfg.save_dir / 'last.pt'} keeps no start policy to pull toward (run it without --kl)")
     return start
-
-
-def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict[str, Any] | None) -> float:
-    """--kl as given; unset, the B the resumed run had, else ``KL_LEARNED_REWARD`` for a fine-tune on
-    a learned reward (-r with a start policy) and 0 for any other run."""
-    if cfg.kl is not None:
-        return cfg.kl
-    if resume_ck is not None and resume_ck.get("kl") is not None:
-        return float(resume_ck["kl"])
-    return KL_LEARNED_REWARD if (cfg.reward or cfg.kl_target is not None) and has_start else 0.0
 
 
 def kl_coef_at_start(cfg: A2CConfig, resume_ck: dict[str, Any] | None) -> float:
