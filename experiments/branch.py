@@ -41,15 +41,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments.flags import in_range, seed_setting
 from lib.envs import grey84
 from lib.errors import UserError, run_cli
 from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
-from lib.seeds import check_seed
 from lib.segment_writer import claim_db, save_segment, segment_relpath
 from lib.segments import Segment, list_segments, read_segment
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_between, check_fields, setting
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
@@ -226,7 +228,7 @@ def save_pair(
 @dataclass
 class BranchSettings:
     pairs: int = 150
-    steps: int = 15
+    steps: int = CLIMB_STEPS
     every: int = 5  # agent steps between two branch points of one low-gauge stretch
     seed: int = 0
     env_base: int = 90  # the climb clips go to env directory env_base, the stay clips to env_base + 1
@@ -398,53 +400,99 @@ def measure(models: list[Path], db: Path, ref_db: Path, ref_split: Path) -> None
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.branch",
-        description=__doc__.split("\n\n")[0],
-        epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
-        '"branch": "climb" or "stay" (death pairs: "dies" or "lives").',
+GROUPS = {  # --help's groups, in order, and their titles
+    "where": "the policy and the DB",
+    "measure": "measuring instead of playing",
+    "pairs": "the pairs",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BranchCommand:
+    """What ``python -m experiments.branch`` is told, one field per flag in ``--help`` order; the
+    pairs' settings take their defaults from ``BranchSettings``."""
+
+    policy: Path | None = setting(
+        None, "the policy that plays: a checkpoint or a run directory", group="where", type=Path
     )
-    p.add_argument("--policy", type=Path, help="the policy that plays: a checkpoint or a run directory")
-    p.add_argument("--db", type=Path, required=True, help="a new directory for the clips and labels.jsonl")
-    p.add_argument(
-        "--measure",
+    db: Path = setting(help="a new directory for the clips and labels.jsonl", group="where", type=Path)
+    measure: list[Path] | None = setting(
+        None,
+        "instead of playing: what each reward model pays a climbing and a still low-gauge diver step of "
+        "--db's clips, in the units of --ref-db's held-out steps (their median 0, std 1)",
+        group="measure",
         type=Path,
         nargs="+",
         metavar="MODEL",
-        help="instead of playing: what each reward model pays a climbing and a still low-gauge diver step of "
-        "--db's clips, in the units of --ref-db's held-out steps (their median 0, std 1)",
     )
-    p.add_argument("--ref-db", type=Path, help="--measure: the round's DB whose held-out steps give the units")
-    p.add_argument("--ref-split", type=Path, help="--measure: that DB's split.json (its holdout list)")
-    p.add_argument("--pairs", type=int, default=150, help="pairs to make")
-    p.add_argument(
-        "--kind",
-        choices=("climb", "death"),
-        default="climb",
-        help="climb: one clip may only climb, one may not (the surface teacher labels them); death: the state "
+    ref_db: Path | None = setting(
+        None, "--measure: the round's DB whose held-out steps give the units", group="measure", type=Path
+    )
+    ref_split: Path | None = setting(
+        None, "--measure: that DB's split.json (its holdout list)", group="measure", type=Path
+    )
+    pairs: int = setting(BranchSettings.pairs, "pairs to make", group="pairs", checks=in_range("--pairs", 1, 100_000))
+    kind: str = setting(
+        "climb",
+        "climb: one clip may only climb, one may not (the surface teacher labels them); death: the state "
         "--steps before a lost life played again until one replay dies and one lives (module docstring)",
+        group="pairs",
+        choices=("climb", "death"),
     )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help=f"agent steps per clip (default {CLIMB_STEPS} for climb pairs: a climb ends before the surface; 50: most "
+    steps: int | None = setting(
+        None,
+        f"agent steps per clip (default {CLIMB_STEPS} for climb pairs: a climb ends before the surface; 50: most "
         "climbs reach it, and a sub with a diver aboard refills there (refill pairs); "
         f"{DEATH_STEPS} for death pairs: the ~20 steps a hit sub takes to lose its life and the steps before it)",
+        group="pairs",
+        type=int,
+        checks=[(lambda v: v is None or 2 <= v <= 1000, "--steps must be in 2..1000, got {v}")],
     )
-    p.add_argument("--tries", type=int, default=8, help="death pairs: replays of one state at most")
-    p.add_argument("--teacher", default="surface", help="death pairs: the teacher that labels them (climb: surface)")
-    p.add_argument("--every", type=int, default=5, help="agent steps between two branch points of one stretch")
-    p.add_argument("--seed", type=int, default=0, help="emulator, policy sampling and #1/#2 order")
-    p.add_argument("--max-games", type=int, default=0, help="stop after this many games with fewer pairs (0: never)")
-    return p
+    tries: int = setting(
+        BranchSettings.tries,
+        "death pairs: replays of one state at most",
+        group="pairs",
+        checks=in_range("--tries", 1, 1000),
+    )
+    teacher: str = setting(
+        BranchSettings.teacher,
+        "death pairs: the teacher that labels them (climb: surface)",
+        group="pairs",
+        checks=[(lambda v: v in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}, got {{v!r}}")],
+    )
+    every: int = setting(
+        BranchSettings.every,
+        "agent steps between two branch points of one stretch",
+        group="pairs",
+        checks=[(lambda v: v >= 1, "--every must be at least 1, got {v}")],
+    )
+    seed: int = seed_setting("emulator, policy sampling and #1/#2 order", group="pairs")
+    max_games: int = setting(
+        BranchSettings.max_games,
+        "stop after this many games with fewer pairs (0: never)",
+        group="pairs",
+        checks=[(lambda v: v >= 0, "--max-games must be 0 or more, got {v}")],
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags in groups (``--help``), one per ``BranchCommand`` field."""
+    return settings_parser(
+        BranchCommand,
+        "python -m experiments.branch",
+        __doc__.split("\n\n")[0],
+        GROUPS,
+        epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
+        '"branch": "climb" or "stay" (death pairs: "dies" or "lives").',
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    """Check the command (one line for a bad value), then measure or make the pairs."""
+    args = BranchCommand(**vars(build_parser().parse_args(argv)))
     if args.db.exists() and not args.db.is_dir():
         raise UserError(f"--db {args.db} is not a directory: give a new directory (or, with --measure, a DB)")
+    check_fields(args)
     if args.measure:
         if args.ref_db is None or args.ref_split is None:
             raise UserError("--measure needs --ref-db and --ref-split")
@@ -455,34 +503,27 @@ def main(argv: list[str] | None = None) -> None:
             raise UserError(f"--db {args.db} holds no segments to measure: give the DB this tool made")
         measure(args.measure, args.db, args.ref_db, args.ref_split)
         return
-    if args.policy is None:
-        raise UserError("give --policy (the policy that plays) or --measure")
-    if args.steps is None:
-        args.steps = DEATH_STEPS if args.kind == "death" else CLIMB_STEPS
-    for bad, why in (
-        (not 1 <= args.pairs <= 100_000, f"--pairs must be in 1..100000, got {args.pairs}"),
-        (not 1 <= args.tries <= 1000, f"--tries must be in 1..1000, got {args.tries}"),
-        (args.teacher not in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}, got {args.teacher!r}"),
-        (args.kind == "climb" and args.teacher != "surface", "climb pairs are labelled by the surface teacher"),
-        (not 2 <= args.steps <= 1000, f"--steps must be in 2..1000, got {args.steps}"),
-        (args.every < 1, f"--every must be at least 1, got {args.every}"),
-        (args.max_games < 0, f"--max-games must be 0 or more, got {args.max_games}"),
-    ):
-        if bad:
-            raise UserError(why)
-    check_seed(args.seed)  # the emulator takes it, and the generators seed + 1 and seed + 2
+    check_between(
+        [
+            (args.policy is None, "give --policy (the policy that plays) or --measure"),
+            (args.kind == "climb" and args.teacher != "surface", "climb pairs are labelled by the surface teacher"),
+        ]
+    )
     play(args)
 
 
-def play(args: argparse.Namespace) -> None:
+def play(args: BranchCommand) -> None:
     """Make the pairs into a new --db; a run stopped before its first pair leaves no directory."""
+    assert args.policy is not None
     policy = policy_file(args.policy)
     if args.db.exists() and list_segments(args.db, warn=None):
         raise UserError(f"{args.db} holds segments already: give a new directory")
     made = [d for d in (args.db, *args.db.parents) if not d.exists()]  # innermost first
     args.db.mkdir(parents=True, exist_ok=True)
-    s = BranchSettings(args.pairs, args.steps, args.every, args.seed, max_games=args.max_games, tries=args.tries)
-    s.teacher = args.teacher
+    steps = args.steps or (DEATH_STEPS if args.kind == "death" else CLIMB_STEPS)
+    s = BranchSettings(
+        args.pairs, steps, args.every, args.seed, max_games=args.max_games, tries=args.tries, teacher=args.teacher
+    )
     try:
         rules = make_death_pairs(policy, args.db, s) if args.kind == "death" else make_pairs(policy, args.db, s)
     except BaseException:
