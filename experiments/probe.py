@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from experiments.branch import ENV_ID, BranchGame, at_branch_point
+from experiments.flags import in_range, rows_out_setting
 from lib.a2c import act
 from lib.envs import grey84
 from lib.errors import UserError, run_cli, warn
@@ -53,6 +54,8 @@ from lib.model import AtariA2C, load_policy, policy_file
 from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
 from lib.segment_writer import claim_db, save_segment
 from lib.segments import Segment, SegmentError, list_segments, read_segment
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_fields, setting
 
 STACK = 4  # frames of the policy input: a state and a sample are this many steps of frames
 STATE_ENV, SAMPLE_ENV = 0, 1  # env directories of the DB: saved states, sample frames
@@ -387,7 +390,7 @@ def see_probe(net: AtariA2C, samples: list[SavedState]) -> dict[str, dict[str, f
 # --- the command ----------------------------------------------------------------------------------
 
 
-def probe_policy(path: Path, states: list[SavedState], samples: list[SavedState], a: argparse.Namespace) -> dict:
+def probe_policy(path: Path, states: list[SavedState], samples: list[SavedState], a: ProbeSettings) -> dict:
     net, _ = load_policy(path, ENV_ID, "seaquest", (STACK, 84, 84), None)
     net.eval()
     t0 = time.time()
@@ -417,50 +420,67 @@ def print_table(rows: list[dict]) -> None:
                 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.probe",
-        description="The behaviour probe: from saved SeaQuest states with a low gauge and a diver aboard, how often "
-        "does each policy refill, surface empty, drown or die otherwise (module docstring)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--states", type=Path, required=True, help="DB of saved states: found once, then reused")
-    p.add_argument(
-        "--policy",
+GROUPS = {  # --help's groups, in order, and their titles
+    "states": "the states and the policies",
+    "replays": "the replays",
+    "output": "output and speed",
+}
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What ``python -m experiments.probe`` is told, one field per flag in ``--help`` order."""
+
+    states: Path = setting(help="DB of saved states: found once, then reused", group="states", type=Path)
+    policy: list[Path] = setting(
+        help="a policy to probe (a .pt or a run directory: its best); repeat",
+        group="states",
         type=Path,
         action="append",
-        required=True,
-        help="a policy to probe (a .pt or a run directory: its best); repeat",
     )
-    p.add_argument(
-        "--find-with", type=Path, help="the policy whose play the states come from (default: the first --policy)"
+    find_with: Path | None = setting(
+        None, "the policy whose play the states come from (default: the first --policy)", group="states", type=Path
     )
-    p.add_argument("--n-states", type=int, default=60, help="states to find when --states holds none")
-    p.add_argument("--tries", type=int, default=4, help="replays of each state per policy (actions sampled)")
-    p.add_argument("--steps", type=int, default=200, help="agent steps a replay may last (a low gauge lasts ~128)")
-    p.add_argument("--seed", type=int, default=0, help="the replays' action sampling")
-    p.add_argument("--max-games", type=int, default=200, help="finder games at most")
-    p.add_argument("--features", action="store_true", help="also the linear probe of each policy's conv features")
-    p.add_argument("--out", type=Path, help="write the rows as JSON here")
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the forwards are small: more only fight other work)"
+    n_states: int = setting(
+        60, "states to find when --states holds none", group="states", checks=in_range("--n-states", 1, 10_000)
     )
-    return p
+    max_games: int = setting(200, "finder games at most", group="states", checks=in_range("--max-games", 1, 100_000))
+    tries: int = setting(
+        4, "replays of each state per policy (actions sampled)", group="replays", checks=in_range("--tries", 1, 1000)
+    )
+    steps: int = setting(
+        200,
+        "agent steps a replay may last (a low gauge lasts ~128)",
+        group="replays",
+        checks=in_range("--steps", 1, 10_000),
+    )
+    seed: int = setting(0, "the replays' action sampling", group="replays", checks=in_range("--seed", 0, 2**31 - 1))
+    features: bool = setting(False, "also the linear probe of each policy's conv features", group="replays")
+    out: Path | None = rows_out_setting(group="output")
+    threads: int = setting(
+        1,
+        "torch threads (the forwards are small: more only fight other work)",
+        group="output",
+        checks=in_range("--threads", 1, 256),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags in groups (``--help``), one per ``ProbeSettings`` field."""
+    return settings_parser(
+        ProbeSettings,
+        "python -m experiments.probe",
+        "The behaviour probe: from saved SeaQuest states with a low gauge and a diver aboard, how often "
+        "does each policy refill, surface empty, drown or die otherwise (module docstring)",
+        GROUPS,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    a = build_parser().parse_args(argv)
-    for bad, why in (
-        (not 1 <= a.n_states <= 10_000, f"--n-states must be in 1..10000, got {a.n_states}"),
-        (not 1 <= a.tries <= 1000, f"--tries must be in 1..1000, got {a.tries}"),
-        (not 1 <= a.steps <= 10_000, f"--steps must be in 1..10000, got {a.steps}"),
-        (not 1 <= a.max_games <= 100_000, f"--max-games must be in 1..100000, got {a.max_games}"),
-        (not 0 <= a.seed < 2**31, f"--seed must be in 0..{2**31 - 1}, got {a.seed}"),
-        (a.states.exists() and not a.states.is_dir(), f"--states {a.states} is a file: give a directory"),
-        (not 1 <= a.threads <= 256, f"--threads must be in 1..256, got {a.threads}"),
-    ):
-        if bad:
-            raise UserError(why)
+    a = ProbeSettings(**vars(build_parser().parse_args(argv)))
+    check_fields(a)
+    if a.states.exists() and not a.states.is_dir():
+        raise UserError(f"--states {a.states} is a file: give a directory")
     torch.set_num_threads(a.threads)
     policies = [policy_file(p) for p in a.policy]
     if not a.states.exists() or not load_states(a.states):
