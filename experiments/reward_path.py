@@ -19,10 +19,12 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from experiments.flags import in_range, rows_out_setting
 from experiments.readouts import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
 from lib.a2c_config import BOOK_NORM_WINDOW
 from lib.errors import UserError, run_cli
@@ -31,6 +33,8 @@ from lib.reward_eval import predict_segments
 from lib.reward_model import load_reward_model
 from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
 from lib.segments import list_segments, read_segment
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_fields, setting
 
 PATHS = ("running", "window")
 CLIPS = ("5", "sign")
@@ -114,20 +118,32 @@ def print_rows(reward: Path, rows: list[dict]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.reward_path",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+GROUPS = {"in": "the models and the clips", "out": "output"}  # --help's groups, in order, and their titles
+
+
+@dataclass(frozen=True)
+class RewardPathSettings:
+    """What ``python -m experiments.reward_path`` is told, one field per flag in ``--help`` order."""
+
+    reward: list[Path] = setting(help="a reward model (.pt); repeat", group="in", type=Path, action="append")
+    db: Path = setting(help="the DB whose clips are paid", group="in", type=Path)
+    split: Path | None = setting(
+        None, "a round's split.json: only its held-out clips (default: every clip)", group="in", type=Path
     )
-    p.add_argument("--reward", type=Path, action="append", required=True, help="a reward model (.pt); repeat")
-    p.add_argument("--db", type=Path, required=True, help="the DB whose clips are paid")
-    p.add_argument("--split", type=Path, help="a round's split.json: only its held-out clips (default: every clip)")
-    p.add_argument("--norm-window", type=int, default=BOOK_NORM_WINDOW, help="the window path's steps per env")
-    p.add_argument("--out", type=Path, help="write the rows as JSON here")
-    a = p.parse_args(argv)
-    if not 2 <= a.norm_window <= 1000:
-        raise UserError(f"--norm-window must be in 2..1000, got {a.norm_window}")
+    norm_window: int = setting(
+        BOOK_NORM_WINDOW, "the window path's steps per env", group="in", checks=in_range("--norm-window", 2, 1000)
+    )
+    out: Path | None = rows_out_setting(group="out")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags in groups (``--help``), one per ``RewardPathSettings`` field."""
+    return settings_parser(RewardPathSettings, "python -m experiments.reward_path", __doc__.split("\n\n")[0], GROUPS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = RewardPathSettings(**vars(build_parser().parse_args(argv)))
+    check_fields(a)
     for path in (*a.reward, a.db):
         if not path.exists():
             raise UserError(f"{path} does not exist")
