@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import numpy as np
 from experiments.round_report import _binned
 from experiments.stages import tb_scalars
 from lib.errors import UserError, run_cli
+from lib.settings import build_parser as settings_parser
+from lib.settings import setting
 
 PANELS = [
     ("eval/score_mean", "mean eval score (10 games)", False),
@@ -83,11 +86,22 @@ def plot(tb: Path, png: Path) -> list[tuple[str, float, float]]:
     return summary
 
 
+@dataclass(frozen=True)
+class CompareArmsSettings:
+    """What ``python -m experiments.compare_arms`` is told, one field per flag."""
+
+    out: Path = setting(Path("runs/round/seed0"), "one seed's directory of the rounds", group="files")
+    png: Path | None = setting(None, "where the picture goes (default: --out/arms.png)", group="files", type=Path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags (``--help``), one per ``CompareArmsSettings`` field."""
+    groups = {"files": "the rounds and the picture"}
+    return settings_parser(CompareArmsSettings, "python -m experiments.compare_arms", __doc__.split("\n\n")[0], groups)
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.compare_arms", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/round/seed0"), help="one seed's directory of the rounds")
-    p.add_argument("--png", type=Path, default=None, help="where the picture goes (default: --out/arms.png)")
-    args = p.parse_args(argv)
+    args = CompareArmsSettings(**vars(build_parser().parse_args(argv)))
     tb = args.out / "tb"
     if not tb.is_dir():
         raise UserError(f"no TensorBoard directory {tb}: run python -m experiments.round first")
