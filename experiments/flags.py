@@ -19,6 +19,11 @@ def in_range(flag: str, lo: int, hi: int) -> tuple[Check]:
     return ((lambda v: lo <= v <= hi, f"{flag} must be in {lo}..{hi}, got {{v}}"),)
 
 
+def at_least_one(message: str) -> tuple[Check]:
+    """A check that a count is at least 1, refused with ``message``."""
+    return ((lambda v: v >= 1, message),)
+
+
 def dev_setting(help: str, group: str) -> Any:
     """``--dev``: the torch device the experiment's stages run on (cpu, the default)."""
     return setting("cpu", help, group=group)

@@ -29,10 +29,11 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from experiments.flags import at_least_one, seed_setting
 from experiments.readouts import held_out_figures
 from experiments.round_report import summarise, table
 from experiments.round_settings import RoundSettings
@@ -58,6 +59,8 @@ from experiments.stages import (
 )
 from lib.errors import UserError, run_cli
 from lib.reward_follow import read_versions, versions_log
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_fields, setting
 from lib.signals import PARENT_SIGNALS, SignalStop
 from lib.teachers import DEFAULT_TEACHER, TEACHERS
 
@@ -331,32 +334,54 @@ def demo_paths(root: Path) -> dict[str, Path]:
     }
 
 
+COUNTS_WRONG = "--envs and --retrain-every must be at least 1, --label-rate above 0"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What ``python -m experiments.live`` (``make demo-live``) is told, one field per flag."""
+
+    minutes: float = setting(
+        5.0,
+        "how long the whole demo runs (default 5)",
+        group="demo",
+        checks=[(lambda v: 1 <= v <= 600, "--minutes must be in 1..600, got {v:g}")],
+    )
+    teacher: str = setting(DEFAULT_TEACHER, "the oracle's teacher", group="demo", choices=TEACHERS)
+    envs: int = setting(
+        8, "envs of each A2C (default 8: 2 cores run four processes)", group="demo", checks=at_least_one(COUNTS_WRONG)
+    )
+    label_rate: float = setting(
+        10.0,
+        "oracle labels per 1,000 agent steps (default 10)",
+        group="demo",
+        checks=[(lambda v: v > 0, COUNTS_WRONG)],
+    )
+    retrain_every: int = setting(
+        10, "new labels between reward-model versions", group="demo", checks=at_least_one(COUNTS_WRONG)
+    )
+    seed: int = seed_setting("seed of every process", group="demo")
+    dir: Path = setting(Path("."), "where db/, saves/ and runs/ are (default: here)", group="demo")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.live",
-        description="make demo-live: the four live processes together for a few minutes, from nothing. A recording "
+    """The demo's flags (``--help``), one per ``DemoSettings`` field."""
+    return settings_parser(
+        DemoSettings,
+        "python -m experiments.live",
+        "make demo-live: the four live processes together for a few minutes, from nothing. A recording "
         "A2C on the true score makes the first clips; a following oracle labels them as they appear; a following "
         "trainer makes reward model v1; then the recording A2C is stopped and a reloading A2C starts from its "
         "policy, learning from each new version while the oracle labels its own clips and the trainer goes on. "
         "At the end every process is stopped with Ctrl-C (SIGINT). Files: db/demo-live*, saves/demo-live*, "
         "runs/demo-live* (the previous demo's are removed first).",
+        {"demo": "the demo"},
     )
-    p.add_argument("--minutes", type=float, default=5.0, help="how long the whole demo runs (default 5)")
-    p.add_argument("--teacher", choices=TEACHERS, default=DEFAULT_TEACHER, help="the oracle's teacher")
-    p.add_argument("--envs", type=int, default=8, help="envs of each A2C (default 8: 2 cores run four processes)")
-    p.add_argument("--label-rate", type=float, default=10.0, help="oracle labels per 1,000 agent steps (default 10)")
-    p.add_argument("--retrain-every", type=int, default=10, help="new labels between reward-model versions")
-    p.add_argument("--seed", type=int, default=0, help="seed of every process")
-    p.add_argument("--dir", type=Path, default=Path("."), help="where db/, saves/ and runs/ are (default: here)")
-    return p
 
 
-def demo(args: argparse.Namespace) -> int:
+def demo(args: DemoSettings) -> int:
     """``make demo-live``; returns the exit code (0: every process stopped cleanly)."""
-    if not 1 <= args.minutes <= 600:
-        raise UserError(f"--minutes must be in 1..600, got {args.minutes:g}")
-    if args.envs < 1 or args.retrain_every < 1 or not args.label_rate > 0:
-        raise UserError("--envs and --retrain-every must be at least 1, --label-rate above 0")
+    check_fields(args)
     where = demo_paths(args.dir.resolve())
     for key, path in where.items():
         if key != "runs":
@@ -483,7 +508,7 @@ def plot_demo(path: Path, rec: tuple[list, list], rl: tuple[list, list], ver: tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    return demo(build_parser().parse_args(argv))
+    return demo(DemoSettings(**vars(build_parser().parse_args(argv))))
 
 
 def cli() -> None:

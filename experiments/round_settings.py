@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.flags import dev_setting, in_range
+from experiments.flags import at_least_one, dev_setting, in_range
 from lib.sampling import SAMPLING_MODES
-from lib.settings import Check, setting, within
+from lib.settings import setting, within
 from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS
 
 ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB
@@ -40,10 +40,6 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def _at_least_one(message: str) -> list[Check]:
-    return [(lambda v: v >= 1, message)]
-
-
 @dataclass
 class RoundSettings:
     """Everything a round is told, one field per flag in ``--help`` order, and ``seed``: the one
@@ -59,26 +55,26 @@ class RoundSettings:
         300,
         "labeled pairs for the reward model",
         group="round",
-        checks=_at_least_one("--labels must be at least 1, got {v}"),
+        checks=at_least_one("--labels must be at least 1, got {v}"),
     )
     v0_steps: int = setting(
         V0_STEPS,
         "agent steps of the from-scratch v0 run (2.5M: a v0 that runs out of air in most lives, so the low "
         "gauge the surface teacher is about is common; docs/results.md)",
         group="round",
-        checks=_at_least_one("--v0-steps and --ft-steps must be at least 1"),
+        checks=at_least_one("--v0-steps and --ft-steps must be at least 1"),
     )
     ft_steps: int = setting(
         500_000,
         "agent steps of each fine-tune arm",
         group="round",
-        checks=_at_least_one("--v0-steps and --ft-steps must be at least 1"),
+        checks=at_least_one("--v0-steps and --ft-steps must be at least 1"),
     )
     eval_games: int = setting(
         30,
         "full games each of v0, control and rlhf plays",
         group="round",
-        checks=_at_least_one("--eval-games must be at least 1, got {v}"),
+        checks=at_least_one("--eval-games must be at least 1, got {v}"),
     )
     out: Path = setting(Path("runs/round"), "where every stage's output is kept", group="round")
     scale: float = setting(
@@ -228,12 +224,12 @@ class RoundSettings:
         5,
         "evaluations during each fine-tune (the round.png curve)",
         group="finetune",
-        checks=_at_least_one("--evals and --test-episodes must be at least 1"),
+        checks=at_least_one("--evals and --test-episodes must be at least 1"),
     )
     test_episodes: int = setting(
         10,
         "games per evaluation during training",
         group="finetune",
-        checks=_at_least_one("--evals and --test-episodes must be at least 1"),
+        checks=at_least_one("--evals and --test-episodes must be at least 1"),
     )
     seed: int = 0  # not a flag: set per seed of --seeds (seed_args)
