@@ -153,7 +153,7 @@ def norm_stats(
     return _mean_std(*sums)
 
 
-def score_stats(data: PreferenceData, segs: np.ndarray) -> tuple[float, float] | None:
+def true_step_stats(data: PreferenceData, segs: np.ndarray) -> tuple[float, float] | None:
     """Mean and std of the game's true per-step score over segments ``segs``, the same clips
     ``norm_stats`` measures the model on (``01_a2c.py --reward-oracle --reward-norm labels`` sends
     the score through the learned reward's path with them). None where any segment has no true

@@ -68,7 +68,7 @@ from lib.reward_train import (
     _checkpoint_meta,
     _fmt,
     _run_epochs,
-    best_checkpoint,
+    best_epoch_checkpoint,
     held_out,
     split_by_pair,
 )
@@ -560,7 +560,9 @@ class Follower:
         )
         run = _run_epochs(fit, meta, None, None, self.progress, vlog, keep_on_interrupt=False)
         assert run.best is not None  # --epochs >= 1
-        ck, _, _ = best_checkpoint(fit, run.best, run.best_states, {**meta, "finished": True, "stopped": run.stopped})
+        ck, _, _ = best_epoch_checkpoint(
+            fit, run.best, run.best_states, {**meta, "finished": True, "stopped": run.stopped}
+        )
         b = run.best
         rec: dict[str, Any] = {
             "best_epoch": b.epoch,

@@ -38,7 +38,7 @@ from lib.files import remove_stale_temps
 from lib.labels import pair_key
 from lib.reward_config import ARCHS, DIFF_BLOCK, PATIENCE, TrainConfig
 from lib.reward_data import Log, PreferenceData, model_inputs, step_features
-from lib.reward_eval import norm_stats, pair_metrics, score_stats
+from lib.reward_eval import norm_stats, pair_metrics, true_step_stats
 from lib.reward_model import (
     MAX_ENSEMBLE,
     NOISE_EPS,
@@ -622,7 +622,7 @@ def _log_epoch(writer: Any, em: EpochMetrics, ensemble: bool, has_oracle: bool, 
     writer.add_scalar("charts/s_per_pair", em.s_per_pair, step)
 
 
-def best_checkpoint(
+def best_epoch_checkpoint(
     fit: _Fit, best: EpochMetrics, states: list[dict[str, torch.Tensor]], meta: dict[str, Any]
 ) -> tuple[dict[str, Any], float, float]:
     """Put the best weights back into ``fit.models``, measure their per-step prediction stats over
@@ -636,7 +636,7 @@ def best_checkpoint(
     mean, std = norm_stats(fit.models, data, sample, fit.device)
     if not (math.isfinite(mean) and math.isfinite(std)):
         raise Diverged(best.epoch, f"the per-step prediction mean {mean} / std {std} is not finite")
-    scores = score_stats(data, sample)
+    scores = true_step_stats(data, sample)
     if scores is not None:
         meta = {**meta, "score_mean": scores[0], "score_std": scores[1]}
     ck = reward_checkpoint(fit.models, norm_mean=mean, norm_std=std, metrics=best.as_dict(), epoch=best.epoch, **meta)
@@ -651,8 +651,8 @@ def _install_best(
     out_path: Path,
     log: Log,
 ) -> tuple[float, float]:
-    """``best_checkpoint``, installed at ``out_path``. Returns (mean, std)."""
-    ck, mean, std = best_checkpoint(fit, best, states, meta)
+    """``best_epoch_checkpoint``, installed at ``out_path``. Returns (mean, std)."""
+    ck, mean, std = best_epoch_checkpoint(fit, best, states, meta)
     prev = install_checkpoint(ck, out_path)
     if prev is not None:
         log(f"the previous {out_path.name} is kept as {prev}")
