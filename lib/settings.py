@@ -19,12 +19,13 @@ Check = tuple[Callable[[Any], bool], str]  # (ok(value), message formatted with 
 
 def setting(
     default: Any = MISSING,
-    help: str = "",
+    help: str | Callable[[], str] = "",
     *,
     group: str,
     flags: tuple[str, ...] = (),
     checks: Iterable[Check] = (),
     positional: bool = False,
+    retired: dict[Any, str] | None = None,
     **arg: Any,
 ) -> Any:
     """One flag, declared once: its default (none: a required flag), its ``--help`` text, the
@@ -32,10 +33,30 @@ def setting(
     (``(ok(value), message)`` pairs, the message formatted with ``v`` and ``flag``) and what else
     argparse needs (``type``, ``choices``, ``metavar``, ``nargs``, ``action``). ``positional``: an
     argument without a flag name. A value with ``choices`` is checked against them too, so that a
-    value set in code is refused as one read from the command line is."""
-    if "choices" in arg:
+    value set in code is refused as one read from the command line is (a default of None, the flag
+    not given, passes). A flag given more than once (``action="append"``) has each value checked.
+    ``help`` may be a function, called as the parser is built: a text that names what is true now."""
+    if retired:  # values once among the choices: refused with the line that says why, not argparse's
+        kept = tuple(arg["choices"])
+        arg = {
+            **arg,
+            "choices": (*kept, *retired),
+            "metavar": arg.get("metavar") or "{" + ",".join(map(str, kept)) + "}",
+        }
+        checks = (*((lambda v, r=r: v != r, f"{{flag}} {r} {why}") for r, why in retired.items()), *checks)
+        checks = (
+            *checks,
+            (
+                lambda v: v in kept or (v is None and default is None),
+                f"{{flag}} must be one of {', '.join(map(str, kept))}, got {{v!r}}",
+            ),
+        )  # noqa: E501
+    elif "choices" in arg:
         choices = tuple(arg["choices"])
-        one_of = (lambda v: v in choices, f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}")
+        one_of = (
+            lambda v: v in choices or (v is None and default is None),
+            f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}",
+        )
         checks = (*checks, one_of)
     meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg, "positional": positional}
     if isinstance(default, (list, dict, set)):
@@ -70,7 +91,7 @@ def flag_of(f: Field) -> str:
 
 def _argument(f: Field) -> tuple[tuple[str, ...], dict[str, Any]]:
     meta = f.metadata
-    kw: dict[str, Any] = {"help": meta["help"], **meta["arg"]}
+    kw: dict[str, Any] = {"help": meta["help"]() if callable(meta["help"]) else meta["help"], **meta["arg"]}
     default = (
         f.default
         if f.default is not MISSING
@@ -120,14 +141,16 @@ def build_parser(
 
 def check_fields(cfg: Any) -> None:
     """UserError with one line for the first field whose value fails one of its own checks, in
-    ``--help`` order."""
+    ``--help`` order; a repeated flag (``action="append"``, None when not given) value by value."""
     for f in fields(cfg):
         if "checks" not in f.metadata:
             continue
         value = getattr(cfg, f.name)
-        for ok, message in f.metadata["checks"]:
-            if not ok(value):
-                raise UserError(message.format(v=value, flag=flag_of(f)))
+        values = (value or []) if f.metadata["arg"].get("action") == "append" else [value]
+        for v in values:
+            for ok, message in f.metadata["checks"]:
+                if not ok(v):
+                    raise UserError(message.format(v=v, flag=flag_of(f)))
 
 
 def check_between(wrong: Iterable[tuple[Any, str]]) -> None:
@@ -144,7 +167,7 @@ def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
     defaults is written, so the command reads as a person would type it."""
     argv: list[str] = []
     for action in parser._actions:
-        if action.dest == "help":
+        if action.dest in ("help", argparse.SUPPRESS):  # -h, and a retired flag (``retire``)
             continue
         value = getattr(cfg, action.dest)
         if not action.option_strings:
@@ -165,3 +188,23 @@ def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+class _Retired(argparse.Action):
+    """A flag that was retired: giving it is a UserError with the line that says why (its figures
+    stay in docs/results.md); it is not listed in ``--help``."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "", **kw: Any) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", help=argparse.SUPPRESS)
+        self.why = why
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        raise UserError(f"{option_string} {self.why}")
+
+
+def retire(parser: argparse.ArgumentParser, retired: dict[str, str]) -> argparse.ArgumentParser:
+    """Refuse each retired flag of ``retired`` (flag: the words after it, e.g. "was retired after
+    commit abc1234: it lost to the control in every round, docs/results.md") in one line."""
+    for flag, why in retired.items():
+        parser.add_argument(flag, action=_Retired, why=why)
+    return parser
