@@ -1,8 +1,8 @@
 """Atari environments: ale-py's threaded C++ vector env plus the DeepMind policy input.
 
-Why ``ale_py.AtariVectorEnv`` and not gymnasium's SyncVectorEnv with Python wrappers: it steps 16
-SeaQuest envs at ~5,400 agent steps/s on 2 cores in full-resolution colour (measured, see
-``bench/bench_a2c.py``) against ~2,500 for SyncVectorEnv, and it scales with cores.
+Why ``ale_py.AtariVectorEnv`` and not gymnasium's SyncVectorEnv with Python wrappers: its C++
+threads step the games about twice as fast and scale with cores (``bench/bench_a2c.py``; the
+figures are in docs/results.md).
 
 One env step = one agent step = 4 emulator frames (frame skip 4, max over the last two, done in
 C++). The env returns the full-resolution RGB frame (210x160x3) -- what the segment recorder
