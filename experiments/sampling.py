@@ -30,12 +30,15 @@ import math
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.table import print_table
+from experiments.flags import at_least_one, dev_setting
 from experiments.readouts import held_out_figures
 from experiments.stages import log, run_stage, split_db, teacher_db
 from lib.errors import UserError, run_cli
@@ -44,6 +47,8 @@ from lib.labels import LABELS_FILE, check_relpath, load_labels
 from lib.oracle import OracleSettings, oracle_label_db
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import db_game
+from lib.settings import Check, check_between, check_fields, setting
+from lib.settings import build_parser as settings_parser
 from lib.teachers import TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,46 +56,102 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("random", "uncertain", "disagree")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m experiments.sampling",
-        description="Reward-model learning curves for each --sampling mode, labeled by synthetic teachers.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument(
-        "--db", type=Path, default=ROOT / "runs" / "round" / "seed0" / "db", help="a segment DB with true rewards"
-    )
-    p.add_argument(
-        "--split",
-        type=Path,
-        default=None,
-        help="held-out / labelable split (JSON); default: DB/../split.json when it exists (the round's), "
-        "else made with --holdout and kept in --out",
-    )
-    p.add_argument("--holdout", type=float, default=0.2, help="share of the DB's segments never labeled")
-    p.add_argument("--teachers", default="score,oxygen", help="comma-separated teachers (lib/teachers.py)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated sampling modes")
-    p.add_argument("--steps", default="100,200,300", help="label counts at which a model is trained and scored")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds (labels, training)")
-    p.add_argument("--ensemble", type=int, default=3, help="members of every reward model (disagree needs >= 2)")
-    p.add_argument("--pool", type=int, default=None, help="candidate pairs per pick (default 10x the pairs picked)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "sampling", help="where labels and models are kept")
-    p.add_argument("--dev", default="cpu", help="torch device of training and scoring")
-    p.add_argument("train_args", nargs="*", help="after --: extra arguments of 03_reward_train.py")
-    return p
-
-
-def _csv(text: str, what: str, cast: Any = str) -> list[Any]:
+def csv(text: str, cast: Callable[[str], Any] = str) -> list[Any] | None:
+    """A comma-separated list ("100,200,300") as its items, each made by ``cast``; None where one is
+    not (an int flag given "1,x")."""
     try:
-        items = [cast(x) for x in text.split(",") if x.strip()]
+        return [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"{what}: expected a comma-separated list, got {text!r}") from None
-    if not items:
-        raise UserError(f"{what} is empty")
-    return items
+        return None
 
 
-def train(tdb: Path, out_dir: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
+def _csv_checks(flag: str, cast: Callable[[str], Any] = str) -> list[Check]:
+    """A comma-separated list flag's own checks: every item a ``cast``, at least one item."""
+    return [
+        (lambda v: csv(v, cast) is not None, f"{flag}: expected a comma-separated list, got {{v!r}}"),
+        (lambda v: bool(csv(v, cast)), f"{flag} is empty"),
+    ]
+
+
+def _increasing(text: str) -> bool:
+    steps = csv(text, int) or [0]
+    return steps == sorted(set(steps)) and steps[0] >= 1
+
+
+GROUPS = {  # --help's groups, in order, and their titles
+    "db": "the DB and its held-out split",
+    "curves": "the curves: teachers, modes, label counts, seeds",
+    "run": "where it runs and what it keeps",
+}
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What ``python -m experiments.sampling`` is told, one field per flag in ``--help`` order."""
+
+    db: Path = setting(ROOT / "runs" / "round" / "seed0" / "db", "a segment DB with true rewards", group="db")
+    split: Path | None = setting(
+        None,
+        "held-out / labelable split (JSON); default: DB/../split.json when it exists (the round's), "
+        "else made with --holdout and kept in --out",
+        group="db",
+        type=Path,
+    )
+    holdout: float = setting(0.2, "share of the DB's segments never labeled", group="db")
+    teachers: str = setting(
+        "score,oxygen",
+        "comma-separated teachers (lib/teachers.py)",
+        group="curves",
+        checks=[
+            *_csv_checks("--teachers"),
+            (lambda v: all(t in TEACHERS for t in csv(v) or []), f"--teachers must be among {', '.join(TEACHERS)}"),
+        ],
+    )
+    modes: str = setting(
+        ",".join(MODES),
+        "comma-separated sampling modes",
+        group="curves",
+        checks=[
+            *_csv_checks("--modes"),
+            (lambda v: all(m in MODES for m in csv(v) or []), f"--modes must be among {', '.join(MODES)}"),
+        ],
+    )
+    steps: str = setting(
+        "100,200,300",
+        "label counts at which a model is trained and scored",
+        group="curves",
+        checks=[*_csv_checks("--steps", int), (_increasing, "--steps must be increasing label counts")],
+    )
+    seeds: str = setting(
+        "0", "comma-separated seeds (labels, training)", group="curves", checks=_csv_checks("--seeds", int)
+    )
+    ensemble: int = setting(
+        3,
+        "members of every reward model (disagree needs >= 2)",
+        group="curves",
+        checks=at_least_one("--ensemble must be at least 1"),
+    )
+    pool: int | None = setting(
+        None, "candidate pairs per pick (default 10x the pairs picked)", group="curves", type=int
+    )
+    out: Path = setting(ROOT / "runs" / "sampling", "where labels and models are kept", group="run")
+    dev: str = dev_setting("torch device of training and scoring", group="run")
+    train_args: list[str] = setting(
+        [], "after --: extra arguments of 03_reward_train.py", group="run", positional=True, nargs="*"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags in groups (``--help``), one per ``SamplingSettings`` field."""
+    return settings_parser(
+        SamplingSettings,
+        "python -m experiments.sampling",
+        "Reward-model learning curves for each --sampling mode, labeled by synthetic teachers.",
+        GROUPS,
+    )
+
+
+def train(tdb: Path, out_dir: Path, name: str, seed: int, args: SamplingSettings) -> Path:
     path = out_dir / f"reward-{name}.pt"
     if path.exists():
         return path
@@ -115,7 +176,7 @@ def curve(
     mode: str,
     seed: int,
     steps: list[int],
-    args: argparse.Namespace,
+    args: SamplingSettings,
 ) -> list[dict[str, float]]:
     """Labels and models of one (teacher, mode, seed); the first step is shared by every mode."""
     base = args.out / f"{teacher}-s{seed}"
@@ -176,7 +237,7 @@ def plot(path: Path, results: dict[str, dict[str, dict[int, list[dict[str, float
     plt.close(fig)
 
 
-def read_split(args: argparse.Namespace) -> dict[str, list[str]] | None:
+def read_split(args: SamplingSettings) -> dict[str, list[str]] | None:
     """--split, else the round's split.json beside the DB; None when neither exists."""
     path = args.split or (args.db.parent / "split.json")
     if not path.exists():
@@ -195,22 +256,19 @@ def read_split(args: argparse.Namespace) -> dict[str, list[str]] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    teachers = _csv(args.teachers, "--teachers")
-    modes = _csv(args.modes, "--modes")
-    steps = _csv(args.steps, "--steps", int)
-    seeds = _csv(args.seeds, "--seeds", int)
-    wrong = [
-        (not args.db.is_dir(), f"--db {args.db}: not a DB directory (run experiments/round.py first, or pass --db)"),
-        (any(t not in TEACHERS for t in teachers), f"--teachers must be among {', '.join(TEACHERS)}"),
-        (any(m not in MODES for m in modes), f"--modes must be among {', '.join(MODES)}"),
-        (steps != sorted(set(steps)) or steps[0] < 1, "--steps must be increasing label counts"),
-        ("disagree" in modes and args.ensemble < 2, "--modes disagree needs --ensemble 2 or more"),
-        (args.ensemble < 1, "--ensemble must be at least 1"),
-    ]  # fmt: skip
-    for bad, message in wrong:
-        if bad:
-            raise UserError(message)
+    args = SamplingSettings(**vars(build_parser().parse_args(argv)))
+    check_fields(args)
+    teachers, modes, steps, seeds = csv(args.teachers), csv(args.modes), csv(args.steps, int), csv(args.seeds, int)
+    assert teachers and modes and steps and seeds  # check_fields: each a non-empty list
+    check_between(
+        [
+            (
+                not args.db.is_dir(),
+                f"--db {args.db}: not a DB directory (run experiments/round.py first, or pass --db)",
+            ),
+            ("disagree" in modes and args.ensemble < 2, "--modes disagree needs --ensemble 2 or more"),
+        ]
+    )
     game = (db_game(args.db) or (None, None))[0]
     if "oxygen" in teachers and game not in OXYGEN_GAMES:
         teachers = [t for t in teachers if t != "oxygen"]
