@@ -35,18 +35,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.table import print_table
+from experiments.flags import RawDescriptionFormatter, dev_setting
 from experiments.readouts import LIFE_LOSS_LEAD, held_out_figures
 from lib.errors import UserError, run_cli
 from lib.labels import EQUAL, load_labels
 from lib.oracle import OracleSettings, oracle_label_db
 from lib.reward_model import load_reward_model
 from lib.segments import list_segments
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_fields, setting
 from lib.teachers import DEFAULT_TEACHER, TEACHERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,14 +70,34 @@ def record(db: Path, work: Path, steps: int, record_prob: float, seed: int) -> f
     return time.perf_counter() - t0
 
 
+VARIANT_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
-    name, sep, flags = text.partition("=")
-    if not sep or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
-        raise UserError(f'--variant must be NAME="03_reward_train.py flags", got {text!r}')
+    """--variant NAME="FLAGS" (checked by its field) -> (NAME, the flags as words)."""
+    name, _, flags = text.partition("=")
     return name, shlex.split(flags)
 
 
-def split_and_label(db: Path, work: Path, seed: int, args: argparse.Namespace) -> tuple[Path, list[str], int]:
+def _is_variant(text: str) -> bool:
+    """NAME=FLAGS with a plain name and flags that split into words."""
+    name, sep, flags = text.partition("=")
+    try:
+        shlex.split(flags)
+    except ValueError:
+        return False
+    return bool(sep) and VARIANT_NAME.fullmatch(name) is not None
+
+
+def _seeds(text: str) -> list[int] | None:
+    """--seeds "0,1,2" -> [0, 1, 2]; None where an item is not an integer."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        return None
+
+
+def split_and_label(db: Path, work: Path, seed: int, args: QualitySettings) -> tuple[Path, list[str], int]:
     """Seed ``seed``'s training DB (a copy of the non-held-out segments, labeled by the teacher)
     and held-out segments; reused from ``work`` when there. Returns (train DB, held out, ties)."""
     segs = list_segments(db)
@@ -121,45 +145,69 @@ def train_variant(
     return path, dt, peak
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.quality",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+GROUPS = {  # --help's groups, in order, and their titles
+    "data": "the DB, the labels and the held-out segments",
+    "variants": "the variants compared",
+    "run": "where it runs and what it keeps",
+}
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """What ``python -m experiments.quality`` is told, one field per flag in ``--help`` order."""
+
+    db: str | None = setting(None, "reuse this recorded DB instead of recording one (it is not modified)", group="data")
+    steps: int = setting(120_000, "agent steps of the recording A2C run", group="data")
+    record_prob: float = setting(0.004, "recording probability of that run", group="data")
+    labels: int = setting(300, "teacher labels to train on", group="data")
+    holdout: float = setting(0.25, "share of segments never trained on", group="data")
+    teacher: str = setting(DEFAULT_TEACHER, "the synthetic labeler (lib/teachers.py)", group="data", choices=TEACHERS)
+    seeds: str = setting(
+        "0",
+        "comma-separated seeds: split, labels and training seed",
+        group="data",
+        checks=[
+            (lambda v: _seeds(v) is not None, "--seeds must be comma-separated integers, got {v!r}"),
+            (lambda v: bool(_seeds(v)), "--seeds names no seed"),
+        ],
     )
-    ap.add_argument("--db", help="reuse this recorded DB instead of recording one (it is not modified)")
-    ap.add_argument("--steps", type=int, default=120_000, help="agent steps of the recording A2C run")
-    ap.add_argument("--record-prob", type=float, default=0.004, help="recording probability of that run")
-    ap.add_argument("--labels", type=int, default=300, help="teacher labels to train on")
-    ap.add_argument("--holdout", type=float, default=0.25, help="share of segments never trained on")
-    ap.add_argument(
-        "--teacher", choices=TEACHERS, default=DEFAULT_TEACHER, help="the synthetic labeler (lib/teachers.py)"
-    )
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds: split, labels and training seed")
-    ap.add_argument(
-        "--variant",
-        action="append",
-        metavar='NAME="FLAGS"',
-        help="a lever to compare: a name and 03_reward_train.py flags (repeatable; default: "
+    variant: list[str] | None = setting(
+        None,
+        "a lever to compare: a name and 03_reward_train.py flags (repeatable; default: "
         + ", ".join(DEFAULT_VARIANTS)
         + ")",
+        group="variants",
+        action="append",
+        metavar='NAME="FLAGS"',
+        checks=[(_is_variant, '--variant must be NAME="03_reward_train.py flags", got {v!r}')],
     )
-    ap.add_argument("--dev", default="cpu", help="torch device of training and scoring")
-    ap.add_argument("--keep", help="keep the work directory here (DB, labels, models, logs) and reuse what is there")
-    ap.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: flags for every variant's training")
-    return ap
+    dev: str = dev_setting("torch device of training and scoring", group="run")
+    keep: str | None = setting(
+        None, "keep the work directory here (DB, labels, models, logs) and reuse what is there", group="run"
+    )
+    train_args: list[str] = setting(
+        [],
+        "after --: flags for every variant's training",
+        group="variants",
+        positional=True,
+        nargs=argparse.REMAINDER,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags in groups (``--help``), one per ``QualitySettings`` field; the description is the
+    module docstring, laid out as written."""
+    p = settings_parser(QualitySettings, "python -m experiments.quality", __doc__, GROUPS)
+    p.formatter_class = RawDescriptionFormatter
+    return p
 
 
 def main() -> int:
-    args = build_parser().parse_args()
+    args = QualitySettings(**vars(build_parser().parse_args()))
+    check_fields(args)
     extra = [a for a in args.train_args if a != "--"]
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise UserError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
-    if not seeds:
-        raise UserError("--seeds names no seed")
+    seeds = _seeds(args.seeds) or []
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlhf-quality-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, str, str]] = []
