@@ -336,7 +336,7 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
-def seed_args(args: RoundSettings, seed: int) -> argparse.Namespace:
+def seed_args(args: RoundSettings, seed: int) -> RoundSettings:
     """``args`` for one seed: its own directory under --out."""
     return replace(args, seed=seed, out=args.out / f"seed{seed}")
 
