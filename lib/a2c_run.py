@@ -35,7 +35,7 @@ from lib.a2c_config import (
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.checkpoints import (
     atomic_torch_save,
-    check_fields,
+    check_ck_fields,
     float_in,
     int_in,
     is_dict,
@@ -154,8 +154,8 @@ def _check_resumable(ck: dict[str, Any], path: Path) -> None:
             f"{path} is not a resumable checkpoint (no optimizer state or step counters; a copied "
             f"best_*.pt?): start a new run from it with -m {path}"
         )
-    check_fields(ck, RESUME_FIELDS, f"checkpoint {path}")
-    check_fields(ck["progress"], PROGRESS_FIELDS, f"checkpoint {path} progress")
+    check_ck_fields(ck, RESUME_FIELDS, f"checkpoint {path}")
+    check_ck_fields(ck["progress"], PROGRESS_FIELDS, f"checkpoint {path} progress")
 
 
 def _tb_dir_to_continue(cfg: A2CConfig, resume_ck: dict[str, Any]) -> Path | None:

@@ -1,6 +1,6 @@
 """Checkpoint files, policy and reward model alike: the one reader of untrusted checkpoint bytes
 (``read_checkpoint``: bounded before ``torch.load(..., weights_only=True)`` allocates anything),
-the checks of a checkpoint's fields (``check_fields`` with ``int_in``, ``text``, ``list_of`` ...)
+the checks of a checkpoint's fields (``check_ck_fields`` with ``int_in``, ``text``, ``list_of`` ...)
 and state dicts, which kind a checkpoint is (``checkpoint_kind``), and the atomic save.
 
 The networks and what their checkpoints must hold live with them: ``lib/model.py`` (policies) and
@@ -166,7 +166,7 @@ def read_checkpoint(path: str | os.PathLike, what: str = "model", max_bytes: int
     regular file (a FIFO or device is refused by fstat, never opened for a blocking read) of at
     most ``max_bytes``, a zip whose entries unpack to at most ``max_bytes``, loaded with
     ``weights_only`` (no code runs) from the very file that was checked. The fields are the
-    caller's to check (``check_fields``, ``check_state_dict``)."""
+    caller's to check (``check_ck_fields``, ``check_state_dict``)."""
     path = Path(path)
     max_bytes = MAX_CHECKPOINT_BYTES if max_bytes is None else max_bytes
     with _open_checkpoint(path, what, max_bytes) as f:
@@ -282,11 +282,11 @@ def _show(v: Any) -> str:
     return f"{type(v).__name__} {repr(v)[:40]}"
 
 
-def check_fields(ck: dict[str, Any], spec: dict[str, tuple[Check, bool]], where: str) -> None:
+def check_ck_fields(ck: dict[str, Any], spec: dict[str, tuple[Check, bool]], where: str) -> None:
     """Check a checkpoint's fields against ``spec``: ``{name: (check, required)}``. A missing
     required field, or a field whose check raises ValueError, is a UserError with one line
     naming ``where`` (e.g. "model saves/x.pt") and the field. Fields not in ``spec`` are
-    ignored. Example: ``check_fields(ck, {"lr": (float_in(0, 1, lo_open=True), True),
+    ignored. Example: ``check_ck_fields(ck, {"lr": (float_in(0, 1, lo_open=True), True),
     "optimizer": (is_dict, True), "env_steps": (optional(list_of(int_in(0, 10**12))), False)},
     f"checkpoint {path}")``."""
     for name, (check, required) in spec.items():

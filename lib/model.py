@@ -21,7 +21,7 @@ from lib.checkpoints import (
     MAX_ACTIONS,
     POLICY_FORMAT,
     Check,
-    check_fields,
+    check_ck_fields,
     check_state_dict,
     float_in,
     int_in,
@@ -249,7 +249,7 @@ def load_policy(
     """
     ck = read_checkpoint(path, "model") if ck is None else ck
     if ck.get("format") == POLICY_FORMAT:
-        check_fields(ck, POLICY_FIELDS, f"model {path}")
+        check_ck_fields(ck, POLICY_FIELDS, f"model {path}")
         state = ck["state_dict"]
         ck_shape = tuple(ck["obs_shape"])
         ck_actions = int(ck["n_actions"])

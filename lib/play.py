@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
-from lib.checkpoints import POLICY_FORMAT, check_fields, read_checkpoint, wrong_kind
+from lib.checkpoints import POLICY_FORMAT, check_ck_fields, read_checkpoint, wrong_kind
 from lib.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.errors import UserError
 from lib.games import EpisodeResult, best_life, play_games, select_actions
@@ -42,7 +42,7 @@ def policy_env_id(model: str | os.PathLike, env: str | None, ck: dict[str, Any])
     if (err := wrong_kind(model, ck, "policy")) is not None:
         raise err
     if ck.get("format") == POLICY_FORMAT:
-        check_fields(ck, POLICY_FIELDS, f"model {model}")  # before its env id makes an env
+        check_ck_fields(ck, POLICY_FIELDS, f"model {model}")  # before its env id makes an env
     ck_env = ck.get("env_id") if ck.get("format") == POLICY_FORMAT else None
     if ck_env is None:
         return env or DEFAULT_ENV

@@ -49,7 +49,7 @@ from lib.checkpoints import (
     MAX_ACTIONS,
     REWARD_FORMAT,
     atomic_torch_save,
-    check_fields,
+    check_ck_fields,
     check_state_dict,
     checkpoint_kind,
     float_in,
@@ -724,7 +724,7 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
 def check_reward_checkpoint(ck: dict[str, Any], where: str) -> None:
     """Every field a reward checkpoint of our format carries, in type and range (``REWARD_FIELDS``),
     and every member's weights finite, each member on storages of its own. UserError otherwise."""
-    check_fields(ck, REWARD_FIELDS, where)
+    check_ck_fields(ck, REWARD_FIELDS, where)
     if ck["frame_shape"][2] != 3:
         raise UserError(f"{where}: field 'frame_shape' must be (height, width, 3), got {ck['frame_shape']}")
     owner: dict[int, int] = {}

@@ -217,13 +217,13 @@ def test_a_deflated_giant_tensor_is_refused_before_loading(tmp_path, monkeypatch
 
 
 def test_check_fields_for_other_callers():
-    from lib.checkpoints import check_fields, float_in, int_in
+    from lib.checkpoints import check_ck_fields, float_in, int_in
 
     spec = {"lr": (float_in(0, 1, lo_open=True), True), "step": (int_in(0, 10), False)}
-    check_fields({"lr": 0.1}, spec, "checkpoint x")
+    check_ck_fields({"lr": 0.1}, spec, "checkpoint x")
     for bad in ({"lr": "x"}, {"lr": float("nan")}, {"lr": 0.0}, {}, {"lr": 0.1, "step": 1.5}):
         with pytest.raises(UserError, match="checkpoint x"):
-            check_fields(bad, spec, "checkpoint x")
+            check_ck_fields(bad, spec, "checkpoint x")
 
 
 # --- Low 1 and 6: disk full, stale temp files --------------------------------------------------
