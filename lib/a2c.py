@@ -380,15 +380,13 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | 
 
 def learner_terminal(st: VecStep, terminal: str) -> np.ndarray:
     """(N,) bool: where the learner's episode ends (``--terminal``), no bootstrap past it. The game
-    resets as always; ``life``: at every lost life (DeepMind's); ``game``: at a game over; ``none``:
-    never, one continuous episode whose n-step returns run across a reset (Christiano et al. 2017
-    and Ibarz et al. 2018 send no life-loss or episode-end signal under a learned reward: with a
-    terminal and a centred reward, a stretch paid below the centre makes dying the way out).
+    resets as always; ``life``: at every lost life (DeepMind's); ``none``: never, one continuous
+    episode whose n-step returns run across a reset (Christiano et al. 2017 and Ibarz et al. 2018
+    send no life-loss or episode-end signal under a learned reward: with a terminal and a centred
+    reward, a stretch paid below the centre makes dying the way out).
     A time-limit cut is a truncation in every mode (``st.truncated``, bootstrapped)."""
     if terminal == "life":
         return st.terminated
-    if terminal == "game":
-        return st.terminated & st.game_over
     if terminal == "none":
         return np.zeros_like(st.terminated)
     raise ValueError(f"unknown terminal {terminal!r}")
@@ -412,9 +410,7 @@ def announce(run: Run) -> None:
         + (f", resumed at step {run.progress.step:,}" if run.resumed else "")
         + (f", reward model {cfg.reward}" if cfg.reward else "")
         + (" (the true score through its path: --reward-oracle)" if cfg.reward_oracle else "")
-        + (f" with penalty {cfg.reward_penalty:g} x ensemble std" if cfg.reward_penalty else "")
         + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
-        + (f", +{cfg.reward_alive:g} std a step alive" if cfg.reward_alive else "")
         + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
         + (f", KL {cfg.kl:g} to the start policy" if cfg.kl and cfg.kl_target is None else "")
         + (

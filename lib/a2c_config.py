@@ -25,7 +25,7 @@ CLIP_GRAD = 0.1
 ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
-TERMINALS = ("life", "game", "none")  # --terminal: what ends the learner's episode
+TERMINALS = ("life", "none")  # --terminal: what ends the learner's episode
 REWARD_NORMS = ("running", "labels", "window")  # --reward-norm: where the learned reward's statistics come from
 BOOK_NORM_WINDOW = 25  # --norm-window: the book's 100 raw frames of one env, in agent steps (frameskip 4)
 DEFAULT_REWARD_CLIP = "5"  # --reward-clip: |normalised reward| at most 5 std; "sign": ptan's np.sign, as the book
@@ -120,10 +120,14 @@ class A2CConfig:
     terminal: str = setting(
         "life",
         "what ends the learner's episode (the game resets as always): life = every lost life (DeepMind's), "
-        "game = a game over, none = nothing (the papers' one continuous episode under a learned reward: the "
-        "n-step return bootstraps across a reset; the time limit stays a truncation)",
+        "none = nothing (the papers' one continuous episode under a learned reward: the n-step return "
+        "bootstraps across a reset; the time limit stays a truncation)",
         group="policy",
         choices=TERMINALS,
+        retired={
+            "game": "was retired after commit 546964c: never measured, no paper's formulation "
+            "(docs/results.md); give life or none"
+        },
     )
     kl: float | None = setting(
         None,
@@ -171,14 +175,6 @@ class A2CConfig:
         flags=("-r", "--reward"),
         group="labels",
     )
-    reward_penalty: float = setting(
-        0.0,
-        "with an ensemble reward model (-r, --ensemble K): learn from mean - L * std of the members' "
-        "normalised predictions, lower where they disagree (0: the mean)",
-        group="labels",
-        metavar="L",
-        checks=[(lambda v: 0 <= v < math.inf, "--reward-penalty must be >= 0, got {v}")],
-    )
     reward_reload: bool = setting(
         False,
         "live rounds: keep watching the -r file (a stat about once a second) and switch to each new version "
@@ -193,15 +189,6 @@ class A2CConfig:
         group="labels",
         metavar="S",
         checks=within("--reward-scale", 0, 1e6, "()"),
-    )
-    reward_alive: float = setting(
-        0.0,
-        "-r: add B (in the learned reward's std, after the clip, before --reward-scale) to every step's reward: "
-        "a life that goes on earns B a step, so under --terminal life a lost life costs about B/(1-gamma) more than "
-        "its own step's pay (0: the median step earns 0, and a life's worth rests on the model alone)",
-        group="labels",
-        metavar="B",
-        checks=within("--reward-alive", 0, 5, "[]"),
     )
     reward_norm: str = setting(
         "running",
@@ -223,7 +210,7 @@ class A2CConfig:
     reward_clip: str = setting(
         DEFAULT_REWARD_CLIP,
         "-r: the normalised reward is clipped to [-C, C] std, or with 'sign' replaced by its sign (-1, 0 or +1: "
-        "ptan's ClipRewardEnv after the book's normalisation), before --reward-alive and --reward-scale",
+        "ptan's ClipRewardEnv after the book's normalisation), before --reward-scale",
         group="labels",
         metavar="C|sign",
         checks=[
@@ -299,11 +286,8 @@ class A2CConfig:
         check_fields(self)
         wrong = [
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
-            (self.reward_penalty > 0 and not self.reward, "--reward-penalty needs a reward model: give -r MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
-            (self.reward_alive > 0 and not self.reward, "--reward-alive adds to a learned reward: give -r MODEL"),
             (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
-            (self.reward_oracle and self.reward_penalty > 0, "--reward-oracle has no ensemble: drop --reward-penalty"),
             ((self.kl or 0) > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and not (self.model or self.resume), "--kl-target pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501

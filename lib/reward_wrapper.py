@@ -20,12 +20,6 @@ What the learner gets (``VecStep``):
   only centred.
 - ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
 
-``--reward-alive B`` adds B to every step's reward after the clip (in std units, before
-``--reward-scale``). Centred on the median, a life that goes on earns about nothing per step, so
-under ``--terminal life`` a death costs only its own step's pay (at most the clip): B makes living
-worth B a step, about B/(1-gamma) for a life's future. It changes nothing under ``--terminal none``
-but the value's level (one continuous episode: every step is paid the same B).
-
 Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
 game's own score. A model that has learned the score puts its reward on the rare steps that score;
 centred on the mean, every other step earns a little less than 0, and since a lost life ends the
@@ -34,12 +28,6 @@ learner's episode, dying early becomes a way out of a stream of negative rewards
 that scored at +6. In that round the choice did not change the outcome: the fine-tune learned to
 die either way (30-game score 181 mean-centred, 165 median-centred, control 443), because that
 model also rewards the death itself (README, "Does it work?").
-
-With an ensemble and ``penalty`` L > 0 (``01_a2c.py --reward-penalty L``) each member's
-prediction is normalised on its own running window and the learner gets mean - L * std of the
-members' normalised predictions (then clipped): where the members disagree the reward is lower,
-a pessimism against steps the labels never covered (as model-based RL penalises ensemble
-variance). ``stats()`` reports the mean penalty L * std as ``penalty``.
 
 On CPU the overlapped forward runs on ``infer_threads`` torch threads (1 by default), leaving the
 other cores to the env's stepping threads, and torch's thread count is restored afterwards.
@@ -56,23 +44,22 @@ Live rounds (``01_a2c.py -r PATH --reward-reload``): before each agent step the 
 at PATH (a ``stat``: mtime_ns, size, inode, at most every ``poll_s`` = 1 s) and, when the file has
 changed and then held still for one more look (so a plain ``cp`` caught mid-copy is not read),
 loads it with the same safe loader and checks as at the start (game, action count, frame shape,
-an ensemble where --reward-penalty needs one, finite weights; and the env id of the model it
-replaces). A good file is swapped in between two steps; a missing, truncated, corrupt, non-finite
-or wrong-game file is skipped with ONE warning per state of the file (a later change is looked at
-again) and the old model stays. A file that holds the very model in use (a ``touch``, the same
-bytes installed again: ``RewardPredictor.same_as``) is no switch. The version is the
-checkpoint's ``metrics["version"]`` (stage 3's ``--follow`` writes it), else the count of files
-loaded before it (0 = the one at the start).
+finite weights; and the env id of the model it replaces). A good file is swapped in between two
+steps; a missing, truncated, corrupt, non-finite or wrong-game file is skipped with ONE warning
+per state of the file (a later change is looked at again) and the old model stays. A file that
+holds the very model in use (a ``touch``, the same bytes installed again:
+``RewardPredictor.same_as``) is no switch. The version is the checkpoint's ``metrics["version"]``
+(stage 3's ``--follow`` writes it), else the count of files loaded before it (0 = the one at the
+start).
 
 Normalisation across a switch: Bradley-Terry leaves a model's offset free, so a new model's raw
 predictions have their own offset and scale, and a window of the old model's predictions would
 mix the two (a new model shifted by +100 would be paid +100/std, clipped to +5, on every step
-until the window turned over). So a switch restarts the running norm (and each member's, with a
-penalty) from the new checkpoint's stored mean and std, with the usual warm-up of
-``norm_window // 10`` predictions: the learner's reward stays centred and unit-scaled across the
-switch, as at the start of a run. A checkpoint without stored stats starts on its own window. A
-diff model's forward that is still pending when the switch happens (``VecStep.complete()``) runs on
-the model and norm of the step it belongs to.
+until the window turned over). So a switch restarts the running norm from the new checkpoint's
+stored mean and std, with the usual warm-up of ``norm_window // 10`` predictions: the learner's
+reward stays centred and unit-scaled across the switch, as at the start of a run. A checkpoint
+without stored stats starts on its own window. A diff model's forward that is still pending when
+the switch happens (``VecStep.complete()``) runs on the model and norm of the step it belongs to.
 """
 
 from __future__ import annotations
@@ -211,15 +198,6 @@ def normalised(x: np.ndarray) -> np.ndarray:
 Norm = RunningNorm | WindowNorm
 
 
-def penalised(members: np.ndarray, norms: list[Norm], penalty: float) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) raw member predictions -> (N,) mean - penalty * std of the members' normalised
-    predictions (each member on its own window; std over members, population), and (N,) the
-    penalty subtracted."""
-    z = np.stack([norm.normalise(m) for norm, m in zip(norms, members, strict=True)]).astype(np.float64)
-    pen = penalty * z.std(0)
-    return (z.mean(0) - pen).astype(np.float32), pen
-
-
 def model_version(model: RewardPredictor, loaded: int) -> int:
     """A reward model's version: ``metrics["version"]`` of its checkpoint when that is an int >= 1
     (``03_reward_train.py --follow`` writes it), else ``loaded - 1``, the files loaded before it: 0
@@ -244,14 +222,12 @@ class RewardModelWrapper:
         norm_window: int = DEFAULT_NORM_WINDOW,
         clip: float | str | None = DEFAULT_CLIP,
         infer_threads: int | None = 1,
-        penalty: float = 0.0,
         reload: bool = False,
         poll_s: float = RELOAD_POLL_S,
         verbose: bool = True,
         scale: float = 1.0,
         norm: str = "running",
         oracle: bool = False,
-        alive: float = 0.0,
     ):
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
         docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
@@ -260,27 +236,18 @@ class RewardModelWrapper:
         checkpoint, measured on its labelled clips) or "window" (each env's own last ``norm_window``
         steps, ``WindowNorm``; ``--reward-norm``); ``clip``: the bound in std, None for none, or
         "sign" for the sign of the normalised reward (``--reward-clip``); ``oracle``: send the game's
-        true score through this same path instead of the model's prediction (``--reward-oracle``);
-        ``alive``: added to every step's normalised, clipped reward before the scale (``--reward-alive``)."""
+        true score through this same path instead of the model's prediction (``--reward-oracle``)."""
         self.env = env
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
-        if penalty < 0 or not math.isfinite(penalty):
-            raise UserError(f"--reward-penalty must be a finite number >= 0, got {penalty:g}")
         if not (math.isfinite(scale) and scale > 0):
             raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
-        bound = 1.0 if clip == SIGN else (clip if clip is not None else math.inf)
-        if not (math.isfinite(alive) and 0 <= alive <= bound):
-            raise UserError(f"--reward-alive must be in [0, the clip {clip}], got {alive:g}")
         if norm not in REWARD_NORMS:
             raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
-        if oracle and penalty:
-            raise UserError("--reward-oracle has no ensemble to penalise: drop --reward-penalty")
-        self.scale, self.norm_mode, self.oracle, self.alive = float(scale), norm, oracle, float(alive)
+        self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.norm_window = norm_window
-        self.penalty = float(penalty)
         self.clip = clip
         self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
         self._state = file_state(self.path)  # before reading: a change while it loads is seen later
@@ -303,11 +270,6 @@ class RewardModelWrapper:
         frame_shape = tuple(np.shape(self.env.frames)[1:])
         if frame_shape != model.frame_shape:
             raise UserError(f"reward model {path} takes frames {model.frame_shape}, the env gives {frame_shape}")
-        if self.penalty > 0 and model.ensemble < 2:
-            raise UserError(
-                f"--reward-penalty needs an ensemble reward model (03_reward_train.py --ensemble K); "
-                f"{path} has one member"
-            )
         if not all(state_is_finite(net.state_dict()) for net in model.nets):
             raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
         if self.norm_mode == "labels" and self._stored_stats(model) is None:
@@ -337,17 +299,11 @@ class RewardModelWrapper:
             stats = self._stored_stats(model)
             assert stats is not None  # _checked refused a model without them
             self.norm: Norm = FixedNorm(*stats)
-            self.member_norms = [FixedNorm(*stats) for _ in range(model.ensemble if self.penalty else 0)]
-            return
-        members = model.ensemble if self.penalty else 0
-        if self.norm_mode == "window":
+        elif self.norm_mode == "window":
             self.norm = WindowNorm(self.norm_window, self.env.n_envs)
-            self.member_norms = [WindowNorm(self.norm_window, self.env.n_envs) for _ in range(members)]
-            return
-        prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
-        self.norm = RunningNorm(self.norm_window, prior=prior)
-        # with a penalty: one window per member (their scales differ), mean - L * std across them
-        self.member_norms = [RunningNorm(self.norm_window, prior=prior) for _ in range(members)]
+        else:
+            prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
+            self.norm = RunningNorm(self.norm_window, prior=prior)
 
     def poll(self) -> bool:
         """--reward-reload: look at the file (at most every ``poll_s``) and switch to it when it has
@@ -478,10 +434,10 @@ class RewardModelWrapper:
         st = self.env.step_wait()
         if self.oracle:
             self._pending = None
-            self._predicted(st, torch.from_numpy(np.asarray(st.true_rewards, dtype=np.float32)[None]), self.norm, [])
+            self._predicted(st, torch.from_numpy(np.asarray(st.true_rewards, dtype=np.float32)[None]), self.norm)
             return st
         if self._before is None:
-            self._predicted(st, self._pending, self.norm, self.member_norms)
+            self._predicted(st, self._pending, self.norm)
             self._pending = None
             return st
         frames, acts = self._before
@@ -489,29 +445,25 @@ class RewardModelWrapper:
         # the env hands out new frame arrays at each step_wait, so these stay this step's while the
         # next step runs (tests/test_reward_wrapper.py sends it before the forward)
         shown, ended = np.asarray(self.env.frames), np.array(st.game_over, dtype=bool)
-        # this step's model and norms: a switch before complete() (the next step_async) is the next step's
-        model, norm, member_norms = self.model, self.norm, self.member_norms
+        # this step's model and norm: a switch before complete() (the next step_async) is the next step's
+        model, norm = self.model, self.norm
 
         def forward() -> None:
             t0 = time.perf_counter()
             members = self._forward(model, frames, acts, shown, ended)
             self._infer_s += time.perf_counter() - t0
-            self._predicted(st, members, norm, member_norms)
+            self._predicted(st, members, norm)
 
         st.pending = forward
         return st
 
-    def _predicted(self, st: Any, members_t: torch.Tensor | None, norm: Norm, member_norms: list[Norm]) -> None:
-        """Put the members' predictions (K, N) into ``st``: raw mean, normalised (on ``norm``, or with
-        a penalty on ``member_norms``) and clipped."""
+    def _predicted(self, st: Any, members_t: torch.Tensor | None, norm: Norm) -> None:
+        """Put the members' predictions (K, N) into ``st``: raw mean, normalised (on ``norm``) and
+        clipped."""
         assert members_t is not None
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
         rewards = norm.normalise(raw)
-        penalty = None
-        if self.penalty:
-            rewards, pen = penalised(members, member_norms, self.penalty)
-            penalty = float(pen.mean())
         clipped = 0.0
         if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
             clipped = float(np.mean(np.abs(rewards) != 1))
@@ -520,7 +472,7 @@ class RewardModelWrapper:
             clipped = float(np.mean(np.abs(rewards) > self.clip))
             rewards = np.clip(rewards, -self.clip, self.clip)
         st.pred_rewards = raw
-        st.rewards = ((rewards + self.alive) * self.scale).astype(np.float32)
+        st.rewards = (rewards * self.scale).astype(np.float32)
         self._steps += 1
         self._last = {
             "pred_mean": float(raw.mean()),
@@ -528,18 +480,15 @@ class RewardModelWrapper:
             "clipped": clipped,
             "disagreement": float(members.std(0).mean()) if len(members) > 1 else 0.0,
         }
-        if penalty is not None:
-            self._last["penalty"] = penalty
 
     def stats(self) -> dict[str, float]:
         """Scalars for TensorBoard: the running normalisation mean/median/std, the last step's raw
         prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
-        members, 0 for one model), with --reward-penalty the mean penalty subtracted, the reward
-        model's milliseconds per agent step, and the version learned from (``version``)."""
+        members, 0 for one model), the reward model's milliseconds per agent step, and the version
+        learned from (``version``)."""
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         out["version"] = self.version
         out["scale"] = self.scale
-        out["alive"] = self.alive
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

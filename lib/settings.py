@@ -40,7 +40,7 @@ def setting(
         kept = tuple(arg["choices"])
         arg = {
             **arg,
-            "choices": (*kept, *retired),
+            "choices": _Choices(kept, retired),
             "metavar": arg.get("metavar") or "{" + ",".join(map(str, kept)) + "}",
         }
         checks = (*((lambda v, r=r: v != r, f"{{flag}} {r} {why}") for r, why in retired.items()), *checks)
@@ -62,6 +62,19 @@ def setting(
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
+
+
+class _Choices(tuple):
+    """A setting's choices as argparse lists them (the kept ones, in its "invalid choice" line) that
+    also let the retired values through, so that its checks refuse those with the line saying why."""
+
+    def __new__(cls, kept: tuple[Any, ...], retired: dict[Any, str]) -> _Choices:
+        choices = super().__new__(cls, kept)
+        choices.retired = tuple(retired)
+        return choices
+
+    def __contains__(self, value: object) -> bool:
+        return super().__contains__(value) or value in self.retired
 
 
 def within(flag: str, lo: float, hi: float, ends: str = "[]") -> tuple[Check]:

@@ -174,7 +174,8 @@ def test_bad_input_as_a_user_meets_it_one_line_exit_2(tmp_path, args, message):
 
 def test_help_explains_every_flag():
     """Every option has its own help text, and --help lists each one as a whole word (``--env`` is
-    not found inside ``--envs``)."""
+    not found inside ``--envs``); a retired flag is left out of --help."""
+    import argparse
     import re
 
     from lib.a2c_cli import build_parser
@@ -182,6 +183,8 @@ def test_help_explains_every_flag():
     parser = build_parser()
     text = parser.format_help()
     for action in parser._actions:
+        if action.help == argparse.SUPPRESS:  # a retired flag (lib.settings.retire)
+            continue
         for flag in action.option_strings:
             assert action.help and len(action.help) > 10, flag
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), flag
@@ -216,9 +219,6 @@ def test_help_explains_every_flag():
         ),
         ("db under /proc", ["--db-path", "/proc/forbidden/db"], "cannot create DB dir /proc/forbidden/db"),
         ("resume and force", ["--resume", "--force"], "give one of them"),
-        ("penalty without model", ["--reward-penalty", "1"], "--reward-penalty needs a reward model"),
-        ("negative penalty", ["--reward-penalty", "-1"], "--reward-penalty must be >= 0"),
-        ("infinite penalty", ["--reward-penalty", "inf"], "--reward-penalty must be >= 0"),
         ("infinite lr", ["--lr", "inf"], "--lr must be a number in (0, 1)"),
         ("nan lr", ["--lr", "nan"], "--lr must be a number in (0, 1)"),
         ("negative seed", ["--seed", "-1"], "--seed must be in 0.."),
@@ -291,7 +291,9 @@ def test_a_choice_set_in_code_is_checked_against_its_choices() -> None:
     from lib.errors import UserError
 
     A2CConfig(name="x", terminal="none", reward_norm="labels").check()
-    with pytest.raises(UserError, match=r"^--terminal must be one of life, game, none, got 'lives'$"):
+    with pytest.raises(UserError, match=r"^--terminal game was retired after commit [0-9a-f]+: .*give life or none$"):
+        A2CConfig(name="x", terminal="game").check()  # a retired choice: the line that says why
+    with pytest.raises(UserError, match=r"^--terminal must be one of life, none, got 'lives'$"):
         A2CConfig(name="x", terminal="lives").check()
     with pytest.raises(UserError, match=r"^--reward-norm must be one of running, labels, window, got 'label'$"):
         A2CConfig(name="x", reward_norm="label").check()
@@ -309,17 +311,58 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     policy.write_bytes(b"")
     every = A2CConfig(
         name="x", env="BreakoutNoFrameskip-v4", dev="cuda:1", model=str(policy), finetune=True,
-        reward="r.pt", reward_penalty=0.5, reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
+        reward="r.pt", reward_oracle=True, reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
         record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
-        lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1, reward_scale=0.2, reward_alive=0.1,
-        reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="game", kl=0.5,
+        lr_decay_steps=99, runs_dir="tb", bf16=True, threads=2, env_threads=1, reward_scale=0.2,
+        reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="none", kl=0.5,
         gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5, kl_target=0.05, norm_window=10, reward_clip="sign",
     )  # fmt: skip
     at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
-    assert at_default == {"resume", "reward_oracle"}  # --resume excludes --force and -m, --reward-oracle a penalty
+    assert at_default == {"resume"}  # --resume excludes --force and -m
     assert parse_config(to_argv(every)) == every
     oracle = A2CConfig(name="x", reward="r.pt", reward_oracle=True)
     assert parse_config(to_argv(oracle)) == oracle
     assert to_argv(A2CConfig(name="v0")) == ["--name", "v0"]
     resume = A2CConfig(name="v0", resume=True, max_steps=64)
     assert parse_config(to_argv(resume)) == resume
+
+
+RETIRED = [  # (what a user gives, the words the line starts with, what the last commit that had it declares)
+    pytest.param(["--reward-alive", "0.1"], "--reward-alive", "reward_alive", id="reward-alive"),
+    pytest.param(["--reward-penalty=1"], "--reward-penalty", "reward_penalty", id="reward-penalty"),
+    pytest.param(["--terminal", "game"], "--terminal game", '("life", "game", "none")', id="terminal-game"),
+]
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["new-run", "resume"])
+@pytest.mark.parametrize("given, words, declared", RETIRED)
+def test_a_retired_flag_is_one_line_exit_2_naming_its_last_commit(tmp_path, given, words, declared, resume):
+    """A lever the measurements closed (docs/reference.md, "Retired flags") is refused by 01_a2c.py
+    itself in one line, exit 2, before anything is written: it names the last commit that had the
+    flag (a real commit of this repository, whose stage 1 still declares it) and where its figures
+    are; a resumed run that gives it again is told the same (test_stage_flags: --help no longer lists it)."""
+    import re
+
+    argv = ["-n", "old", "--max-steps", "32", "--envs", "2", *(["--resume"] if resume else []), *given]
+    r = subprocess.run([sys.executable, SCRIPT, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout, r.stderr)
+    assert lines[0].startswith(f"error: {words} was retired after commit ") and "docs/results.md" in lines[0], lines
+    commit = re.search(r"after commit ([0-9a-f]{7,40}):", lines[0]).group(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no saves/, runs/ or db/ appeared
+    shown = subprocess.run(
+        ["git", "show", f"{commit}:lib/a2c_config.py"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    if shown.returncode != 0 and not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the commit cannot be looked up")
+    assert shown.returncode == 0 and declared in shown.stdout, shown.stderr
+
+
+def test_a_wrong_choice_is_not_offered_the_retired_one(capsys) -> None:
+    """argparse's "invalid choice" line lists the choices kept, not the retired ``game``."""
+    from lib.a2c_cli import parse_config
+
+    with pytest.raises(SystemExit) as e:
+        parse_config(["-n", "x", "--terminal", "gam"])
+    assert e.value.code == 2
+    assert "invalid choice: 'gam' (choose from 'life', 'none')" in capsys.readouterr().err

@@ -270,22 +270,6 @@ def test_a_switch_restarts_the_normalisation_from_the_new_models_stats(tmp_path)
     np.testing.assert_allclose(r_after, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_switch_restarts_each_members_norm_with_a_penalty(tmp_path):
-    path = _model_file(tmp_path, k=2, stats=(0.0, 1.0))
-    w = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=100, penalty=1.0, reload=True, poll_s=0)
-    _steps(w, 30)
-    old = w.member_norms
-    assert all(n.count == 120 for n in old)
-    _variant(path, path, version=2, shift=50.0, stats=(50.0, 1.0))
-    st = _steps(w, 2)[-1]
-    assert w.version == 2 and w.member_norms is not old and len(w.member_norms) == 2
-    assert all(n.count == 4 and n.prior == (50.0, 1.0) for n in w.member_norms)
-    assert np.abs(st.rewards).max() < 5.0
-    _model_file(tmp_path, k=1, name="r.pt")  # one member: --reward-penalty cannot use it
-    _steps(w, 2)
-    assert w.version == 2
-
-
 class FreshFrames(FakeVec):
     """Hands out a new frames array at each step, as AtariVec does (FakeVec overwrites its own)."""
 

@@ -17,7 +17,7 @@ from lib.reward_model import (
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm, penalised
+from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 
@@ -242,44 +242,6 @@ def test_diff_model_reads_the_frame_each_step_led_to(tmp_path):
         rm.predict(before, acts)
 
 
-def test_penalty_arithmetic():
-    # two members, three envs; windows with a prior and no warm-up keep mean 0 / std 1 only for
-    # the first batch, so compute the expected value from the norms' own statistics
-    members = np.array([[1.0, 2.0, 3.0], [3.0, 2.0, -1.0]])
-    norms = [RunningNorm(100, prior=(0.0, 1.0), warmup=1000) for _ in range(2)]  # prior stays
-    rewards, pen = penalised(members, norms, 0.5)
-    # member z = the raw values (prior 0/1): mean (2, 2, 1), population std (1, 0, 2)
-    assert pen == pytest.approx([0.5, 0.0, 1.0])
-    assert rewards == pytest.approx([2.0 - 0.5, 2.0, 1.0 - 1.0])
-    # each member is normalised on its own window: a member on another scale weighs the same
-    norms = [RunningNorm(3, prior=None) for _ in range(2)]
-    rewards, pen = penalised(np.array([[0.0, 1.0, 2.0], [0.0, 100.0, 200.0]]), norms, 1.0)
-    assert pen == pytest.approx([0.0, 0.0, 0.0], abs=1e-6)
-    assert rewards == pytest.approx([-1.2247449, 0.0, 1.2247449], abs=1e-5)
-
-
-def test_wrapper_penalty_needs_an_ensemble_and_lowers_disputed_steps(tmp_path):
-    with pytest.raises(UserError, match="ensemble"):
-        RewardModelWrapper(FakeVec(), _model_file(tmp_path, k=1), penalty=1.0)
-    with pytest.raises(UserError, match="reward-penalty"):
-        RewardModelWrapper(FakeVec(), _model_file(tmp_path, k=2, name="e.pt"), penalty=-1.0)
-    path = _model_file(tmp_path, k=3, name="e3.pt")
-    plain = RewardModelWrapper(FakeVec(seed=5), path, clip=None)
-    pess = RewardModelWrapper(FakeVec(seed=5), path, clip=None, penalty=2.0)
-    mine = [RunningNorm(10_000, prior=(0.0, 1.0)) for _ in range(3)]  # the checkpoint's stats
-    acts = np.arange(4) % 18
-    for _ in range(3):
-        frames = pess.env.frames.copy()
-        members = pess.model.predict_members(frames, acts).numpy()
-        a, b = plain.step(acts), pess.step(acts)
-        expected, pen = penalised(members, mine, 2.0)
-        assert b.rewards == pytest.approx(expected, abs=1e-5)
-        assert np.allclose(a.pred_rewards, b.pred_rewards)  # the raw prediction is the same
-        assert (pen > 0).all() and not np.allclose(a.rewards, b.rewards)
-    assert pess.stats()["penalty"] == pytest.approx(float(pen.mean()), rel=1e-5)
-    assert "penalty" not in plain.stats()
-
-
 @pytest.mark.slow
 def test_diff_forward_can_run_while_the_next_step_is_in_flight(tmp_path):
     """The training loop sends the next step before ``VecStep.complete()``: the diff model must
@@ -322,20 +284,6 @@ def test_scale_and_the_labels_stats_reach_the_learner(tmp_path):
     for _ in range(30):
         running.step(np.zeros(4, np.int64))
     assert running.stats()["norm_mean"] != 0.5  # the running window has moved off the stored mean
-
-
-def test_alive_pay_is_added_after_the_clip_and_before_the_scale(tmp_path):
-    """--reward-alive B: every step's reward is (clip(normalised) + B) * scale, so a step alive earns
-    B std more than the model alone pays it; B beyond the clip, or below 0, is one line."""
-    path = _model_file(tmp_path, stats=(0.5, 0.25))
-    w = RewardModelWrapper(FakeVec(n_envs=4), path, clip=2.0, scale=0.05, norm="labels", alive=0.25)
-    st = w.step(np.zeros(4, np.int64))
-    expected = 0.05 * (np.clip((st.pred_rewards - 0.5) / 0.25, -2.0, 2.0) + 0.25)
-    np.testing.assert_allclose(st.rewards, expected, rtol=1e-5, atol=1e-7)
-    assert w.stats()["alive"] == 0.25
-    for bad in (-0.1, 2.5, float("nan")):
-        with pytest.raises(UserError, match="--reward-alive must be in"):
-            RewardModelWrapper(FakeVec(n_envs=4), path, clip=2.0, alive=bad)
 
 
 def test_labels_norm_needs_stored_stats(tmp_path):
@@ -468,8 +416,6 @@ def test_window_norm_and_sign_clip_reach_the_learner(tmp_path):
         np.testing.assert_array_equal(st.rewards, 0.5 * np.sign(ref.normalise(st.pred_rewards)))
     assert set(np.unique(st.rewards)) <= {-0.5, 0.0, 0.5}
     assert not set(np.unique(st2.rewards)) <= {-1.0, 0.0, 1.0}  # the same path with ±5: sizes kept
-    with pytest.raises(UserError, match="--reward-alive must be in"):
-        RewardModelWrapper(FakeVec(n_envs=4), path, clip="sign", alive=1.5)  # the sign's bound is 1
 
 
 def test_stage_1s_flags_build_the_books_reward_path(tmp_path):

@@ -664,7 +664,8 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
         # 01_a2c.py's own checks, on the arms the round will run
         (("--ft-args", "--kl -1"), "--kl must be in [0, 1,000,000), got -1"),
         (("--ft-args", "--lr 5"), "--lr must be a number in (0, 1), got 5"),
-        (("--ft-args", "--reward-penalty 1", "--oracle-arm"), "--reward-oracle has no ensemble"),
+        (("--ft-args", "--reward-penalty 1"), "--reward-penalty was retired after commit"),
+        (("--ft-args", "--terminal game"), "--terminal game was retired after commit"),
         # the same for --reward-args with 03_reward_train.py's parser and checks
         (("--reward-args", "--se 3"), "--reward-args may not set --seed"),
         (("--reward-args", "-o/elsewhere"), "--reward-args may not set -o / --out"),
