@@ -609,7 +609,7 @@ class GameStats:
 # --- evaluation and checkpoints -----------------------------------------------------------------
 
 
-def evaluate(
+def evaluate_policy(
     net: AtariA2C,
     env: Any,
     device: torch.device,
@@ -639,7 +639,7 @@ def evaluate_and_save(run: Run, stop: Callable[[], bool]) -> float:
     last.pt. Returns the seconds it took."""
     t0 = time.time()
     step = run.progress.step
-    res = evaluate(run.net, run.eval_env, run.device, stop, run.cfg.bf16, run.eval_rng)
+    res = evaluate_policy(run.net, run.eval_env, run.device, stop, run.cfg.bf16, run.eval_rng)
     if res is None:  # stopped by Ctrl-C
         return time.time() - t0
     for k, v in res.items():
