@@ -16,7 +16,7 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import LABELS_FILE, LOCK_FILE, Label, append_labels, labeling_lock, load_labels, pair_key
-from lib.sampling import LOOK_MODES, MODEL_MODES, SegmentBeliefs, SegmentLooks, check_gauge_game, choose_pairs
+from lib.sampling import MODEL_MODES, SegmentBeliefs, SegmentLooks, choose_pairs
 from lib.seaquest import OXYGEN_GAMES
 from lib.segments import SegmentError, SegmentWatch, db_game, list_segments, read_segment
 from lib.signals import SignalStop
@@ -151,7 +151,7 @@ class _Labeler:
         self.sampling, self.pool, self.recent = s.sampling, s.pool, s.recent
         known = db_game(root)
         self.beliefs = _beliefs(root, known[0] if known else None, s.sampling, s.reward)
-        self.looks = SegmentLooks(root, gauge=s.sampling == "gauge") if s.sampling in LOOK_MODES else None
+        self.looks = SegmentLooks(root) if s.sampling == "rare" else None
         self.facts_of = _FactsCache(root, None)
         self.game_checked = False
 
@@ -161,15 +161,12 @@ class _Labeler:
         if self.game_checked:
             return True
         known = db_game(self.root, warn=None)
-        reads_gauge = self.teacher in GAUGE_TEACHERS or self.sampling == "gauge"
-        if known is None and reads_gauge and not list_segments(self.root, warn=None):
+        if known is None and self.teacher in GAUGE_TEACHERS and not list_segments(self.root, warn=None):
             return False
         game = known[0] if known else None
         if self.teacher in GAUGE_TEACHERS and game not in OXYGEN_GAMES:
             held = game or "an unknown game"
             raise UserError(f"the {self.teacher} teacher reads SeaQuest's oxygen gauge; DB {self.root} holds {held}")
-        if self.sampling == "gauge":
-            check_gauge_game(self.root, game)
         self.facts_of.game, self.game_checked = game, True
         return True
 

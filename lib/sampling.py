@@ -14,13 +14,6 @@
   ``RARE_NEIGHBOURS`` nearest looks in the DB. What a random pair seldom shows (in SeaQuest a
   low, red gauge with divers aboard, a sub at the surface) is what a person's label on it is
   worth most for, and random pairs spend most labels on the common case.
-- ``gauge`` (no model, SeaQuest at full resolution): the clips whose sub has a low oxygen gauge with
-  a diver aboard, each paired with another such clip (the least-labelled first, the most such steps
-  first among equals), then ``rare``'s pairs once those run out. Two clips that share the low gauge
-  and the diver differ mostly in what the sub did about it: the surface teacher's climb rule
-  decides about a third of such pairs, against 3-8 of 100 ``rare`` pairs (a 500k-step agent's DB
-  holds 18-31 such clips of ~500), so the labels say which way to go at that moment, not only
-  that a clip with a climb in it is better.
 
 ``recent`` (``--recent N``, with any mode) draws pairs only from the N newest segments of a DB,
 newest by the step counter in the name (``NN/SSSSSSSS.dat``: the env's agent steps when the segment
@@ -46,15 +39,13 @@ import numpy as np
 
 from lib.errors import UserError, warn
 from lib.labels import pair_key, sample_unlabeled_pairs
-from lib.seaquest import FRAME_SHAPE, OXYGEN_GAMES, surface_counts
 from lib.segments import SegmentError, read_segment, segment_env_step
 
 if TYPE_CHECKING:  # torch is imported only where a model is loaded
     from lib.reward_model import RewardPredictor
 
-SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits", "rare", "gauge")
+SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits", "rare")
 MODEL_MODES = ("uncertain", "disagree", "exploits")  # the modes that need --reward
-LOOK_MODES = ("rare", "gauge")  # the modes that need the segments' looks (SegmentLooks)
 POOL_FACTOR = 10  # default pool of candidate pairs: 10x the pairs wanted
 LOOK_BLOCK = 6  # rare: a look averages blocks of 6x6 pixels (210x160 -> 35x26)
 RARE_NEIGHBOURS = 5  # rare: rarity is the mean distance to this many nearest looks
@@ -151,13 +142,10 @@ class SegmentLooks:
     that appears while a page runs costs a read and one row of distances, not the whole matrix
     again. Thread-safe (a page folds new segments off its event loop)."""
 
-    def __init__(self, root: str | os.PathLike, warn: Callable[[str], None] = warn, gauge: bool = False):
+    def __init__(self, root: str | os.PathLike, warn: Callable[[str], None] = warn):
         self.root = Path(root)
         self.warn = warn
         self.looks: dict[str, np.ndarray | None] = {}
-        # gauge: also each segment's steps with a low oxygen gauge and a diver aboard (SeaQuest)
-        self.gauge = gauge
-        self.low_diver: dict[str, int] = {}
         self._groups: dict[tuple[int, ...], _Neighbours] = {}  # by the look's shape
         self._folded: set[str] = set()
         self._lock = threading.RLock()
@@ -166,14 +154,11 @@ class SegmentLooks:
         with self._lock:
             if rel not in self.looks:
                 try:
-                    seg = read_segment(self.root, rel)
+                    frames = read_segment(self.root, rel).frames
                 except SegmentError as e:
                     self.warn(f"skipped: {e}")
-                    self.looks[rel] = None
-                    return None
-                self.looks[rel] = block_mean(seg.frames.mean(0, dtype=np.float32))
-                if self.gauge and tuple(seg.frames.shape[1:]) == FRAME_SHAPE:
-                    self.low_diver[rel] = surface_counts(seg.frames, seg.dones).low_diver_steps
+                    frames = None
+                self.looks[rel] = None if frames is None else block_mean(frames.mean(0, dtype=np.float32))
             return self.looks[rel]
 
     def fold(self, segments: list[str]) -> None:
@@ -251,12 +236,6 @@ class _Neighbours:
         return dict(zip(self.rels, near.tolist(), strict=True))
 
 
-def check_gauge_game(root: str | os.PathLike, game: str | None) -> None:
-    """UserError unless ``game`` (a DB's) has the oxygen gauge ``--sampling gauge`` reads."""
-    if game not in OXYGEN_GAMES:
-        raise UserError(f"--sampling gauge reads SeaQuest's oxygen gauge; DB {root} holds {game or 'an unknown game'}")
-
-
 def block_mean(frame: np.ndarray, block: int = LOOK_BLOCK) -> np.ndarray:
     """(H, W[, C]) -> (H // block, W // block[, C]) block averages (the edge rows and columns that
     do not fill a block are left out)."""
@@ -286,13 +265,10 @@ def choose_pairs(
         taken = pairs_within(taken, segments)
     if mode == "random" or count <= 0:
         return sample_unlabeled_pairs(segments, taken, count, rng)
-    if mode in LOOK_MODES:
-        if looks is None or (mode == "gauge" and not looks.gauge):
-            raise ValueError(
-                f"sampling {mode!r} needs the segments' looks" + (" and gauges" if mode == "gauge" else "")
-            )
-        pick = _gauge_pairs if mode == "gauge" else _rare_pairs
-        return pick(segments, taken, count, rng, looks)
+    if mode == "rare":
+        if looks is None:
+            raise ValueError("sampling 'rare' needs the segments' looks")
+        return _rare_pairs(segments, taken, count, rng, looks)
     if beliefs is None:
         raise ValueError(f"sampling {mode!r} needs the reward model's beliefs")
     if mode == "exploits":
@@ -351,36 +327,10 @@ def rare_ranking(segments: list[str], taken: set[tuple[str, str]], looks: Segmen
     """The readable segments, the least-labelled (in ``taken``) first, the rarest first among
     equals."""
     rarity = looks.rarity(segments)
-    labelled = _times_labelled(taken)
-    return sorted(rarity, key=lambda rel: (labelled.get(rel, 0), -rarity[rel]))
-
-
-def _times_labelled(taken: set[tuple[str, str]]) -> dict[str, int]:
-    """How many of the pairs in ``taken`` each segment is in."""
     labelled: dict[str, int] = {}
     for a, b in taken:
         labelled[a], labelled[b] = labelled.get(a, 0) + 1, labelled.get(b, 0) + 1
-    return labelled
-
-
-def _gauge_pairs(
-    segments: list[str], taken: set[tuple[str, str]], count: int, rng: np.random.Generator, looks: SegmentLooks
-) -> list[Pair]:
-    """Pairs of two clips with a low gauge and a diver aboard, in passes: each pass ranks those
-    clips (the least-labelled first, the most such steps first among equals) and gives each a random
-    such partner it has no label with; then ``rare``'s pairs for what is left of ``count``."""
-    looks.fold(segments)
-    low = sorted(rel for rel in segments if looks.low_diver.get(rel, 0) > 0)
-    seen, out = set(taken), []
-    while len(out) < count:
-        labelled = _times_labelled(seen)
-        ranking = sorted(low, key=lambda rel: (labelled.get(rel, 0), -looks.low_diver[rel]))
-        new = _paired_with_random(ranking, low, seen, count - len(out), rng)
-        if not new:
-            break
-        out += new
-        seen |= {pair_key(a, b) for a, b in new}
-    return out + (_rare_pairs(segments, seen, count - len(out), rng, looks) if len(out) < count else [])
+    return sorted(rarity, key=lambda rel: (labelled.get(rel, 0), -rarity[rel]))
 
 
 def _paired_with_random(

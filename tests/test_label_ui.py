@@ -581,6 +581,25 @@ def test_port_in_use_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:
     assert p.stderr.startswith("error: cannot listen on") and p.stderr.count("\n") == 1, p.stderr
 
 
+@pytest.mark.parametrize("extra", [[], ["--oracle", "5"]], ids=["page", "oracle"])
+def test_a_retired_sampling_mode_is_one_line_exit_2_naming_its_last_commit(extra, db: Path, tmp_path: Path) -> None:
+    """``--sampling gauge`` (docs/reference.md, "Retired flags") is refused by 02_label_ui.py in one
+    line, exit 2, before a label is written or a server starts: it names the last commit that had
+    the mode (a real commit of this repository, whose lib/sampling.py still lists it) and where
+    its figures are."""
+    argv = ["-d", str(db), "--cache-dir", str(tmp_path / "c"), "--sampling", "gauge", *extra]
+    r = subprocess.run([sys.executable, str(MAIN), *argv], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout, r.stderr)
+    assert lines[0].startswith("error: --sampling gauge was retired after commit ") and "docs/results.md" in lines[0]
+    assert not (db / "labels.jsonl").exists()
+    commit = re.search(r"after commit ([0-9a-f]{7,40}):", lines[0]).group(1)
+    shown = subprocess.run(["git", "show", f"{commit}:lib/sampling.py"], cwd=ROOT, capture_output=True, text=True)
+    if shown.returncode != 0 and not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the commit cannot be looked up")
+    assert shown.returncode == 0 and '"rare", "gauge")' in shown.stdout, shown.stderr
+
+
 def test_token_from_environment(db: Path) -> None:
     from lib.label_ui.config import parse_config
 

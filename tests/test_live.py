@@ -39,7 +39,7 @@ def test_live_plan_is_the_staged_budget() -> None:
     [
         (("--live",), "--rounds 2 or more"),
         (("--live", "--rounds", "3", "--reward-only"), "exclude each other"),
-        (("--live", "--rounds", "3", "--sampling", "uncertain"), "--sampling random, rare, gauge"),
+        (("--live", "--rounds", "3", "--sampling", "uncertain"), "--sampling random, rare"),
         (("--live", "--rounds", "3", "--from", "v0"), "--from does not apply"),
     ],
 )

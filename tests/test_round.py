@@ -164,7 +164,6 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert round_name(_round_args(tmp_path)) == "score-15"  # rare, the default, adds nothing
     assert round_name(_round_args(tmp_path, "--sampling", "random")) == "score-15-random"
     assert round_name(_round_args(tmp_path, "--sampling", "uncertain")) == "score-15-uncertain"
-    assert round_name(_round_args(tmp_path, "--sampling", "gauge")) == "score-15-gauge"
     # a lone flag as the value (argparse would take it for one of its own)
     lone = _round_args(tmp_path, "--reward-args", "--diff-signed", "--ft-args", "--kl", "--seeds", "1")
     assert (lone.reward_args, lone.ft_args, lone.seeds) == ("--diff-signed", "--kl", [1])
@@ -175,7 +174,7 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert ensemble_of(args) == 3 and ensemble_of(_round_args(tmp_path)) == 1
     assert ensemble_of(_round_args(tmp_path, "--reward-args=--ensemble=4")) == 4
     assert label_steps(300, "random") == [300] and label_steps(300, "uncertain") == [100, 200, 300]
-    assert label_steps(300, "rare") == label_steps(300, "gauge") == [300]  # no model picks: all at once
+    assert label_steps(300, "rare") == [300]  # no model picks: all at once
     assert round_name(_round_args(tmp_path, "--ft-layers", "full")) == "score-15-full"
     assert round_name(_round_args(tmp_path, "--ft-layers", "frozen")) == "score-15"
     branch = _round_args(tmp_path, "--teacher", "surface", "--branch-pairs", "150", "--reward-args", "--diff-flow")

@@ -173,11 +173,14 @@ class LabelConfig:
         "which pairs to ask about: 'random'; 'uncertain', those the model's predicted preference is "
         "closest to 50/50 on (from --pool random candidates); 'disagree', those an ensemble model's members "
         "disagree on most; 'exploits', first the segments the model overrates most against their true return; "
-        "'rare', first the segments that look least like the others (no model); 'gauge' (SeaQuest), clips with a "
-        "low oxygen gauge and a diver aboard paired with each other, then rare's pairs (no model). uncertain, "
-        "disagree and exploits need --reward; --oracle picks the same way",
+        "'rare', first the segments that look least like the others (no model). uncertain, disagree and "
+        "exploits need --reward; --oracle picks the same way",
         group="labels",
         choices=SAMPLING_MODES,
+        retired={
+            "gauge": "was retired after commit 4c43ee0: held-out agreement below rare's wherever both ran, "
+            "5-91% on held-out diver-climb pairs, the per-step climb gap unmoved (docs/results.md); give rare"
+        },
     )
     pool: int | None = setting(
         None,

@@ -22,7 +22,7 @@ from lib.label_ui.config import LabelConfig, check_port_free
 from lib.label_ui.pages import make_root
 from lib.label_ui.state import AppState, DbState
 from lib.reward_model import load_reward_model
-from lib.sampling import LOOK_MODES, SegmentBeliefs, SegmentLooks, check_gauge_game
+from lib.sampling import SegmentBeliefs, SegmentLooks
 from lib.segments import SegmentError, db_game
 
 
@@ -40,14 +40,10 @@ def model_view(cfg: LabelConfig, dbs: list[DbState]) -> list[SegmentBeliefs]:
     return beliefs
 
 
-def rare_view(dbs: list[DbState], gauge: bool = False) -> list[SegmentLooks]:
-    """``--sampling rare`` / ``gauge``: every DB's segment looks and rarity (with ``gauge``, also
-    each segment's low-gauge steps with a diver aboard), computed before serving. UserError for
-    ``gauge`` on a DB of a game other than SeaQuest."""
-    for d in dbs if gauge else []:
-        check_gauge_game(d.root, (db_game(d.root, warn=None) or (None, None))[0])
+def rare_view(dbs: list[DbState]) -> list[SegmentLooks]:
+    """``--sampling rare``: every DB's segment looks and rarity, computed before serving."""
     t0 = time.monotonic()
-    looks = [SegmentLooks(d.root, warn=lambda m: print(f"warning: {m}", file=sys.stderr), gauge=gauge) for d in dbs]
+    looks = [SegmentLooks(d.root, warn=lambda m: print(f"warning: {m}", file=sys.stderr)) for d in dbs]
     for d, lk in zip(dbs, looks, strict=True):
         lk.rarity(d.usable_segments())
     print(f"looks of {sum(len(lk.looks) for lk in looks)} segments in {time.monotonic() - t0:.1f} s", flush=True)
@@ -58,7 +54,7 @@ def build_app(cfg: LabelConfig) -> AppState:
     """Open the DBs, register the clip route (and the token middleware); returns the state."""
     dbs = [DbState.open(i, path, recent=cfg.recent) for i, path in enumerate(cfg.dbs)]
     beliefs = model_view(cfg, dbs) if cfg.reward is not None else None
-    looks = rare_view(dbs, gauge=cfg.sampling == "gauge") if cfg.sampling in LOOK_MODES else None
+    looks = rare_view(dbs) if cfg.sampling == "rare" else None
     state = AppState(
         dbs,
         pairs=cfg.pairs,
