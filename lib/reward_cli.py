@@ -1,7 +1,8 @@
 """``03_reward_train.py``'s command line: the flags, grouped (core / follow / model / labels /
-output / baselines), each taking its default from ``TrainConfig`` or ``FollowConfig``; and ``main``,
-which trains a reward model, with ``--follow`` retrains it as labels arrive (``lib/reward_follow.py``),
-or with ``--evaluate`` scores one. Imports no torch until it runs: ``--help`` stays fast."""
+output / baselines), built from ``RewardArgs``'s fields (each declares its flag, default, help and
+checks once); and ``main``, which trains a reward model, with ``--follow`` retrains it as labels
+arrive (``lib/reward_follow.py``), or with ``--evaluate`` scores one. Imports no torch until it
+runs: ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -10,249 +11,53 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from lib.cli_help import DefaultsOnceFormatter
+from lib import settings
 from lib.errors import EXIT_INTERRUPTED, UserError
-from lib.reward_config import ARCHS, INPUTS, FollowConfig, TrainConfig
-from lib.teachers import (
-    DEFAULT_DEATH_PENALTY,
-    DEFAULT_TEACHER,
-    GAUGE_TEACHERS,
-    TEACHERS,
-    Teacher,
-    death_penalty_for,
-    teacher_help,
-)
+from lib.reward_config import INPUTS, FollowConfig, RewardArgs, TrainConfig
+from lib.teachers import DEFAULT_TEACHER, GAUGE_TEACHERS, Teacher, death_penalty_for
 
-D = TrainConfig  # the defaults live in one place
-FD = FollowConfig
-
-
-def block_arg(text: str) -> tuple[int, int]:
-    """--diff-block ROWSxCOLS -> (rows, cols); whether they divide 84 is checked with the rest."""
-    rows, sep, cols = text.lower().partition("x")
-    if not sep or not rows.strip().isdigit() or not cols.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x12, got {text!r}")
-    return int(rows), int(cols)
-
-
-def _core_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("core", "what to do, where, and the optimiser")
-    g.add_argument(
-        "--evaluate",
-        metavar="MODEL",
-        help="train nothing: score this reward model on the DBs' segments with true rewards (oracle agreement "
-        "over all pairs whose true returns differ, return and per-step correlation, and the agreement with "
-        "--teacher's own answers over all pairs it prefers one of, per deciding rule too), one line per DB "
-        "and a total",
-    )
-    g.add_argument(
-        "--teacher",
-        choices=TEACHERS,
-        default=argparse.SUPPRESS,  # given or not: it applies to --evaluate only
-        help=f"--evaluate: whose rule the model is scored against beside the bare score (default "
-        f"{DEFAULT_TEACHER}): " + teacher_help(),
-    )
-    g.add_argument(
-        "--death-penalty",
-        type=float,
-        default=argparse.SUPPRESS,
-        metavar="P",
-        help=f"--evaluate with the score teacher: each life lost in a clip costs P points of its sum, as "
-        f"02_label_ui.py --oracle labels (default {DEFAULT_DEATH_PENALTY:g}; 0: the bare score's order)",
-    )
-    g.add_argument("--dev", default=D.device, help="torch device to train on: cpu or cuda")
-    g.add_argument("--epochs", type=int, default=D.epochs, help="maximum epochs (early stopping usually ends sooner)")
-    g.add_argument("--batch", type=int, default=D.batch, help="labeled pairs per optimiser step (the book: 64)")
-    g.add_argument("--lr", type=float, default=D.lr, help="Adam learning rate (the book: 1e-4)")
-    g.add_argument("--seed", type=int, default=D.seed, help="seed of the train/test split, shuffling and weights")
-    g.add_argument(
-        "--test-ratio",
-        type=float,
-        default=D.test_ratio,
-        help="share of the labels held out for testing (--follow: about this share, chosen by a hash of the pair "
-        "and --seed, so that a label held out for one version stays held out)",
-    )
-    g.add_argument(
-        "--patience",
-        type=int,
-        default=D.patience,
-        help="stop after this many epochs without a better test loss (default: 20 for --arch diff, "
-        "whose epochs are cheap; the book's 4 for --arch book)",
-    )
-    g.add_argument(
-        "--micro-frames",
-        type=int,
-        default=D.micro_frames,
-        help="steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
-    )
-
-
-def _follow_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
+GROUPS = {  # --help's groups, in order, with their descriptions
+    "core": ("core", "what to do, where, and the optimiser"),
+    "follow": (
         "follow",
         "keep running and retrain as labels arrive (live rounds: label while the agent trains, the agent "
         "picks up each new model with 01_a2c.py -r OUTDIR/reward-NAME.pt --reward-reload)",
-    )
-    g.add_argument(
-        "--follow",
-        action="store_true",
-        help="stay running: train a new version whenever --retrain-every new labels have arrived in the DBs' "
-        "labels.jsonl (a new pair's answer or an edited one; can't-tell and retracted lines do not count), "
-        "starting from the installed model's weights; keep each as OUTDIR/reward-NAME-vK.pt, log it in "
-        "OUTDIR/reward-NAME-versions.jsonl, and install it as OUTDIR/reward-NAME.pt only when its held-out "
-        "loss is not higher than the installed model's on the same held-out labels (held out by a hash of "
-        "the pair: a label held out once stays held out). The first version installs when there is no "
-        "model. Ctrl-C or SIGTERM stops it (a training in progress is dropped; exit code 130)",
-    )
-    g.add_argument(
-        "--retrain-every",
-        type=int,
-        default=argparse.SUPPRESS,  # given or not: it applies to --follow only
-        metavar="K",
-        help=f"--follow: new labels between two versions (default: {FD.retrain_every})",
-    )
-    g.add_argument(
-        "--poll",
-        type=float,
-        default=argparse.SUPPRESS,
-        metavar="SECONDS",
-        help=f"--follow: how often to look at the label files (default: {FD.poll:g})",
-    )
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model", "the reward network (--arch diff, the default) and its ensemble")
-    rows, cols = D.diff_block
-    g.add_argument(
-        "--diff-block",
-        type=block_arg,
-        default=D.diff_block,
-        metavar="ROWSxCOLS",
-        help=f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
-        f"(default {rows}x{cols}); finer rows keep apart what sits in different rows of the screen "
-        f"(in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
-    )
-    g.add_argument(
-        "--diff-signed",
-        action="store_true",
-        help="--arch diff: also average the signed change (next frame - frame) over each block, which "
-        "says which way a thing moved (in SeaQuest: the sub climbing or diving); the absolute change "
-        "alone is the same set of pixels either way",
-    )
-    g.add_argument(
-        "--diff-flow",
-        action="store_true",
-        help="--arch diff: also the scene's vertical and horizontal shift between the frame and the next "
-        "(least squares over the whole frame), two features that say 'moved up' wherever it happens, where "
-        "the block means must learn each place from labels (in SeaQuest: the sub climbing)",
-    )
-    g.add_argument(
-        "--ensemble",
-        type=int,
-        default=D.ensemble,
-        metavar="K",
-        help="train K models on bootstrap samples; predict their mean, log their disagreement",
-    )
-
-
-def _label_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("labels", "the segment DBs and how their answers are read")
-    g.add_argument("dbs", nargs="+", metavar="DB", help="segment DB directories with labels (labels.jsonl)")
-    g.add_argument(
-        "--noise",
-        action="store_true",
-        help="assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper",
-    )
-    g.add_argument(
-        "--env", default=None, help="game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)"
-    )
-
-
-def _output_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("output", "where the model and the logs go")
-    g.add_argument("-n", "--name", help="name of the run: the model is OUTDIR/reward-NAME.pt (needed to train)")
-    g.add_argument("-o", "--out", metavar="OUTDIR", help="directory for the model (needed to train)")
-    g.add_argument("--runs-dir", default="runs", help="TensorBoard log directory")
-    g.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress bar (logs only); it is off anyway when stderr is not a terminal",
-    )
-
-
-def _baseline_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("baselines", "the book's network and the paper's score masking, to compare with")
-    g.add_argument(
-        "--arch",
-        choices=ARCHS,
-        default=D.arch,
-        help="network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
-        "points are scored); book = the book's net on the colour frame the action is chosen on",
-    )
-    g.add_argument(
-        "--mask-rows",
-        type=int,
-        default=D.mask_rows,
-        metavar="N",
-        help="--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
-        "(10 covers SeaQuest's score): the model must then learn from the scene",
-    )
-    g.add_argument(
-        "--input",
-        choices=tuple(INPUTS),
-        default=next(k for k, v in INPUTS.items() if v == D.downscale),
-        help="--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
-    )
+    ),
+    "model": ("model", "the reward network (--arch diff, the default) and its ensemble"),
+    "labels": ("labels", "the segment DBs and how their answers are read"),
+    "output": ("output", "where the model and the logs go"),
+    "baselines": ("baselines", "the book's network and the paper's score masking, to compare with"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
-        formatter_class=DefaultsOnceFormatter,
+    """03_reward_train.py's flags in groups (``--help``), one per ``RewardArgs`` field."""
+    return settings.build_parser(
+        RewardArgs,
+        "03_reward_train.py",
+        "Train the reward model (Bradley-Terry on preference labels) on one or more segment DBs.",
+        GROUPS,
     )
-    for add in (_core_args, _follow_args, _model_args, _label_args, _output_args, _baseline_args):
-        add(p)
-    return p
 
 
-def config_from_args(args: argparse.Namespace, device: str) -> TrainConfig:
+def config_from_args(args: RewardArgs | argparse.Namespace, device: str) -> TrainConfig:
     """The TrainConfig of parsed flags: every field of the flag of the same name, ``downscale`` from
     ``--input`` and ``device`` the resolved ``--dev``."""
     given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
     return TrainConfig(**given, downscale=INPUTS[args.input], device=device)
 
 
-def follow_config_from_args(args: argparse.Namespace) -> FollowConfig:
-    """The FollowConfig of parsed flags (their defaults where not given); UserError for --retrain-every
-    or --poll without --follow, and for --follow with --evaluate."""
-    given = {k: getattr(args, k) for k in ("retrain_every", "poll") if hasattr(args, k)}
-    if args.follow and args.evaluate:
-        raise UserError("--follow trains and --evaluate only scores a model: give one of them")
-    if given and not args.follow:
-        raise UserError(f"--{next(iter(given)).replace('_', '-')} applies to --follow only")
-    return FollowConfig(**given)
-
-
-def check_name(name: str) -> None:
-    """``-n`` names a file in OUTDIR: a plain name only."""
-    if "/" in name or "\0" in name or name.startswith(".") or len(name) > 100:
-        raise UserError(f"-n must be a plain name (no '/', no leading '.', at most 100 characters), got {name!r}")
-
-
-def evaluate_teacher(args: argparse.Namespace) -> tuple[str, float]:
-    """--evaluate's teacher and death penalty (its default where not given); UserError for either
-    without --evaluate, or a penalty the teacher does not take."""
-    given = [f"--{k.replace('_', '-')}" for k in ("teacher", "death_penalty") if hasattr(args, k)]
-    if given and not args.evaluate:
-        raise UserError(f"{given[0]} applies to --evaluate only")
-    teacher = getattr(args, "teacher", DEFAULT_TEACHER)
+def evaluate_teacher(args: RewardArgs) -> tuple[str, float]:
+    """--evaluate's teacher and death penalty (the teacher's own where not given); UserError for a
+    penalty the teacher does not take."""
+    teacher = args.teacher or DEFAULT_TEACHER
     try:
-        return teacher, death_penalty_for(teacher, getattr(args, "death_penalty", None))
+        return teacher, death_penalty_for(teacher, args.death_penalty)
     except ValueError as e:
         raise UserError(str(e)) from None
 
 
-def evaluate(args: argparse.Namespace, teacher: str, penalty: float) -> int:
+def evaluate(args: RewardArgs, teacher: str, penalty: float) -> int:
     """``--evaluate MODEL DB...``: one line of figures per DB and a total, against the score and
     against ``teacher`` at death penalty ``penalty`` (``evaluate_teacher``)."""
     from lib.model import resolve_device
@@ -276,7 +81,7 @@ def evaluate(args: argparse.Namespace, teacher: str, penalty: float) -> int:
     return 0
 
 
-def tb_writer(args: argparse.Namespace, game: str) -> Any:
+def tb_writer(args: RewardArgs, game: str) -> Any:
     """The run's TensorBoard writer (``lib/tb.py``'s run directory) with the flags as its
     hyper-parameter table; UserError with one line when --runs-dir cannot be written."""
     from torch.utils.tensorboard import SummaryWriter
@@ -295,7 +100,7 @@ def tb_writer(args: argparse.Namespace, game: str) -> Any:
     return writer
 
 
-def follow(args: argparse.Namespace, fcfg: FollowConfig) -> int:
+def follow(args: RewardArgs, fcfg: FollowConfig) -> int:
     """``--follow``: retrain as labels arrive until Ctrl-C / SIGTERM (exit 130, or 2 on a mistake)."""
     from lib.envs import DEFAULT_ENV, rom_name
     from lib.model import resolve_device
@@ -324,7 +129,7 @@ def _say(line: str) -> None:
     print(line, flush=True)  # a follower runs for hours, its output often goes to a log file
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: RewardArgs) -> int:
     """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir.
     Exit 130 when stopped by Ctrl-C: the model is installed, but it is not a finished training."""
     from lib.model import resolve_device
@@ -347,14 +152,14 @@ def train(args: argparse.Namespace) -> int:
     return 0 if res.finished else EXIT_INTERRUPTED
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``03_reward_train.py``: check the flags, then score (--evaluate), follow or train."""
     parser = build_parser()
-    args = parser.parse_args()
-    fcfg = follow_config_from_args(args)
+    args = RewardArgs(**vars(parser.parse_args(argv)))
+    args.check()
     teacher, penalty = evaluate_teacher(args)
     if args.evaluate:
         return evaluate(args, teacher, penalty)
     if not args.name or not args.out:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
-    check_name(args.name)
-    return follow(args, fcfg) if args.follow else train(args)
+    return follow(args, args.follow_config()) if args.follow else train(args)

@@ -1,10 +1,14 @@
-"""Stage 3's settings: the reward networks' names, the diff net's default block, and
-``TrainConfig``, the one place ``03_reward_train.py``'s flags take their defaults from
-(``lib/reward_cli.py``). Imports no torch, so that ``--help`` stays fast."""
+"""Stage 3's settings: the reward networks' names, ``RewardArgs``, the one place each flag of
+``03_reward_train.py`` is declared (``lib/reward_cli.py`` builds the parser from it), and the training
+code's inputs made from it, ``TrainConfig`` and ``FollowConfig``. Imports no torch: ``--help`` is fast."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+
+from lib.settings import check_between, check_fields, setting
+from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
 ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
 # The diff net averages (rows, cols) blocks of its 84x84 input. 12x12 (a 7x7 grid) was the first
@@ -20,31 +24,7 @@ INPUTS = {"full": 1, "half": 2}  # --input of the book's net -> TrainConfig.down
 # better on every DB and teacher measured: 86.4 -> 88.8% and 85.7 -> 88.7% (score), 83.9 -> 86.4%
 # (oxygen); 40 and 100 gave exactly 20's models (the best epoch always came before 20 more).
 PATIENCE = {"diff": 20, "book": 4}
-
-
-@dataclass
-class TrainConfig:
-    """Hyper-parameters. Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on experiments/quality.py
-    (300 oracle labels, 3 splits) they agreed better with the true score on never-seen segments
-    every time (+0.6 to +4.0 points) at the same cost per pair. ``patience`` None: the arch's
-    (``PATIENCE``). Each field but ``downscale`` and ``device`` is the flag of the same name."""
-
-    epochs: int = 100
-    batch: int = 16
-    lr: float = 3e-4
-    seed: int = 42
-    test_ratio: float = 0.2
-    patience: int | None = None
-    noise: bool = False
-    ensemble: int = 1
-    micro_frames: int = 100
-    downscale: int = 1  # --input: 1 full, 2 half (INPUTS)
-    device: str = "cpu"  # --dev, resolved (lib.model.resolve_device)
-    arch: str = ARCHS[0]
-    mask_rows: int = 0
-    diff_block: tuple[int, int] = DIFF_BLOCK
-    diff_signed: bool = False
-    diff_flow: bool = False
+MAX_POLL = 3600.0
 
 
 @dataclass
@@ -56,4 +36,218 @@ class FollowConfig:
     poll: float = 5.0  # --poll: seconds between looks at the label files
 
 
-MAX_POLL = 3600.0
+def block_arg(text: str) -> tuple[int, int]:
+    """--diff-block ROWSxCOLS -> (rows, cols); whether they divide 84 is checked with the rest."""
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.strip().isdigit() or not cols.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 4x12, got {text!r}")
+    return int(rows), int(cols)
+
+
+def _plain_name(name: str | None) -> bool:
+    """``-n`` names a file in OUTDIR: a plain name only (None: not given, training asks for it)."""
+    return name is None or not ("/" in name or "\0" in name or name.startswith(".") or len(name) > 100)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardArgs:
+    """Everything ``03_reward_train.py`` is told: each field is one flag (``setting``), in ``--help`` order.
+    None for --teacher, --death-penalty, --retrain-every, --poll: not given (each applies to one mode, which
+    holds its default). The hyper-parameters' ranges: ``lib.reward_train.check_config``, on the TrainConfig."""
+
+    # core: what to do, where, and the optimiser
+    evaluate: str | None = setting(
+        None,
+        "train nothing: score this reward model on the DBs' segments with true rewards (oracle agreement "
+        "over all pairs whose true returns differ, return and per-step correlation, and the agreement with "
+        "--teacher's own answers over all pairs it prefers one of, per deciding rule too), one line per DB "
+        "and a total",
+        group="core",
+        metavar="MODEL",
+    )
+    teacher: str | None = setting(
+        None,
+        f"--evaluate: whose rule the model is scored against beside the bare score (default "
+        f"{DEFAULT_TEACHER}): " + teacher_help(),
+        group="core",
+        choices=TEACHERS,
+    )
+    death_penalty: float | None = setting(
+        None,
+        f"--evaluate with the score teacher: each life lost in a clip costs P points of its sum, as "
+        f"02_label_ui.py --oracle labels (default {DEFAULT_DEATH_PENALTY:g}; 0: the bare score's order)",
+        group="core",
+        type=float,
+        metavar="P",
+    )
+    dev: str = setting("cpu", "torch device to train on: cpu or cuda", group="core")
+    epochs: int = setting(100, "maximum epochs (early stopping usually ends sooner)", group="core")
+    # Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on experiments/quality.py (300 oracle labels,
+    # 3 splits) they agreed better with the true score on never-seen segments every time (+0.6 to +4.0
+    # points) at the same cost per pair.
+    batch: int = setting(16, "labeled pairs per optimiser step (the book: 64)", group="core")
+    lr: float = setting(3e-4, "Adam learning rate (the book: 1e-4)", group="core")
+    seed: int = setting(42, "seed of the train/test split, shuffling and weights", group="core")
+    test_ratio: float = setting(
+        0.2,
+        "share of the labels held out for testing (--follow: about this share, chosen by a hash of the pair "
+        "and --seed, so that a label held out for one version stays held out)",
+        group="core",
+    )
+    patience: int | None = setting(
+        None,
+        "stop after this many epochs without a better test loss (default: 20 for --arch diff, "
+        "whose epochs are cheap; the book's 4 for --arch book)",
+        group="core",
+        type=int,
+    )
+    micro_frames: int = setting(
+        100, "steps per forward/backward pass (gradients accumulate up to --batch): bounds memory", group="core"
+    )
+    # follow: keep running and retrain as labels arrive
+    follow: bool = setting(
+        False,
+        "stay running: train a new version whenever --retrain-every new labels have arrived in the DBs' "
+        "labels.jsonl (a new pair's answer or an edited one; can't-tell and retracted lines do not count), "
+        "starting from the installed model's weights; keep each as OUTDIR/reward-NAME-vK.pt, log it in "
+        "OUTDIR/reward-NAME-versions.jsonl, and install it as OUTDIR/reward-NAME.pt only when its held-out "
+        "loss is not higher than the installed model's on the same held-out labels (held out by a hash of "
+        "the pair: a label held out once stays held out). The first version installs when there is no "
+        "model. Ctrl-C or SIGTERM stops it (a training in progress is dropped; exit code 130)",
+        group="follow",
+    )
+    retrain_every: int | None = setting(
+        None,
+        f"--follow: new labels between two versions (default: {FollowConfig.retrain_every})",
+        group="follow",
+        type=int,
+        metavar="K",
+    )
+    poll: float | None = setting(
+        None,
+        f"--follow: how often to look at the label files (default: {FollowConfig.poll:g})",
+        group="follow",
+        type=float,
+        metavar="SECONDS",
+    )
+    # model: the reward network and its ensemble
+    diff_block: tuple[int, int] = setting(
+        DIFF_BLOCK,
+        f"--arch diff: the block its frame and change are averaged over, each a divisor of 84 "
+        f"(default {DIFF_BLOCK[0]}x{DIFF_BLOCK[1]}); finer rows keep apart what sits in different rows of the "
+        f"screen (in SeaQuest the score, rows 3-6, and the reserve subs, rows 8-11)",
+        group="model",
+        type=block_arg,
+        metavar="ROWSxCOLS",
+    )
+    diff_signed: bool = setting(
+        False,
+        "--arch diff: also average the signed change (next frame - frame) over each block, which "
+        "says which way a thing moved (in SeaQuest: the sub climbing or diving); the absolute change "
+        "alone is the same set of pixels either way",
+        group="model",
+    )
+    diff_flow: bool = setting(
+        False,
+        "--arch diff: also the scene's vertical and horizontal shift between the frame and the next "
+        "(least squares over the whole frame), two features that say 'moved up' wherever it happens, where "
+        "the block means must learn each place from labels (in SeaQuest: the sub climbing)",
+        group="model",
+    )
+    ensemble: int = setting(
+        1,
+        "train K models on bootstrap samples; predict their mean, log their disagreement",
+        group="model",
+        metavar="K",
+    )
+    # labels: the segment DBs and how their answers are read
+    dbs: list[str] = setting(
+        help="segment DB directories with labels (labels.jsonl)",
+        group="labels",
+        positional=True,
+        nargs="+",
+        metavar="DB",
+    )
+    noise: bool = setting(
+        False, "assume 10%% of the answers are random (p' = 0.9 p + 0.05), as in the paper", group="labels"
+    )
+    env: str | None = setting(
+        None, "game of legacy DBs whose segments don't name one (default SeaquestNoFrameskip-v4)", group="labels"
+    )
+    # output: where the model and the logs go
+    name: str | None = setting(
+        None,
+        "name of the run: the model is OUTDIR/reward-NAME.pt (needed to train)",
+        group="output",
+        flags=("-n", "--name"),
+        checks=[(_plain_name, "-n must be a plain name (no '/', no leading '.', at most 100 characters), got {v!r}")],
+    )
+    out: str | None = setting(
+        None, "directory for the model (needed to train)", group="output", flags=("-o", "--out"), metavar="OUTDIR"
+    )
+    runs_dir: str = setting("runs", "TensorBoard log directory", group="output")
+    no_progress: bool = setting(
+        False, "no progress bar (logs only); it is off anyway when stderr is not a terminal", group="output"
+    )
+    # baselines: the book's network and the paper's score masking, to compare with
+    arch: str = setting(
+        ARCHS[0],
+        "network: diff = grey 84x84 frame and its change to the frame the step led to (sees where "
+        "points are scored); book = the book's net on the colour frame the action is chosen on",
+        group="baselines",
+        choices=ARCHS,
+    )
+    mask_rows: int = setting(
+        0,
+        "--arch diff: blank the top N rows of its 84x84 input, as the paper masks the score "
+        "(10 covers SeaQuest's score): the model must then learn from the scene",
+        group="baselines",
+        metavar="N",
+    )
+    input: str = setting(
+        "full",
+        "--arch book's input: full = 210x160 colour frames; half = 105x80 (2x2 average), ~4x cheaper",
+        group="baselines",
+        choices=tuple(INPUTS),
+    )
+
+    def check(self) -> None:
+        """UserError with one line for the first flag value that cannot work: each flag's own checks
+        in ``--help`` order, then the ones between flags (a flag of one mode given in another)."""
+        check_fields(self)
+        wrong = [
+            (self.follow and self.evaluate, "--follow trains and --evaluate only scores a model: give one of them"),
+            (self.retrain_every is not None and not self.follow, "--retrain-every applies to --follow only"),
+            (self.poll is not None and not self.follow, "--poll applies to --follow only"),
+            (self.teacher is not None and not self.evaluate, "--teacher applies to --evaluate only"),
+            (self.death_penalty is not None and not self.evaluate, "--death-penalty applies to --evaluate only"),
+        ]
+        check_between(wrong)
+
+    def follow_config(self) -> FollowConfig:
+        """--follow's settings: the ones given, FollowConfig's defaults for the others."""
+        given = {"retrain_every": self.retrain_every, "poll": self.poll}
+        return FollowConfig(**{k: v for k, v in given.items() if v is not None})
+
+
+@dataclass
+class TrainConfig:
+    """The training code's input (``lib/reward_train.py``): each field but ``downscale`` and ``device`` is
+    the ``RewardArgs`` flag of the same name, with its default. ``patience`` None: the arch's (``PATIENCE``)."""
+
+    epochs: int = RewardArgs.epochs
+    batch: int = RewardArgs.batch
+    lr: float = RewardArgs.lr
+    seed: int = RewardArgs.seed
+    test_ratio: float = RewardArgs.test_ratio
+    patience: int | None = RewardArgs.patience
+    noise: bool = RewardArgs.noise
+    ensemble: int = RewardArgs.ensemble
+    micro_frames: int = RewardArgs.micro_frames
+    downscale: int = INPUTS[RewardArgs.input]  # --input: 1 full, 2 half (INPUTS)
+    device: str = RewardArgs.dev  # --dev, resolved (lib.model.resolve_device)
+    arch: str = RewardArgs.arch
+    mask_rows: int = RewardArgs.mask_rows
+    diff_block: tuple[int, int] = RewardArgs.diff_block
+    diff_signed: bool = RewardArgs.diff_signed
+    diff_flow: bool = RewardArgs.diff_flow
