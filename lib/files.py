@@ -63,18 +63,24 @@ def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
             raise UnsafeFileError(f"{path}: not a regular file")
         if st.st_size > max_bytes:
             raise UnsafeFileError(f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
-        chunks, total = [], 0
-        while True:  # the size may change under us: never read more than allowed
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > max_bytes:
-                raise UnsafeFileError(f"{path}: grew past the {max_bytes:,} bytes allowed while read")
-        return b"".join(chunks)
+        data = read_at_most(lambda n: os.read(fd, n), max_bytes)  # the size may change under us
+        if data is None:
+            raise UnsafeFileError(f"{path}: grew past the {max_bytes:,} bytes allowed while read")
+        return data
     finally:
         os.close(fd)
+
+
+def read_at_most(read: Callable[[int], bytes], limit: int) -> bytes | None:
+    """All that ``read(n)`` gives until it gives nothing, in chunks of at most 1 MB; None as soon as
+    more than ``limit`` bytes came (never more than ``limit + 1`` are held)."""
+    chunks, total = [], 0
+    while chunk := read(min(1 << 20, limit + 1 - total)):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            return None
+    return b"".join(chunks)
 
 
 def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:

@@ -39,7 +39,7 @@ import numpy as np
 import zstandard
 
 from lib.errors import UserError, warn
-from lib.files import UnsafeFileError, inside, read_regular
+from lib.files import UnsafeFileError, inside, read_at_most, read_regular
 
 FORMAT_NAME = "rlhf-atari-segment"
 FORMAT_VERSION = 2
@@ -454,17 +454,11 @@ def _decompress(data: bytes) -> bytes:
         raise ValueError(f"declares {size:,} decompressed bytes, more than {MAX_RAW_BYTES:,}")
     if size >= 0:
         return zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_RAW_BYTES)
-    out, total = [], 0
     with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as r:
-        while True:
-            chunk = r.read(1 << 20)
-            if not chunk:
-                break
-            out.append(chunk)
-            total += len(chunk)
-            if total > MAX_RAW_BYTES:
-                raise ValueError(f"decompresses to more than {MAX_RAW_BYTES:,} bytes")
-    return b"".join(out)
+        raw = read_at_most(r.read, MAX_RAW_BYTES)
+    if raw is None:
+        raise ValueError(f"decompresses to more than {MAX_RAW_BYTES:,} bytes")
+    return raw
 
 
 def is_compressed(data: bytes) -> bool:
