@@ -202,7 +202,7 @@ def test_every_rounds_branch_db_is_trained_on_beside_the_labels(tmp_path: Path, 
 def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkeypatch) -> None:
     """--measure: a climbing and a still low-gauge diver step of the branch clips, each step's pay
     (median of the reference steps 0, their std 1); worked out here from the model's own steps."""
-    from experiments import stages
+    from experiments import readouts
     from experiments.branch import climb_gap
     from lib.reward_eval import predict_segments
     from lib.reward_model import load_reward_model, new_reward_model, reward_checkpoint, save_reward_checkpoint
@@ -220,7 +220,7 @@ def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkey
         n = len(frames)
         return np.arange(n) < 4, np.arange(n) % 2 == 0
 
-    monkeypatch.setattr(stages, "diver_step_flags", flags)
+    monkeypatch.setattr(readouts, "diver_step_flags", flags)
     ref_names = list_segments(ref, warn=None)
     g = climb_gap(reward, db, ref, ref_names)
     rm = load_reward_model(reward)
