@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.flags import at_least_one, dev_setting, in_range
-from lib.sampling import SAMPLING_MODES
+from lib.sampling import RETIRED_SAMPLING_MODES, SAMPLING_MODES
 from lib.settings import setting, within
 from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS
 
@@ -125,12 +125,12 @@ class RoundSettings:
         "rare",
         "which pairs the teacher labels (02_label_ui.py --sampling): rare, the default (no model: the "
         "segments that look least like the others first, each with a random partner; it doubled the surface "
-        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); gauge (SeaQuest: clips "
-        "with a low gauge and a diver aboard paired with each other, then rare's); random; or the first "
+        "teacher's held-out agreement on diver-climb pairs over random, docs/results.md); random; or the first "
         "third at random and each further third picked by a reward model trained on the labels so far "
         "(uncertain, disagree)",
         group="labels",
         choices=ROUND_MODES,
+        retired=RETIRED_SAMPLING_MODES,
     )
     death_penalty: float | None = setting(
         None,

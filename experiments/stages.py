@@ -50,7 +50,7 @@ from lib.signals import critical
 from lib.teachers import RULE_FACTS, segment_facts
 
 ROOT = Path(__file__).resolve().parents[1]
-NO_MODEL_MODES = tuple(m for m in SAMPLING_MODES if m not in MODEL_MODES)  # random, rare, gauge
+NO_MODEL_MODES = tuple(m for m in SAMPLING_MODES if m not in MODEL_MODES)  # random, rare
 CURVE_TAGS = (
     "eval/score_mean",
     "eval/refills_per_game",

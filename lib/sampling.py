@@ -45,6 +45,11 @@ if TYPE_CHECKING:  # torch is imported only where a model is loaded
     from lib.reward_model import RewardPredictor
 
 SAMPLING_MODES = ("random", "uncertain", "disagree", "exploits", "rare")
+# Modes the measurements retired: each refused in one line that says why (lib.settings ``retired``).
+RETIRED_SAMPLING_MODES = {
+    "gauge": "was retired after commit 4c43ee0: held-out agreement below rare's wherever both ran, "
+    "5-91% on held-out diver-climb pairs, the per-step climb gap unmoved (docs/results.md); give rare"
+}
 MODEL_MODES = ("uncertain", "disagree", "exploits")  # the modes that need --reward
 POOL_FACTOR = 10  # default pool of candidate pairs: 10x the pairs wanted
 LOOK_BLOCK = 6  # rare: a look averages blocks of 6x6 pixels (210x160 -> 35x26)

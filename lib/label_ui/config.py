@@ -20,7 +20,7 @@ from lib.errors import UserError, warn
 from lib.files import read_regular
 from lib.labels import LABELS_FILE
 from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES, FollowSettings
-from lib.sampling import MODEL_MODES, POOL_FACTOR, SAMPLING_MODES
+from lib.sampling import MODEL_MODES, POOL_FACTOR, RETIRED_SAMPLING_MODES, SAMPLING_MODES
 from lib.seeds import MAX_SEED
 from lib.segments import check_same_game
 from lib.settings import Check, check_between, check_fields, setting
@@ -177,10 +177,7 @@ class LabelConfig:
         "exploits need --reward; --oracle picks the same way",
         group="labels",
         choices=SAMPLING_MODES,
-        retired={
-            "gauge": "was retired after commit 4c43ee0: held-out agreement below rare's wherever both ran, "
-            "5-91% on held-out diver-climb pairs, the per-step climb gap unmoved (docs/results.md); give rare"
-        },
+        retired=RETIRED_SAMPLING_MODES,
     )
     pool: int | None = setting(
         None,
