@@ -23,11 +23,9 @@ What the learner gets (``VecStep``):
 Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
 game's own score. A model that has learned the score puts its reward on the rare steps that score;
 centred on the mean, every other step earns a little less than 0, and since a lost life ends the
-learner's episode, dying early becomes a way out of a stream of negative rewards. Measured with a
-``diff`` model of the round benchmark (score teacher): the median step sat at -0.3 std, the steps
-that scored at +6. In that round the choice did not change the outcome: the fine-tune learned to
-die either way (30-game score 181 mean-centred, 165 median-centred, control 443), because that
-model also rewards the death itself (README, "Does it work?").
+learner's episode, dying early becomes a way out of a stream of negative rewards (the figures:
+docs/results.md). ``--reward-norm window`` is the book's per-env mean instead, ``labels`` fixed
+statistics of the labelled clips.
 
 On CPU the overlapped forward runs on ``infer_threads`` torch threads (1 by default), leaving the
 other cores to the env's stepping threads, and torch's thread count is restored afterwards.
