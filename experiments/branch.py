@@ -1,4 +1,4 @@
-"""Pairs of clips that differ only in the climb (issue 38 item 3), labelled by the surface teacher.
+"""Pairs of clips that differ only in the climb, labelled by the surface teacher.
 
 A recorded clip that climbs differs from one that does not in everything else too (the depth, the
 enemies, the divers), and a whole-clip label does not say which steps earned it. Here a policy

@@ -1,5 +1,5 @@
 """Every fine-tune of one seed's rounds on one picture: the over-optimisation view of the
-frozen-model test (issue 37). One curve per arm (a TensorBoard run under ``--out/tb`` named
+frozen-model test (docs/results.md). One curve per arm (a TensorBoard run under ``--out/tb`` named
 ``round-<arm>...``): the evaluation score, the learned return of the training games, the KL to the
 start policy, the evaluation games' length and their share of steps at the surface.
 

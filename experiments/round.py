@@ -26,7 +26,7 @@ Prints one table row per round and arm (score with its 95% interval, length, ref
 lives lost, the share lost to oxygen, low-gauge climbs toward the surface, the share of steps
 at the surface), the reward model's figures and which rule decided the labels per round,
 a reward-hacking watch per round (correlation of the rlhf arm's predicted and true game returns
-during its fine-tune; its time at the surface), whether the issue's targets hold, and writes
+during its fine-tune; its time at the surface), whether the round's targets hold, and writes
 ``round.png`` and ``round.json`` under ``--out/seed<S>/<teacher>-<labels>...`` (``round_name``: what
 else differs, with a short hash of the settings where the text could be shared); with several seeds
 also the rows averaged over the seeds (intervals across seeds) in ``--out/<teacher>-<labels>....json``.

@@ -1,5 +1,5 @@
 """``03_reward_train.py --follow``: retrain the reward model as labels arrive, and install each new
-version the agent should switch to (issue 31, live rounds; Christiano et al. 2017 fit the reward
+version the agent should switch to (live rounds; Christiano et al. 2017 fit the reward
 model continually while the agent trains and the labels come in).
 
 The loop (``Follower.run``): every ``--poll`` seconds look at the DBs' label files (``LabelWatch``,
