@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.flags import in_range, seed_setting
+from experiments.flags import seed_setting
 from lib.envs import grey84
 from lib.errors import UserError, run_cli
 from lib.labels import Label, append_labels
@@ -51,7 +51,7 @@ from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, 
 from lib.segment_writer import claim_db, save_segment, segment_relpath
 from lib.segments import Segment, list_segments, read_segment
 from lib.settings import build_parser as settings_parser
-from lib.settings import check_between, check_fields, setting
+from lib.settings import check_between, check_fields, in_range, setting
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"

@@ -1,6 +1,6 @@
 """What the experiments' command lines share, beside ``lib.settings`` (the one way a setting is
 declared): the settings several experiments take alike, each with its one default (a device, a
-seed, a JSON file of rows), a check of a count's range, and the ``--help`` formatter of an
+seed, a JSON file of rows), a check of a count, and the ``--help`` formatter of an
 experiment whose description is its module docstring, laid out as written."""
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from lib.cli_help import DefaultsOnceFormatter
-from lib.seeds import MAX_SEED
+from lib.seeds import SEED_CHECKS
 from lib.settings import Check, setting
-
-
-def in_range(flag: str, lo: int, hi: int) -> tuple[Check]:
-    """A check that a count lies in ``lo..hi``, both ends included, as the message writes it."""
-    return ((lambda v: lo <= v <= hi, f"{flag} must be in {lo}..{hi}, got {{v}}"),)
 
 
 def at_least_one(message: str) -> tuple[Check]:
@@ -31,9 +26,7 @@ def dev_setting(help: str, group: str) -> Any:
 
 def seed_setting(help: str, group: str) -> Any:
     """``--seed``: 0 by default, in the one range every stage takes (``lib.seeds``)."""
-    return setting(
-        0, help, group=group, checks=[(lambda v: 0 <= v <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {{v}}")]
-    )
+    return setting(0, help, group=group, checks=SEED_CHECKS)
 
 
 def rows_out_setting(group: str) -> Any:

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from experiments.branch import ENV_ID, BranchGame, at_branch_point
-from experiments.flags import in_range, rows_out_setting
+from experiments.flags import rows_out_setting
 from lib.a2c import act
 from lib.envs import grey84
 from lib.errors import UserError, run_cli, warn
@@ -55,7 +55,7 @@ from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_le
 from lib.segment_writer import claim_db, save_segment
 from lib.segments import Segment, SegmentError, list_segments, read_segment
 from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, setting
+from lib.settings import check_fields, in_range, setting
 
 STACK = 4  # frames of the policy input: a state and a sample are this many steps of frames
 STATE_ENV, SAMPLE_ENV = 0, 1  # env directories of the DB: saved states, sample frames

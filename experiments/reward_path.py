@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.flags import in_range, rows_out_setting
+from experiments.flags import rows_out_setting
 from experiments.readouts import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
 from lib.a2c_config import BOOK_NORM_WINDOW
 from lib.errors import UserError, run_cli
@@ -34,7 +34,7 @@ from lib.reward_model import load_reward_model
 from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
 from lib.segments import list_segments, read_segment
 from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, setting
+from lib.settings import check_fields, in_range, setting
 
 PATHS = ("running", "window")
 CLIPS = ("5", "sign")

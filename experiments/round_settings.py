@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.flags import at_least_one, dev_setting, in_range
+from experiments.flags import at_least_one, dev_setting
 from lib.sampling import RETIRED_SAMPLING_MODES, SAMPLING_MODES
-from lib.settings import setting, within
+from lib.settings import in_range, setting, within
 from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS
 
 ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB

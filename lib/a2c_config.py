@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lib.envs import DEFAULT_ENV
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS
-from lib.seeds import MAX_SEED
+from lib.seeds import SEED_CHECKS
 from lib.segments import MAX_ENV_INDEX
 from lib.settings import at_least, check_between, check_fields, setting, within
 
@@ -82,7 +82,7 @@ class A2CConfig:
         0,
         "random seed for envs, network init and recording",
         group="core",
-        checks=[(lambda v: 0 <= v <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {{v}}")],
+        checks=SEED_CHECKS,
     )
     envs: int = setting(
         16,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lib.seeds import MAX_SEED
+from lib.seeds import SEED_CHECKS
 from lib.settings import at_least, check_between, check_fields, setting
 
 
@@ -41,7 +41,7 @@ class PlayConfig:
         "seed for the games and sampled actions",
         group="core",
         type=int,
-        checks=[(lambda v: v is None or 0 <= v <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {{v}}")],
+        checks=SEED_CHECKS,
     )
     greedy: bool = setting(False, "take the most likely action instead of sampling", group="core")
     max_steps: int | None = setting(

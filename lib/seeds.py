@@ -13,6 +13,10 @@ EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training 
 MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET
 
 
+# A --seed setting's check (lib.settings): a seed out of 0..MAX_SEED is one line (None: not given).
+SEED_CHECKS = ((lambda v: v is None or 0 <= v <= MAX_SEED, f"{{flag}} must be in 0..{MAX_SEED}, got {{v}}"),)
+
+
 def check_seed(seed: int, flag: str = "--seed") -> None:
     """UserError with one line when ``seed`` is out of 0..MAX_SEED."""
     if not 0 <= seed <= MAX_SEED:

@@ -36,28 +36,18 @@ def setting(
     value set in code is refused as one read from the command line is (a default of None, the flag
     not given, passes). A flag given more than once (``action="append"``) has each value checked.
     ``help`` may be a function, called as the parser is built: a text that names what is true now."""
-    if retired:  # values once among the choices: refused with the line that says why, not argparse's
+    if "choices" in arg:  # a value set in code is refused as one argparse read is
         kept = tuple(arg["choices"])
-        arg = {
-            **arg,
-            "choices": _Choices(kept, retired),
-            "metavar": arg.get("metavar") or "{" + ",".join(map(str, kept)) + "}",
-        }
-        checks = (*((lambda v, r=r: v != r, f"{{flag}} {r} {why}") for r, why in retired.items()), *checks)
-        checks = (
-            *checks,
-            (
-                lambda v: v in kept or (v is None and default is None),
-                f"{{flag}} must be one of {', '.join(map(str, kept))}, got {{v!r}}",
-            ),
-        )  # noqa: E501
-    elif "choices" in arg:
-        choices = tuple(arg["choices"])
         one_of = (
-            lambda v: v in choices or (v is None and default is None),
-            f"{{flag}} must be one of {', '.join(map(str, choices))}, got {{v!r}}",
+            lambda v: v in kept or (v is None and default is None),
+            f"{{flag}} must be one of {', '.join(map(str, kept))}, got {{v!r}}",
         )
         checks = (*checks, one_of)
+    if retired:  # values once among the choices: refused with the line that says why, not argparse's
+        refused = tuple((lambda v, r=r: v != r, f"{{flag}} {r} {why}") for r, why in retired.items())
+        checks = (*refused, *checks)
+        metavar = arg.get("metavar") or "{" + ",".join(map(str, kept)) + "}"
+        arg = {**arg, "choices": _Choices(kept, retired), "metavar": metavar}
     meta = {"help": help, "group": group, "flags": flags, "checks": tuple(checks), "arg": arg, "positional": positional}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -88,6 +78,11 @@ def within(flag: str, lo: float, hi: float, ends: str = "[]") -> tuple[Check]:
         return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
     return ((ok, f"{flag} must be in {ends[0]}{text(lo)}, {text(hi)}{ends[1]}, got {{v}}"),)
+
+
+def in_range(flag: str, lo: int, hi: int) -> tuple[Check]:
+    """A check that a count lies in ``lo..hi``, both ends included, as the message writes it."""
+    return ((lambda v: lo <= v <= hi, f"{flag} must be in {lo}..{hi}, got {{v}}"),)
 
 
 def at_least(flag: str, lo: float = 0) -> tuple[Check]:

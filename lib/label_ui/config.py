@@ -21,7 +21,7 @@ from lib.files import read_regular
 from lib.labels import LABELS_FILE
 from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES, FollowSettings
 from lib.sampling import MODEL_MODES, POOL_FACTOR, RETIRED_SAMPLING_MODES, SAMPLING_MODES
-from lib.seeds import MAX_SEED
+from lib.seeds import SEED_CHECKS
 from lib.segments import check_same_game
 from lib.settings import Check, check_between, check_fields, setting
 from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, TIE_RULES, death_penalty_for, teacher_help
@@ -96,7 +96,7 @@ class LabelConfig:
         "random seed for the pair lists / oracle pairs",
         group="core",
         type=int,
-        checks=[(lambda v: v is None or 0 <= v <= MAX_SEED, f"--seed must be in 0..{MAX_SEED}, got {{v}}")],
+        checks=SEED_CHECKS,
     )
     labeler: str | None = setting(None, "name stored with every answer (field 'labeler')", group="core")
     # page: the server, its access and the clips
