@@ -116,17 +116,26 @@ def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str
     life_lost = np.asarray(life_lost, dtype=bool)
     if pred_steps.shape != life_lost.shape:
         raise ValueError(f"{pred_steps.shape} predictions for {life_lost.shape} steps")
-    z = normalised(pred_steps).astype(np.float64)
-    at = np.flatnonzero(life_lost)
-    lead = np.zeros(len(z), dtype=bool)
-    for t in at:
-        lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
-    lead &= ~life_lost
+    return life_loss_means([normalised(pred_steps).astype(np.float64)], [life_lost])
+
+
+def life_loss_means(z: list[np.ndarray], lost: list[np.ndarray]) -> dict[str, float]:
+    """``life_loss_rewards``' figures of rewards already in the learner's units, clip by clip:
+    the lead before a loss stays within its own clip (``z[k]``, ``lost[k]``)."""
+    flat = np.concatenate(z) if z else np.zeros(0)
+    dead = np.concatenate(lost) if lost else np.zeros(0, dtype=bool)
+    leads = []
+    for clip_lost in lost:
+        lead = np.zeros(len(clip_lost), dtype=bool)
+        for t in np.flatnonzero(clip_lost):
+            lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
+        leads.append(lead & ~clip_lost)
+    lead = np.concatenate(leads) if leads else np.zeros(0, dtype=bool)
     return {
-        "life_losses": int(len(at)),
-        "life_loss_z": float(z[at].mean()) if len(at) else math.nan,
-        "pre_loss_z": float(z[lead].mean()) if lead.any() else math.nan,
-        "mean_z": float(z.mean()) if len(z) else math.nan,
+        "life_losses": int(dead.sum()),
+        "life_loss_z": float(flat[dead].mean()) if dead.any() else math.nan,
+        "pre_loss_z": float(flat[lead].mean()) if lead.any() else math.nan,
+        "mean_z": float(flat.mean()) if len(flat) else math.nan,
     }
 
 

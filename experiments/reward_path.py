@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.flags import rows_out_setting
-from experiments.readouts import LIFE_LOSS_LEAD, diver_step_flags, diver_step_means
+from experiments.readouts import diver_step_flags, diver_step_means, life_loss_means
 from lib.a2c_config import BOOK_NORM_WINDOW
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
@@ -61,24 +60,8 @@ def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BO
 
 def path_figures(z: list[np.ndarray], flags: list[tuple[np.ndarray, np.ndarray]], lost: list[np.ndarray]) -> dict:
     """The pay of climbing and still low-gauge diver steps, around lost lives, and the mean step."""
-    flat = np.concatenate(z) if z else np.zeros(0)
-    m = diver_step_means(flat, flags)
-    dead = np.concatenate(lost) if lost else np.zeros(0, dtype=bool)
-    leads = []
-    for clip_lost in lost:  # the steps before a loss within its own clip
-        lead = np.zeros(len(clip_lost), dtype=bool)
-        for t in np.flatnonzero(clip_lost):
-            lead[max(0, t - LIFE_LOSS_LEAD) : t] = True
-        leads.append(lead & ~clip_lost)
-    lead = np.concatenate(leads) if leads else np.zeros(0, dtype=bool)
-    return {
-        **m,
-        "gap": m["diver_climb_z"] - m["diver_still_z"],
-        "life_loss_z": float(flat[dead].mean()) if dead.any() else math.nan,
-        "pre_loss_z": float(flat[lead].mean()) if lead.any() else math.nan,
-        "life_losses": int(dead.sum()),
-        "mean_z": float(flat.mean()) if len(flat) else math.nan,
-    }
+    m = diver_step_means(np.concatenate(z) if z else np.zeros(0), flags)
+    return {**m, "gap": m["diver_climb_z"] - m["diver_still_z"], **life_loss_means(z, lost)}
 
 
 def measure(reward: Path, db: Path, names: list[str], window: int, dev: str = "cpu") -> list[dict]:
