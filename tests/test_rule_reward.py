@@ -1,0 +1,104 @@
+"""experiments/rule_reward.py: the surface teacher's rule paid as reward, read from a real emulator's
+screen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import rule_reward
+from experiments.branch import ENV_ID, BranchGame
+from lib.envs import VecStep
+from lib.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class OneGame:
+    """One real SeaQuest emulator behind the vector env's interface (``lib.envs.AtariVec``'s
+    ``frames``, ``step_async`` / ``step_wait``), so its RAM can be set: divers aboard, oxygen."""
+
+    game, env_id, n_envs = "seaquest", ENV_ID, 1
+
+    def __init__(self, divers: int, oxygen: int) -> None:
+        self.g = BranchGame(3)
+        self.g.reset()
+        down = self.g.meanings.index("DOWN")
+        for _ in range(70):  # the new sub waits at the surface until its gauge is full, then dives
+            self.g.step(down)
+        self.g.ale.setRAM(62, divers)
+        self.g.ale.setRAM(102, oxygen)
+        self.g.step(self.g.meanings.index("NOOP"))
+        self.frames = self.g.frame[None].copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._action = int(actions[0])
+
+    def step_wait(self) -> VecStep:
+        reward, lost, over = self.g.step(self._action)
+        self.frames = self.g.frame[None].copy()
+        r = np.array([reward], dtype=np.float32)
+        obs = self.g.stack[None].copy()
+        flag = np.array([lost])
+        return VecStep(obs, r, r.copy(), flag, np.array([False]), np.array([over]), obs, np.array([3]))
+
+
+def play(env: rule_reward.RuleRewardVec, action: str, steps: int) -> list[VecStep]:
+    a = np.array([env.env.g.meanings.index(action)])
+    return [env.step(a) for _ in range(steps)]
+
+
+def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_once() -> None:
+    climb = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "climb")
+    steps = play(climb, "UP", 40)
+    paid = [float(s.rewards[0] - s.true_rewards[0]) for s in steps]
+    assert climb.refills == 1  # it reached the surface and refilled
+    assert 15 <= climb.climb_steps <= 30  # ~24 steps of 4 rows from the sea bed
+    assert sum(paid) == climb.paid_steps == climb.climb_steps
+    assert set(paid) <= {0.0, 1.0}
+
+    refill = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "refill")
+    steps = play(refill, "UP", 40)
+    assert refill.paid_steps == refill.refills == 1
+    assert sum(float(s.rewards[0] - s.true_rewards[0]) for s in steps) == 1.0
+
+    both = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    play(both, "UP", 40)
+    assert both.paid_steps == climb.climb_steps + 1  # the refill step is no climb step
+
+
+def test_no_diver_aboard_or_staying_down_earns_nothing() -> None:
+    empty = rule_reward.RuleRewardVec(OneGame(divers=0, oxygen=12), "both")  # surfaces to its death
+    down = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    for env, action in ((empty, "UP"), (down, "DOWN")):
+        steps = play(env, action, 40)
+        assert env.paid_steps == 0 and env.refills == 0
+        assert all(s.rewards[0] == s.true_rewards[0] for s in steps)
+
+
+def test_a_game_without_the_gauge_is_refused() -> None:
+    other = OneGame(1, 12)
+    other.frames = np.zeros((1, 84, 84, 3), dtype=np.uint8)
+    with pytest.raises(UserError, match="gauge"):
+        rule_reward.RuleRewardVec(other, "climb")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--a2c-args", "-n x -r some.pt"], "no -r here"),
+        (["--a2c-args", "-n 'x"], "--a2c-args"),
+        (["--a2c-args", "-n x", "--pay", "dive"], "--pay"),
+    ],
+)
+def test_the_command_refuses_bad_values_in_one_line(args: list[str], message: str) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.rule_reward", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) <= 3
