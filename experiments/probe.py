@@ -270,7 +270,7 @@ def replay(
         part = jobs[lo : lo + batch]
         games, watches = [], []
         for (s, _), g in zip(part, pool, strict=False):
-            g.ale.restoreState(_restore(s.ale))
+            g.ale.restoreState(restore_state(s.ale))
             g.frame = s.frames[-1].copy()
             g.stack = grey84(s.frames)
             games.append(g)
@@ -290,7 +290,8 @@ def replay(
     return out
 
 
-def _restore(data: bytes) -> Any:
+def restore_state(data: bytes) -> Any:
+    """A saved state's bytes as an ``ALEState`` (ALE's own C++ reader), or one line where it cannot read them."""
     from ale_py import ALEState
 
     try:

@@ -1,5 +1,5 @@
-"""experiments/rule_reward.py: the surface teacher's rule paid as reward, read from a real emulator's
-screen."""
+"""experiments/refill_levers.py: the surface teacher's rule paid as reward, read from a real emulator's
+screen, and lives started from saved states."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import rule_reward
+from experiments import refill_levers as levers
 from experiments.branch import ENV_ID, BranchGame
+from experiments.probe import SavedState
 from lib.envs import VecStep
 from lib.errors import UserError
 
@@ -47,13 +48,23 @@ class OneGame:
         return VecStep(obs, r, r.copy(), flag, np.array([False]), np.array([over]), obs, np.array([3]))
 
 
-def play(env: rule_reward.RuleRewardVec, action: str, steps: int) -> list[VecStep]:
+def saved_state(divers: int, oxygen: int) -> SavedState:
+    """The state ``OneGame`` makes, saved as experiments.probe saves one (4 frames and the emulator)."""
+    g = OneGame(divers, oxygen).g
+    frames = []
+    for _ in range(4):
+        g.step(g.meanings.index("NOOP"))
+        frames.append(g.frame.copy())
+    return SavedState("00/00000000.dat", np.stack(frames), g.ale.cloneState().serialize(), oxygen, divers, 141, 0)
+
+
+def play(env: levers.RuleRewardVec, action: str, steps: int) -> list[VecStep]:
     a = np.array([env.env.g.meanings.index(action)])
     return [env.step(a) for _ in range(steps)]
 
 
 def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_once() -> None:
-    climb = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "climb")
+    climb = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "climb")
     steps = play(climb, "UP", 40)
     paid = [float(s.rewards[0] - s.true_rewards[0]) for s in steps]
     assert climb.refills == 1  # it reached the surface and refilled
@@ -61,19 +72,19 @@ def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_o
     assert sum(paid) == climb.paid_steps == climb.climb_steps
     assert set(paid) <= {0.0, 1.0}
 
-    refill = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "refill")
+    refill = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "refill")
     steps = play(refill, "UP", 40)
     assert refill.paid_steps == refill.refills == 1
     assert sum(float(s.rewards[0] - s.true_rewards[0]) for s in steps) == 1.0
 
-    both = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    both = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
     play(both, "UP", 40)
     assert both.paid_steps == climb.climb_steps + 1  # the refill step is no climb step
 
 
 def test_no_diver_aboard_or_staying_down_earns_nothing() -> None:
-    empty = rule_reward.RuleRewardVec(OneGame(divers=0, oxygen=12), "both")  # surfaces to its death
-    down = rule_reward.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    empty = levers.RuleRewardVec(OneGame(divers=0, oxygen=12), "both")  # surfaces to its death
+    down = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
     for env, action in ((empty, "UP"), (down, "DOWN")):
         steps = play(env, action, 40)
         assert env.paid_steps == 0 and env.refills == 0
@@ -84,21 +95,57 @@ def test_a_game_without_the_gauge_is_refused() -> None:
     other = OneGame(1, 12)
     other.frames = np.zeros((1, 84, 84, 3), dtype=np.uint8)
     with pytest.raises(UserError, match="gauge"):
-        rule_reward.RuleRewardVec(other, "climb")
+        levers.RuleRewardVec(other, "climb")
+
+
+def test_every_start_and_every_life_lost_jumps_to_a_saved_state_at_share_one() -> None:
+    state = saved_state(divers=1, oxygen=3)  # 3 of 63 left: it drowns within ~30 steps
+    env = levers.SavedStartsVec(2, seed=5, states=[state], share=1.0)
+    obs = env.reset()
+    assert env.jumps == 2
+    assert (env.frames == state.frames[-1]).all() and obs.shape == (2, 4, 84, 84)
+    noop = np.zeros(2, dtype=np.int64)
+    for _ in range(60):
+        st = env.step(noop)
+        if st.terminated.any():
+            break
+    assert st.terminated.all() and st.game_over.all() and env.jumps == 4  # both drowned, both jumped
+    assert (env.frames == state.frames[-1]).all()
+    assert st.true_rewards.tolist() == st.rewards.tolist()
+
+
+def test_at_share_zero_the_games_are_the_games_own() -> None:
+    state = saved_state(divers=1, oxygen=3)
+    env = levers.SavedStartsVec(1, seed=5, states=[state], share=0.0)
+    env.reset()
+    assert env.jumps == 0 and not (env.frames == state.frames[-1]).all()
+    st = env.step(np.zeros(1, dtype=np.int64))
+    assert not st.game_over.any() and st.lives.tolist() == [4]  # a new game's subs
+
+
+def test_an_empty_state_db_is_one_line() -> None:
+    with pytest.raises(UserError, match="no readable state"):
+        levers.SavedStartsVec(1, seed=0, states=[], share=0.5)
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--a2c-args", "-n x -r some.pt"], "no -r here"),
+        (["--a2c-args", "-n x -r some.pt"], "give --pay none"),
+        (["--a2c-args", "-n x", "--start-states", "nowhere"], "--start-states nowhere"),
+        (["--a2c-args", "-n x", "--start-share", "1.5"], "--start-share"),
+        (["--a2c-args", "-n x --env PongNoFrameskip-v4", "--pay", "none"], "SeaQuest"),
         (["--a2c-args", "-n 'x"], "--a2c-args"),
         (["--a2c-args", "-n x", "--pay", "dive"], "--pay"),
     ],
 )
 def test_the_command_refuses_bad_values_in_one_line(args: list[str], message: str) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "experiments.rule_reward", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "experiments.refill_levers", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert p.returncode == 2, p.stderr
-    assert message in p.stderr and "Traceback" not in p.stderr
-    assert len(p.stderr.strip().splitlines()) <= 3
+    assert message in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr  # one line says why
