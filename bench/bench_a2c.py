@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.table import Rows, print_table
+from lib.a2c_run import cpu_has_native_bf16
 from lib.envs import AtariVec, default_env_threads
 from lib.recorder import DEFAULT_RECORD_PROB
 
@@ -97,16 +98,6 @@ def sync_vector_env(n_envs: int, steps: int) -> float:
     dt = time.perf_counter() - t0
     env.close()
     return steps / dt
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX); without it torch emulates
-    bf16 autocast and a --bf16 run is many times slower (a 40k-step run took over 10 minutes)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def cpu_name() -> str:
@@ -235,11 +226,13 @@ def training_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
         speed(rows, "A2C training, -r reward model", sps, setting)
     if args.reward_only:
         return plain
-    if dev != "cpu" or cpu_has_bf16():
-        sps, _ = train_run(tmp, "bf16", steps, dev, None, ("--bf16",))
-        speed(rows, "A2C training", sps, f"16 envs, no recording, {dev}, --bf16; {share(sps, ceil)}")
+    if dev != "cpu" or cpu_has_native_bf16():
+        sps, _ = train_run(tmp, "bf16", steps, dev, None, ("--precision", "bf16"))
+        speed(rows, "A2C training", sps, f"16 envs, no recording, {dev}, --precision bf16; {share(sps, ceil)}")
     else:
-        rows.append(("A2C training, --bf16", "skipped", "", "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow"))
+        rows.append(
+            ("A2C training, --precision bf16", "skipped", "", "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow")
+        )
     sps, _ = train_run(tmp, "rec", steps, dev, DEFAULT_RECORD_PROB)
     speed(rows, "A2C training + recording", sps, f"p={DEFAULT_RECORD_PROB} (default); {share(sps, ceil)}")
     p100 = DEFAULT_RECORD_PROB * 100

@@ -412,6 +412,7 @@ def announce(run: Run) -> None:
         + (" (the true score through its path: --reward-oracle)" if cfg.reward_oracle else "")
         + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
         + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
+        + (", bf16 forward passes" if cfg.bf16 else "")
         + (f", KL {cfg.kl:g} to the start policy" if cfg.kl and cfg.kl_target is None else "")
         + (
             f", KL to the start policy adapted toward {cfg.kl_target:g} a step from {run.kl_coef:g}"

@@ -22,6 +22,8 @@ GROUPS = {  # --help's groups, in order, and their titles
 
 
 RETIRED = {  # flags the measurements closed: given, one line that says why and where the figures are
+    "--bf16": "was retired after commit 3dfcf7a: give --precision bf16 (or --precision auto: bf16 where the "
+    "CPU or GPU has it natively; speeds in docs/benchmarks.md)",
     "--reward-alive": "was retired after commit 546964c: it did not stop the agent dying sooner "
     "(0.88x, 0.62x, 0.64x the control, docs/results.md)",
     "--reward-penalty": "was retired after commit 546964c: the ensemble pessimism never helped in a round, and "

@@ -33,6 +33,7 @@ MAX_KL_TARGET = 100.0
 # --kl's default for a fine-tune on a learned reward (-r from a start policy): the one setting that held
 # the frozen-model test on both seeds (docs/results.md); every other run's default is 0
 KL_LEARNED_REWARD = 1.0
+PRECISIONS = ("fp32", "bf16", "auto")  # --precision; auto is resolved by lib.a2c_run.resolve_precision
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
 
 
@@ -260,11 +261,13 @@ class A2CConfig:
     )
     runs_dir: str = setting("runs", "TensorBoard log root", group="output")
     # speed
-    bf16: bool = setting(
-        False,
-        "run the networks' forward passes in bfloat16 autocast (weights and loss stay float32): "
-        "~2x faster learner on CPUs with AVX512-BF16/AMX and on GPUs; emulated (slow) on other CPUs",
+    precision: str = setting(
+        "fp32",
+        "the networks' forward passes: fp32, bf16 (bfloat16 autocast; weights and loss stay float32) or "
+        "auto (bf16 where the CPU has it natively, AVX512-BF16 or AMX, or on a GPU that has it; else "
+        "fp32). bf16 on a CPU without it is emulated and slow",
         group="speed",
+        choices=PRECISIONS,
     )
     threads: int = setting(0, "torch CPU threads (0: one per core)", group="speed", checks=at_least("--threads"))
     env_threads: int = setting(
@@ -275,6 +278,11 @@ class A2CConfig:
         metavar="N",
         checks=at_least("--env-threads"),
     )
+
+    @property
+    def bf16(self) -> bool:
+        """The forward passes run in bf16 autocast (``precision`` resolved: never "auto" in a run)."""
+        return self.precision == "bf16"
 
     @property
     def save_dir(self) -> Path:

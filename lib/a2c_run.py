@@ -71,8 +71,36 @@ RECENT_GAMES = 100  # the console's running mean score is over this many finishe
 
 
 def autocast(device: torch.device, enabled: bool) -> torch.autocast:
-    """bfloat16 autocast for the forward passes (--bf16); a no-op context when disabled."""
+    """bfloat16 autocast for the forward passes (--precision bf16); a no-op context when disabled."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a CPU that computes bf16 itself
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bfloat16 in hardware (AVX512-BF16 or AMX), from ``/proc/cpuinfo``'s
+    flags (``cpuinfo``: that text; None reads it). Without them torch emulates bf16, slowly; a system
+    with no ``/proc/cpuinfo`` counts as without."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return False
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split(":", 1)[-1].split()}
+    return any(f in flags for f in NATIVE_BF16_FLAGS)
+
+
+def resolve_precision(precision: str, device: torch.device, cpuinfo: str | None = None) -> str:
+    """--precision as run: "fp32" or "bf16"; "auto" is bf16 on a CPU with native bf16
+    (``cpu_has_native_bf16``) or a CUDA device that supports it, fp32 anywhere else."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    if device.type == "cpu":
+        return "bf16" if cpu_has_native_bf16(cpuinfo) else "fp32"
+    return "fp32"
 
 
 class NonFiniteError(UserError):
@@ -273,6 +301,7 @@ class Run:
             self.base_env.action_meanings,
             step=self.progress.step,
             finetune=self.finetune,
+            precision=self.cfg.precision,
             **extra,
         )
         atomic_torch_save(ck, path)
@@ -457,6 +486,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     writes checkpoints and TensorBoard."""
     dist = dist or Dist()
     device = resolve_device(cfg.dev)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.db_path and cfg.envs * dist.world > MAX_RECORD_ENVS:
