@@ -176,7 +176,7 @@ class RuleRewardVec:
             self.refills += refilled
             self.climb_steps += climb
             self.low_diver_steps += sf.counts.low_diver_steps > low
-            paid = (climb and self.pay != "refill") or (refilled and self.pay != "climb")
+            paid = (climb and self.pay in ("climb", "both")) or (refilled and self.pay in ("refill", "both"))
             self.paid_steps += paid
             bonus[i] = float(paid)
         self.games += int(np.sum(st.game_over))

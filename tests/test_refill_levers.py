@@ -81,6 +81,11 @@ def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_o
     play(both, "UP", 40)
     assert both.paid_steps == climb.climb_steps + 1  # the refill step is no climb step
 
+    none = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "none")  # counts, pays nothing
+    steps = play(none, "UP", 40)
+    assert (none.climb_steps, none.refills, none.paid_steps) == (climb.climb_steps, 1, 0)
+    assert all(s.rewards[0] == s.true_rewards[0] for s in steps)
+
 
 def test_no_diver_aboard_or_staying_down_earns_nothing() -> None:
     empty = levers.RuleRewardVec(OneGame(divers=0, oxygen=12), "both")  # surfaces to its death
