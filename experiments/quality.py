@@ -18,7 +18,7 @@ finds a model there already scores it instead of training again.
 
     python -m experiments.quality                                   # record a DB, diff vs book, seed 0
     python -m experiments.quality --db runs/round/seed0/db --seeds 0,1,2 --variant diff="--arch diff" \\
-        --variant book-half="--arch book --input half"
+        --variant book="--arch book"
 
 Targets (a reward model from few labels): at 300 score labels, mean of 3 seeds, at least
 90% held-out agreement and a per-step correlation of at least 0.5.

@@ -97,7 +97,7 @@ PASS_THROUGH = ("--reward-args", "--ft-args")  # their value is another program'
 
 class RoundParser(argparse.ArgumentParser):
     """argparse takes a lone value that starts with "-" for a flag of its own, so ``--reward-args
-    "--diff-signed"`` was "expected one argument" (a value with a space, "--diff-block 2x12", was
+    "--diff-flow"`` was "expected one argument" (a value with a space, "--diff-block 2x12", was
     not). The word after a pass-through flag is always its value: it is glued on as FLAG=VALUE.
     What it reads is a ``RoundSettings``."""
 
@@ -210,11 +210,13 @@ def check_pass_through(args: RoundSettings) -> None:
     after v0, the labels and a reward model."""
     from lib.reward_cli import build_parser as reward_parser
     from lib.reward_cli import config_from_args
+    from lib.reward_config import RewardArgs
     from lib.reward_train import check_config
 
     pass_through("--reward-args", args.reward_args)
     parsed = reward_parser().parse_args([A_DB, "-n", "x", "-o", "x", *shlex.split(args.reward_args)])
     try:
+        RewardArgs(**vars(parsed)).check()  # each flag's own checks: a retired value (--input half) too
         check_config(config_from_args(parsed, "cpu"))
     except UserError as e:
         raise UserError(f"--reward-args {args.reward_args!r}: {e}") from None

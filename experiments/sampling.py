@@ -19,7 +19,7 @@ labels are kept and reused when the command runs again.
 
     python -m experiments.sampling                              # the round's DB, both teachers, 1 seed
     python -m experiments.sampling --db DB --teachers score --steps 100,200,300 --seeds 0,1,2
-    python -m experiments.sampling ... -- --arch book --input half   # arguments after -- go to 03_reward_train.py
+    python -m experiments.sampling ... -- --arch book   # arguments after -- go to 03_reward_train.py
 """
 
 from __future__ import annotations

@@ -251,22 +251,20 @@ def _number(v: Any) -> float | None:
 def check_warm_start(models: Sequence[AnyRewardModel], cfg: TrainConfig, path: Path) -> None:
     """The installed model must be the network the flags ask for: a warm start copies its weights."""
     m = models[0]
+    if m.downscale != 1:
+        raise UserError(f"{path} was trained on frames shrunk {m.downscale}x (--input half, retired): give another -n")
     have = {"--arch": m.arch, "--ensemble": len(models)}
     want: dict[str, Any] = {"--arch": cfg.arch, "--ensemble": cfg.ensemble}
-    if m.arch == "book":
-        have["--input"], want["--input"] = m.downscale, cfg.downscale
-    else:
+    if m.arch != "book":
         have["--diff-block"] = "x".join(map(str, m.block))  # type: ignore[union-attr]
         want["--diff-block"] = "x".join(map(str, cfg.diff_block))
         have["--mask-rows"], want["--mask-rows"] = int(m.mask_rows), cfg.mask_rows  # type: ignore[union-attr]
-        have["--diff-signed"], want["--diff-signed"] = m.signed, cfg.diff_signed  # type: ignore[union-attr]
         have["--diff-flow"], want["--diff-flow"] = m.flow, cfg.diff_flow  # type: ignore[union-attr]
     for flag in have:
         if have[flag] != want[flag]:
-            shown = {1: "full", 2: "half"} if flag == "--input" else {}
             raise UserError(
-                f"{path} was trained with {flag} {shown.get(have[flag], have[flag])}, this run has "
-                f"{flag} {shown.get(want[flag], want[flag])}: --follow starts each version from the installed "
+                f"{path} was trained with {flag} {have[flag]}, this run has "
+                f"{flag} {want[flag]}: --follow starts each version from the installed "
                 f"model, so pass its settings (or give another -n)"
             )
 

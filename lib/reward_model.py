@@ -148,6 +148,8 @@ class FastDropout(nn.Dropout):
 
 class RewardModel(nn.Module):
     """The book's reward model, trainable (train mode: BatchNorm batch statistics and dropout).
+    ``downscale`` d > 1 averages d x d pixel blocks first: stage 3 trains at 1 only since ``--input
+    half`` (2) was retired; the models it made still load, and bench/bench_reward.py times one.
 
     forward: frames (B, H, W, 3) uint8 (or float in 0..255), actions (B,) int64
              -> per-step rewards (B,) float32
@@ -291,13 +293,11 @@ class DiffRewardModel(nn.Module):
     score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
     on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
     many top rows of both 84x84 frames (the paper's masking of the score: the model must then
-    learn from the scene). ``signed``: also the block means of the signed change (next - frame),
-    which say which way a thing moved (a bright sprite that climbs brightens the blocks above it
-    and darkens those below it; the absolute change is the same set of pixels either way).
+    learn from the scene).
     ``flow``: also the scene's motion as two numbers, wherever on the screen it happens
     (``FLOW_FEATURES``): the least-squares vertical and horizontal shift that explains the change
-    from the frames' gradients (one Lucas-Kanade window over the whole frame). A block's signed
-    change says "something moved up here", 147 places the head must each learn from labels; the
+    from the frames' gradients (one Lucas-Kanade window over the whole frame). A block's change
+    says "something changed here", 147 places the head must each learn from labels; the
     flow says "the scene moved up" in one feature (in SeaQuest, where everything else swims
     sideways, that is the sub climbing: -1.2 std on the steps it climbs, +1.2 on those it dives,
     v0's clips).
@@ -315,7 +315,6 @@ class DiffRewardModel(nn.Module):
         frame_shape: Sequence[int] = FULL_FRAME,
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
-        signed: bool = False,
         flow: bool = False,
     ):
         super().__init__()
@@ -326,8 +325,8 @@ class DiffRewardModel(nn.Module):
         self.frame_shape = tuple(int(x) for x in frame_shape)
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
-        self.signed, self.flow = bool(signed), bool(flow)
-        n = (3 if self.signed else 2) * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        self.flow = bool(flow)
+        n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
         n += FLOW_FEATURES if self.flow else 0
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
@@ -336,15 +335,13 @@ class DiffRewardModel(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
-        (2 x 147 with 4x12 blocks), then with ``signed`` those of next - frame (3 x 147), then with
-        ``flow`` the scene's vertical and horizontal shift (``scene_flow``), before scaling."""
+        (2 x 147 with 4x12 blocks), then with ``flow`` the scene's vertical and horizontal shift
+        (``scene_flow``), before scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
         change = x[:, 1:] - x[:, :1]
         parts = [F.avg_pool2d(change.abs(), self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
-        if self.signed:
-            parts.append(F.avg_pool2d(change, self.block).flatten(1))
         if self.flow:
             parts.append(scene_flow(x))
         return torch.cat(parts, dim=1)
@@ -363,10 +360,10 @@ class DiffRewardModel(nn.Module):
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block, the masked rows, the
-        signed change and the flow. ``features`` has no trained weight, so a training run computes each
-        segment's once and keeps them under this key."""
-        return (self.block, int(self.mask_rows), self.signed, self.flow)
+        """What ``features`` depends on besides its input: the block, the masked rows and the flow.
+        ``features`` has no trained weight, so a training run computes each segment's once and keeps
+        them under this key."""
+        return (self.block, int(self.mask_rows), self.flow)
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
@@ -494,15 +491,14 @@ def new_reward_model(
     downscale: int = 1,
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
-    signed: bool = False,
     flow: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block``, ``signed`` and ``flow`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``flow`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, signed, flow)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, flow)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -510,9 +506,7 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(
-            model.n_actions, model.frame_shape, block=model.block, signed=model.signed, flow=model.flow
-        )
+        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, flow=model.flow)
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -662,11 +656,7 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
-        **(
-            {"diff_block": list(first.block), "diff_signed": first.signed, "diff_flow": first.flow}
-            if isinstance(first, DiffRewardModel)
-            else {}
-        ),
+        **({"diff_block": list(first.block), "diff_flow": first.flow} if isinstance(first, DiffRewardModel) else {}),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -700,7 +690,7 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "version": (int_in(0, 1000), False),
     "needs_next_frames": (is_bool, False),
     "diff_block": (_check_block_field, False),
-    "diff_signed": (is_bool, False),
+    "diff_signed": (is_bool, False),  # retired: true is refused (``_refuse_retired``), false loads
     "diff_flow": (is_bool, False),
     "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
     "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
@@ -783,9 +773,8 @@ def load_reward_models(
         if arch not in ARCHS:
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
-        signed = ck.get("diff_signed", False)  # made before the field: the absolute change only
         flow = ck.get("diff_flow", False)  # made before the field: no scene flow
-        _refuse_encoder(ck, path)
+        _refuse_retired(ck, path)
     elif checkpoint_kind(ck) == "bare reward":
         check_state_dict(ck, f"reward model {path}")
         w = ck["out.0.weight"]
@@ -795,7 +784,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block, signed, flow = "book", DIFF_BLOCK, False, False
+        arch, block, flow = "book", DIFF_BLOCK, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -809,7 +798,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, signed=signed, flow=flow)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, flow=flow)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:
@@ -822,15 +811,22 @@ def load_reward_models(
     return models, ck
 
 
-def _refuse_encoder(ck: dict[str, Any], path: Path) -> None:
-    """A diff checkpoint made with the retired ``--encoder`` (a policy's frozen conv features next to
-    the grid's; at 300 labels it cost 5-8 points of agreement) cannot be used: one line saying so.
-    Its weights say it (``encoder.*`` keys), or its "encoder" field."""
+def _refuse_retired(ck: dict[str, Any], path: Path) -> None:
+    """A diff checkpoint made with a retired lever cannot be used: one line saying which. The retired
+    ``--encoder`` (a policy's frozen conv features next to the grid's; at 300 labels it cost 5-8 points
+    of agreement): its weights say it (``encoder.*`` keys), or its "encoder" field. The retired
+    ``--diff-signed`` (the signed change per block; it did not make the climb pay per step): its
+    "diff_signed" field is true."""
     keys = (str(k) for sd in ck["state_dicts"] for k in sd)
     if ck.get("encoder") is True or any(k.startswith("encoder.") for k in keys):
         raise UserError(
             f"reward model {path} was trained with --encoder (a policy's conv features), which is retired: "
             f"retrain it without --encoder"
+        )
+    if ck.get("diff_signed") is True:
+        raise UserError(
+            f"reward model {path} was trained with --diff-signed (the signed change per block), which is "
+            f"retired: retrain it without --diff-signed"
         )
 
 

@@ -233,16 +233,12 @@ def _check_network(cfg: TrainConfig) -> None:
     """The network flags: each applies to its arch only, and in range."""
     if cfg.arch not in ARCHS:
         raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}")
-    if cfg.arch != "book" and cfg.downscale != 1:
-        raise UserError(f"--input half applies to --arch book only (--arch {cfg.arch} reads grey 84x84 frames)")
     if cfg.mask_rows and cfg.arch != "diff":
         raise UserError("--mask-rows applies to --arch diff only")
     if not 0 <= cfg.mask_rows < 84:
         raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
     if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
         raise UserError("--diff-block applies to --arch diff only")
-    if cfg.diff_signed and cfg.arch != "diff":
-        raise UserError("--diff-signed applies to --arch diff only")
     if cfg.diff_flow and cfg.arch != "diff":
         raise UserError("--diff-flow applies to --arch diff only")
     try:
@@ -313,11 +309,9 @@ def _build_fit(
             cfg.arch,
             data.n_actions,
             data.frame_shape,
-            cfg.downscale,
-            cfg.mask_rows,
-            cfg.diff_block,
-            cfg.diff_signed,
-            cfg.diff_flow,
+            mask_rows=cfg.mask_rows,
+            block=cfg.diff_block,
+            flow=cfg.diff_flow,
         )
         for _ in range(cfg.ensemble)
     ]

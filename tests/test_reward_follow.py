@@ -502,18 +502,20 @@ def test_labels_of_segments_that_do_not_exist_or_cannot_be_read_make_no_version(
     assert follower.step() and (out / "reward-t-v2.pt").is_file()
 
 
-def test_a_warm_start_from_a_model_with_another_diff_signed_is_one_line(tmp_path):
+def test_a_warm_start_from_a_model_with_another_diff_flow_or_a_retired_input_is_one_line(tmp_path):
     """--follow copies the installed model's weights into each version: an installed diff net
-    trained with --diff-signed (441 features) cannot start one without it (294), and back."""
+    trained with --diff-flow (296 features) cannot start one without it (294), and back; a book net
+    on half-size frames (the retired --input half) cannot start one at all."""
     from lib.errors import UserError
     from lib.reward_follow import check_warm_start
-    from lib.reward_model import DiffRewardModel
+    from lib.reward_model import DiffRewardModel, RewardModel
 
     path = tmp_path / "reward-t.pt"
-    for have, want in ((True, False), (False, True)):
-        with pytest.raises(UserError, match=f"trained with --diff-signed {have}, this run has --diff-signed {want}"):
-            check_warm_start([DiffRewardModel(18, signed=have)], TrainConfig(diff_signed=want), path)
-    check_warm_start([DiffRewardModel(18, signed=True)], TrainConfig(diff_signed=True), path)  # the same: fine
+    book = TrainConfig(arch="book")
+    check_warm_start([RewardModel(18)], book, path)  # full frames, as this run: fine
+    with pytest.raises(UserError, match=r"trained on frames shrunk 2x \(--input half, retired\): give another -n$"):
+        check_warm_start([RewardModel(18, downscale=2)], book, path)
+    check_warm_start([DiffRewardModel(18, flow=True)], TrainConfig(diff_flow=True), path)  # the same: fine
     for have, want in ((True, False), (False, True)):
         with pytest.raises(UserError, match=f"trained with --diff-flow {have}, this run has --diff-flow {want}"):
             check_warm_start([DiffRewardModel(18, flow=have)], TrainConfig(diff_flow=want), path)

@@ -383,45 +383,6 @@ def _saved_and_reloaded(tmp_path: Path, model: DiffRewardModel, seed: int) -> di
     return torch.load(path, weights_only=True)
 
 
-def test_the_signed_change_says_which_way_a_sprite_moved_and_is_kept_in_the_checkpoint(tmp_path):
-    """A sprite that climbs from rows 40-47 to 36-43 and one that dives from 36-43 to 40-47 change
-    the same pixels: the absolute change's blocks are equal, so only the frame's position can tell
-    them apart. ``--diff-signed`` adds the signed change, opposite in the two (the block above the
-    sprite brightens when it climbs). The flag goes into the checkpoint and loads back; a checkpoint
-    without the field loads unsigned; a hostile field is refused with one line."""
-    climb, dive = np.zeros((1, 2, 84, 84), dtype=np.uint8), np.zeros((1, 2, 84, 84), dtype=np.uint8)
-    climb[:, 0, 40:48, 30:42], climb[:, 1, 36:44, 30:42] = 200, 200
-    dive[:, 0, 36:44, 30:42], dive[:, 1, 40:48, 30:42] = 200, 200
-    plain, signed = DiffRewardModel(18), DiffRewardModel(18, signed=True)
-    cells = 21 * 7
-    assert plain.scale.numel() == 2 * cells and signed.scale.numel() == 3 * cells
-    p_c, p_d = (plain.features(torch.from_numpy(x))[0] for x in (climb, dive))
-    s_c, s_d = (signed.features(torch.from_numpy(x))[0] for x in (climb, dive))
-    torch.testing.assert_close(p_c[:cells], p_d[:cells])  # |change|: the same for both
-    torch.testing.assert_close(s_c[: 2 * cells], p_c)  # the first two parts are the unsigned net's
-    moved_c, moved_d = s_c[2 * cells :].view(21, 7), s_d[2 * cells :].view(21, 7)
-    assert moved_c[9, 2] > 0 > moved_c[11, 2]  # climbing: rows 36-39 brighten, 44-47 darken
-    torch.testing.assert_close(moved_d, -moved_c)
-    assert plain.feature_key() != signed.feature_key()  # a training run's feature cache keeps them apart
-
-    ck = _saved_and_reloaded(tmp_path, signed, seed=7)
-    assert ck["diff_signed"] is True
-
-    old = reward_checkpoint([plain.eval()], "SeaquestNoFrameskip-v4", "seaquest", None)
-    assert old["diff_signed"] is False
-    del old["diff_signed"]
-    torch.save(old, tmp_path / "old-diff.pt")
-    assert load_reward_models(tmp_path / "old-diff.pt")[0][0].signed is False
-    ck["diff_signed"] = "yes"
-    torch.save(ck, tmp_path / "bad.pt")
-    with pytest.raises(UserError, match="diff_signed"):
-        load_reward_model(tmp_path / "bad.pt")
-    ck["diff_signed"] = False  # the weights were made for the signed features
-    torch.save(ck, tmp_path / "mismatch.pt")
-    with pytest.raises(UserError, match="does not fit"):
-        load_reward_model(tmp_path / "mismatch.pt")
-
-
 def test_the_scene_flow_says_the_sprite_climbed_wherever_it_is_and_is_kept_in_the_checkpoint(tmp_path):
     """A textured sprite shifted up by 2 rows, at two far apart places of the screen: the block
     means of the change sit in different blocks, the scene flow (``--diff-flow``) reads the same
@@ -509,3 +470,46 @@ def test_a_checkpoint_made_with_the_retired_encoder_is_refused_with_one_line(tmp
         runpy.run_path(str(ROOT / "03_reward_train.py"), run_name="__main__")
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "--encoder" in err[0], err
+
+
+def _retired_signed_checkpoint(path: Path) -> dict:
+    """A diff checkpoint as ``03_reward_train.py --diff-signed`` wrote it before the lever was retired:
+    the signed change's 147 block means after the grid's 294 in the scale and in the first head layer
+    (then the one-hot action), and the field "diff_signed": True."""
+    torch.manual_seed(0)
+    ck = reward_checkpoint([DiffRewardModel(18).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    sd = ck["state_dicts"][0]
+    n_grid = sd["scale"].numel()
+    sd["scale"] = torch.cat([sd["scale"], torch.ones(n_grid // 2)])
+    w = sd["out.0.weight"]
+    sd["out.0.weight"] = torch.cat([w[:, :n_grid], torch.zeros(len(w), n_grid // 2), w[:, n_grid:]], dim=1).contiguous()
+    ck["diff_signed"] = True
+    torch.save(ck, path)
+    return ck
+
+
+def test_a_checkpoint_made_with_the_retired_diff_signed_is_refused_with_one_line(tmp_path, monkeypatch, capsys):
+    """A model trained with the retired ``--diff-signed`` says so in its "diff_signed" field: one line
+    naming the file and the flag, before its weights are tried. A checkpoint with the field false (what
+    every unsigned diff model was written with) or without it loads as before; a hostile value of the
+    field is refused as before; a checkpoint written now has no such field."""
+    path = tmp_path / "signed.pt"
+    ck = _retired_signed_checkpoint(path)
+    with pytest.raises(UserError, match=r"trained with --diff-signed .*retired: retrain it without --diff-signed") as e:
+        load_reward_model(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    torch.save({**ck, "diff_signed": "yes"}, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match="field 'diff_signed'"):
+        load_reward_model(tmp_path / "bad.pt")
+    new = reward_checkpoint([DiffRewardModel(18).eval()], "SeaquestNoFrameskip-v4", "seaquest", None, 0.0, 1.0)
+    assert "diff_signed" not in new
+    torch.save(new, tmp_path / "new.pt")
+    torch.save({**new, "diff_signed": False}, tmp_path / "unsigned.pt")
+    for name in ("new.pt", "unsigned.pt"):
+        assert load_reward_model(tmp_path / name).arch == "diff"
+    # the stage that reads it ends with the same line and exit 2 (01_a2c.py -r and 04_play.py load alike)
+    monkeypatch.setattr(sys, "argv", ["03_reward_train.py", "--evaluate", str(path), str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(ROOT / "03_reward_train.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "--diff-signed" in err[0], err

@@ -250,24 +250,6 @@ def test_bad_hyper_parameters(square_db, tmp_path):
         train_reward_model(data, cfg, tmp_path / "r.pt", progress=False, log=_quiet)
 
 
-def test_diff_signed_trains_a_net_on_the_signed_change_too(square_db, tmp_path):
-    """TrainConfig.diff_signed reaches the net it trains and its checkpoint: 3 parts of features
-    instead of 2, "diff_signed" recorded, and the model loads back signed."""
-    from lib.reward_model import load_reward_models
-
-    db, _ = square_db
-    oracle_label_db(db, 20, seed=0)
-    data = load_preferences([db], log=_quiet)
-    for signed in (False, True):
-        out = tmp_path / f"r-{signed}.pt"
-        train_reward_model(data, TrainConfig(epochs=1, diff_signed=signed), out, progress=False, log=_quiet)
-        ck = torch.load(out, weights_only=True)
-        assert ck["diff_signed"] is signed
-        assert ck["state_dicts"][0]["scale"].numel() == (3 if signed else 2) * 21 * 7
-        assert load_reward_models(out)[0][0].signed is signed
-        assert load_reward_model(out).nets[0].signed is signed  # the lean twin that predicts
-
-
 def test_diff_flow_trains_a_net_on_the_scene_flow_too(square_db, tmp_path):
     """TrainConfig.diff_flow reaches the net it trains and its checkpoint: two features more,
     "diff_flow" recorded, the model and its lean twin load back with the flow; --arch book refuses it."""
@@ -482,11 +464,11 @@ def test_the_flags_defaults_are_the_configs():
     assert config_from_args(args, "cpu") == TrainConfig()
     flags = ["--epochs", "7", "--batch", "3", "--lr", "0.01", "--seed", "5", "--test-ratio", "0.5"]
     flags += ["--patience", "2", "--noise", "--ensemble", "4", "--micro-frames", "60", "--arch", "book"]
-    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--diff-signed", "--input", "half", "--dev", "cuda"]
+    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--diff-flow", "--input", "full", "--dev", "cuda"]
     got = config_from_args(build_parser().parse_args([*flags, "db"]), "cuda:0")
     want = TrainConfig(
         epochs=7, batch=3, lr=0.01, seed=5, test_ratio=0.5, patience=2, noise=True, ensemble=4, micro_frames=60,
-        downscale=2, device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12), diff_signed=True,
+        device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12), diff_flow=True,
     )  # fmt: skip
     assert got == want
 
@@ -515,6 +497,57 @@ def test_retired_levers_are_unknown_flags(flags, capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["-n", "x", "-o", "y", *flags.split(), "db"])
     assert e.value.code == 2 and f"unrecognized arguments: {flags.split()[0]}" in capsys.readouterr().err
+
+
+RETIRED_NOW = [  # (what a user gives, the words the line starts with, what the last commit that had it declares)
+    pytest.param(["--diff-signed"], "--diff-signed", "diff_signed: bool = setting(", id="diff-signed"),
+    pytest.param(["--input", "half"], "--input half", 'INPUTS = {"full": 1, "half": 2}', id="input-half"),
+]
+
+
+@pytest.mark.parametrize("given, words, declared", RETIRED_NOW)
+def test_a_retired_flag_is_one_line_exit_2_naming_its_last_commit(square_db, tmp_path, given, words, declared):
+    """A lever the measurements closed (docs/reference.md, "Retired flags") is refused by
+    03_reward_train.py itself in one line, exit 2, before a model or a log is written: it names the
+    last commit that had the flag (a real commit of this repository, whose stage 3 still declares it)
+    and where its figures are (test_stage_flags: --help no longer lists it)."""
+    import re
+
+    db, _ = square_db
+    oracle_label_db(db, 10, seed=0)
+    out, runs = tmp_path / "o", tmp_path / "runs"
+    argv = ["-n", "t", "-o", str(out), "--epochs", "1", "--runs-dir", str(runs), *given, str(db)]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "03_reward_train.py"), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.stdout, r.stderr)
+    assert lines[0].startswith(f"error: {words} was retired after commit ") and "docs/results.md" in lines[0], lines
+    assert not out.exists() and not runs.exists()
+    commit = re.search(r"after commit ([0-9a-f]{7,40}):", lines[0]).group(1)
+    shown = subprocess.run(
+        ["git", "show", f"{commit}:lib/reward_config.py"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    if shown.returncode != 0 and not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the commit cannot be looked up")
+    assert shown.returncode == 0 and declared in shown.stdout, shown.stderr
+
+
+def test_a_wrong_input_is_not_offered_the_retired_one(capsys):
+    """argparse's "invalid choice" line lists the --input kept, not the retired ``half``; a RewardArgs
+    made in code with it is refused with the line that says why."""
+    from lib.reward_cli import build_parser
+    from lib.reward_config import RewardArgs
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--input", "hal", "db"])
+    assert e.value.code == 2 and "invalid choice: 'hal' (choose from 'full')" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"^--input half was retired after commit [0-9a-f]+: .*give full$"):
+        RewardArgs(dbs=["db"], input="half").check()
 
 
 def test_cached_features_give_each_models_own_returns(square_db):
@@ -622,9 +655,7 @@ def _cli_in_process(monkeypatch, capsys, *args: str) -> str:
         (["--lr", "1e30"], "--lr must be positive and at most 1"),
         (["--lr", "nan"], "--lr"),
         (["--lr", "inf"], "--lr"),
-        (["--input", "half"], "--input half applies to --arch book only"),
         (["--arch", "book", "--mask-rows", "10"], "--mask-rows applies to --arch diff only"),
-        (["--arch", "book", "--diff-signed"], "--diff-signed applies to --arch diff only"),
         (["--test-ratio", "nan"], "--test-ratio"),
         (["--test-ratio", "1.5"], "--test-ratio"),
         (["--seed", "-1"], "--seed"),

@@ -165,9 +165,9 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
     assert round_name(_round_args(tmp_path, "--sampling", "random")) == "score-15-random"
     assert round_name(_round_args(tmp_path, "--sampling", "uncertain")) == "score-15-uncertain"
     # a lone flag as the value (argparse would take it for one of its own)
-    lone = _round_args(tmp_path, "--reward-args", "--diff-signed", "--ft-args", "--kl", "--seeds", "1")
-    assert (lone.reward_args, lone.ft_args, lone.seeds) == ("--diff-signed", "--kl", [1])
-    assert _readable(round_name(_round_args(tmp_path, "--reward-args", "--diff-signed"))) == "score-15-diffsigned"
+    lone = _round_args(tmp_path, "--reward-args", "--diff-flow", "--ft-args", "--kl", "--seeds", "1")
+    assert (lone.reward_args, lone.ft_args, lone.seeds) == ("--diff-flow", "--kl", [1])
+    assert _readable(round_name(_round_args(tmp_path, "--reward-args", "--diff-flow"))) == "score-15-diffflow"
     assert round_name(_round_args(tmp_path, "--from", "v0")) == "score-15-fromv0"
     args = _round_args(tmp_path, "--sampling", "disagree", "--reward-args", "--ensemble 3 --diff-block 6x12")
     assert _readable(round_name(args)) == "score-15-disagree-ensemble3diffblock6x12"
@@ -672,7 +672,9 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
         (("--reward-args", "--fol"), "--reward-args may not set --follow"),
         (("--reward-args", "--lr 1e3"), "--lr must be positive and at most"),
         (("--reward-args", "--ensemble 0"), "--ensemble must be at least 1"),
-        (("--reward-args", "--arch book --diff-signed"), "--diff-signed applies to --arch diff only"),
+        (("--reward-args", "--arch book --diff-flow"), "--diff-flow applies to --arch diff only"),
+        (("--reward-args", "--diff-signed"), "--diff-signed was retired after commit"),
+        (("--reward-args", "--arch book --input half"), "--input half was retired after commit"),
         (("--reward-args", "--epochs x"), "not flags 03_reward_train.py takes"),
         (("--reward-args", "other/db"), "--reward-args may not name DBs (other/db)"),
     ],
