@@ -211,7 +211,6 @@ def main() -> None:
             ("diff", 64, ""),
             ("book", 64, "full"),
             ("book", args.labels, "full"),
-            ("book", 64, "half"),
         ):
             flags = ["--arch", arch, "--batch", str(batch), "--dev", args.dev] + (["--input", inp] if inp else [])
             s, peak, _ = train_run(db, tmp / "saves", tmp / "runs", *flags)

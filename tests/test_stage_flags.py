@@ -21,7 +21,7 @@ FLAGS = {
         "--reward-scale", "--reward-norm", "--norm-window", "--reward-clip", "--reward-oracle",
         "--db-path", "--record-prob",
         "--segment-steps",
-        "--save", "--test-every", "--test-episodes", "--runs-dir", "--bf16", "--threads", "--env-threads",
+        "--save", "--test-every", "--test-episodes", "--runs-dir", "--precision", "--threads", "--env-threads",
     ],
     "02_label_ui.py": [
         "-h", "--help", "-d", "--db", "--seed", "--labeler", "--host", "--port", "--token", "--token-file",
