@@ -6,10 +6,12 @@ envs and threads as training: no learner, no Python per env. Every training row 
 share of it. Rows: the machine (cores this process may use, CPU), the ceiling, our env alone (RGB
 out, the 84x84 stack made here), gymnasium's SyncVectorEnv for comparison, training plain / with a
 reward model (-r) / in bf16 / recording, torchrun with 2 ranks, --dev cuda rows when a GPU is
-there, and with --book DIR the book's own chapter 19 01_a2c.py (sync and --use-async) run side by
-side on the same machine (the segment format itself: bench_segments.py).
+there, and with --book DIR the book's own chapter 19 01_a2c.py (sync, its default) alternating with
+ours (fp32 and --precision auto) on the same machine, --book-repeats rounds (the segment format
+itself: bench_segments.py).
 
     python -m bench.bench_a2c [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
+    python -m bench.bench_a2c --book PATH/TO/Chapter19 --book-only --book-seconds 120
     python -m bench.bench_a2c --finetune-only --steps 20000    # a fine-tune with and without --kl
 """
 
@@ -292,11 +294,31 @@ def scale_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, plain: floa
     speed(rows, "A2C training, -r reward model", sps, f"--arch diff, 16 envs, cuda: {sps / cuda_plain:.2f}x plain")
 
 
-def book_rows(rows: list[Row], book: Path, seconds: float, plain: float) -> None:
-    for use_async, what in ((False, "sync (SyncVectorEnv)"), (True, "--use-async (AsyncVectorEnv, 16 processes)")):
-        sps = book_run(book, seconds, use_async)
-        setting = f"the book's ch.19 01_a2c.py, {what}, 16 envs, cpu; ours plain is {plain / sps:.2f}x"
-        speed(rows, "book A2C training", sps, setting)
+def book_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float) -> None:
+    """The book's script (sync: its default) and ours, plain fp32 and at --precision auto, run
+    alternately ``--book-repeats`` times on the same machine; each figure is the median of its runs
+    and each pair's ratio is taken within one round (the machine's speed drifts between rounds)."""
+    runs: dict[str, list[float]] = {"ours fp32": [], "ours auto": [], "book": []}
+    for r in range(args.book_repeats):
+        runs["ours fp32"].append(train_run(tmp, f"bk{r}", args.steps, "cpu", None, ("--precision", "fp32"))[0])
+        runs["ours auto"].append(train_run(tmp, f"bka{r}", args.steps, "cpu", None, ("--precision", "auto"))[0])
+        runs["book"].append(book_run(args.book, args.book_seconds, False))
+        ratios = [o / b for o, b in zip(runs["ours fp32"], runs["book"], strict=True)]
+        auto = [o / b for o, b in zip(runs["ours auto"], runs["book"], strict=True)]
+        print(f"  round {r + 1}: ours {ratios[-1]:.2f}x the book, at --precision auto {auto[-1]:.2f}x", file=sys.stderr)
+    n = args.book_repeats
+    book = float(np.median(runs["book"]))
+    speed(rows, "book A2C training", book, f"the book's ch.19 01_a2c.py, sync, 16 envs, cpu, median of {n}")
+    for what in ("fp32", "auto"):
+        ours = runs[f"ours {what}"]
+        ratio = float(np.median([o / b for o, b in zip(ours, runs["book"], strict=True)]))
+        setting = f"ours, --precision {what}, alternating with the book: {ratio:.2f}x it (median of {n} rounds)"
+        speed(
+            rows,
+            "A2C training beside the book",
+            float(np.median(ours)),
+            f"{setting}; {share(float(np.median(ours)), ceil)}",
+        )
 
 
 def main() -> None:
@@ -318,7 +340,13 @@ def main() -> None:
         help="the book's Chapter19 directory (its 01_a2c.py and lib/): run it side by side (not shipped here)",
     )
     ap.add_argument("--book-seconds", type=float, default=240.0, help="wall time of each run of the book's script")
+    ap.add_argument("--book-repeats", type=int, default=2, help="rounds of ours and the book's script, alternating")
+    ap.add_argument(
+        "--book-only", action="store_true", help="with --book: the machine rows and the alternating rounds alone"
+    )
     args = ap.parse_args()
+    if args.book_only and args.book is None:
+        ap.error("--book-only needs --book DIR")
     if args.book is not None and not (args.book / "01_a2c.py").is_file():
         ap.error(f"--book {args.book}: no 01_a2c.py there (give the book's Chapter19 directory)")
     threads = default_env_threads()
@@ -330,11 +358,12 @@ def main() -> None:
         print_table(f"bench_a2c (stage 1), {os.cpu_count()} cores, env threads {threads}, fine-tune only", rows)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        plain = training_rows(rows, Path(tmp), args, ceil)
-        if not args.reward_only:
-            scale_rows(rows, Path(tmp), args, plain, threads)
-    if args.book is not None:
-        book_rows(rows, args.book, args.book_seconds, plain)
+        if not args.book_only:
+            plain = training_rows(rows, Path(tmp), args, ceil)
+            if not args.reward_only:
+                scale_rows(rows, Path(tmp), args, plain, threads)
+        if args.book is not None:
+            book_rows(rows, Path(tmp), args, ceil)
     title = f"bench_a2c (stage 1), {os.cpu_count()} cores, env threads {threads}"
     print_table(title + (", -r only" if args.reward_only else ""), rows)
 
