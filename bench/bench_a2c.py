@@ -167,8 +167,8 @@ def train_run(
     return sps, (int(peak.group(1)) / 1024 if peak else float("nan"))
 
 
-def book_run(book: Path, seconds: float, use_async: bool) -> float:
-    """The book's chapter 19 ``01_a2c.py`` (sync, or ``--use-async``: 16 processes) for ``seconds``:
+def book_run(book: Path, seconds: float) -> float:
+    """The book's chapter 19 ``01_a2c.py`` (sync, its default) for ``seconds``:
     agent steps/s, the median of the speeds it prints between finished games after the first
     quarter of the run. Its evaluation (10 games at batch 1 every 12,800 steps) is not counted:
     the windows that hold one are the slow outliers the median leaves out."""
@@ -178,7 +178,6 @@ def book_run(book: Path, seconds: float, use_async: bool) -> float:
     )
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-u", "-c", boot, str(book), str(book / "01_a2c.py"), "-n", "bench"]
-        cmd += ["--use-async"] if use_async else []
         out = Path(tmp) / "out.txt"
         with out.open("w") as f:
             proc = subprocess.Popen(cmd, cwd=tmp, stdout=f, stderr=subprocess.STDOUT)
@@ -302,10 +301,10 @@ def book_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float)
     for r in range(args.book_repeats):
         runs["ours fp32"].append(train_run(tmp, f"bk{r}", args.steps, "cpu", None, ("--precision", "fp32"))[0])
         runs["ours auto"].append(train_run(tmp, f"bka{r}", args.steps, "cpu", None, ("--precision", "auto"))[0])
-        runs["book"].append(book_run(args.book, args.book_seconds, False))
-        ratios = [o / b for o, b in zip(runs["ours fp32"], runs["book"], strict=True)]
-        auto = [o / b for o, b in zip(runs["ours auto"], runs["book"], strict=True)]
-        print(f"  round {r + 1}: ours {ratios[-1]:.2f}x the book, at --precision auto {auto[-1]:.2f}x", file=sys.stderr)
+        runs["book"].append(book_run(args.book, args.book_seconds))
+        fp32, auto, theirs = (runs[k][-1] for k in ("ours fp32", "ours auto", "book"))
+        line = f"  round {r + 1}: ours {fp32 / theirs:.2f}x the book, at --precision auto {auto / theirs:.2f}x"
+        print(line, file=sys.stderr)
     n = args.book_repeats
     book = float(np.median(runs["book"]))
     speed(rows, "book A2C training", book, f"the book's ch.19 01_a2c.py, sync, 16 envs, cpu, median of {n}")

@@ -82,10 +82,8 @@ class SavedStartsVec:
         self.jumps += 1
 
     def _show(self) -> np.ndarray:
-        for i, g in enumerate(self.games):
-            self.frames[i] = g.frame
-            self.lives[i] = g.ale.lives()
-        self.frames = self.frames.copy()  # a new array each step, as AtariVec hands out
+        self.frames = np.stack([g.frame for g in self.games])  # a new array each step, as AtariVec hands out
+        self.lives = np.array([g.ale.lives() for g in self.games], dtype=np.int32)
         return np.stack([g.stack for g in self.games])
 
     def reset(self) -> np.ndarray:
@@ -131,7 +129,7 @@ class RuleRewardVec:
             raise UserError(f"the rule reads SeaQuest's gauge: {env.env_id} has none")
         self.env, self.pay = env, pay
         self._fresh()
-        self.paid_steps = self.climb_steps = self.low_diver_steps = self.refills = self.games = self.steps = 0
+        self.paid_steps = self.climb_steps = self.games = self.steps = 0
 
     def _fresh(self) -> None:
         n = self.env.n_envs
@@ -169,13 +167,11 @@ class RuleRewardVec:
         bonus = np.zeros(len(ended), dtype=np.float32)
         for i, (level, row, divers, lost) in enumerate(readings):
             ox, sf = self._oxygen[i], self._surface[i]
-            refills, climbed, low = ox.counts.refills, sf.counts.diver_climb_rows, sf.counts.low_diver_steps
+            refills, climbed = ox.counts.refills, sf.counts.diver_climb_rows
             ox.step(level, lost)
             sf.step(level, row, lost, divers)
             refilled, climb = ox.counts.refills > refills, sf.counts.diver_climb_rows > climbed
-            self.refills += refilled
             self.climb_steps += climb
-            self.low_diver_steps += sf.counts.low_diver_steps > low
             paid = (climb and self.pay in ("climb", "both")) or (refilled and self.pay in ("refill", "both"))
             self.paid_steps += paid
             bonus[i] = float(paid)
@@ -183,6 +179,15 @@ class RuleRewardVec:
         self.steps += len(ended)
         st.rewards = (np.asarray(st.rewards, dtype=np.float32) + bonus).astype(np.float32)
         return st
+
+    @property
+    def refills(self) -> int:
+        """Refills since the last reset, over all envs (the trackers' own counts)."""
+        return sum(ox.counts.refills for ox in self._oxygen)
+
+    @property
+    def low_diver_steps(self) -> int:
+        return sum(sf.counts.low_diver_steps for sf in self._surface)
 
     def summary(self) -> dict[str, Any]:
         return {
