@@ -35,7 +35,7 @@ from typing import Any
 
 from experiments.flags import at_least_one, seed_setting
 from experiments.readouts import held_out_figures
-from experiments.round_report import summarise, table
+from experiments.round_report import arm_row, table
 from experiments.round_settings import RoundSettings
 from experiments.stages import (
     CURVE_TAGS,
@@ -170,7 +170,7 @@ def run_live(sr: SeedRun) -> dict[str, Any]:
         lambda: held_out_figures(sr.db, sr.split["holdout"], final, args.teacher, args.dev, args.death_penalty),
         held_out_key(final, args, sr.split["holdout"]),
     )
-    row = summarise(evaluate_arm(save / "last.pt", ldir / "eval.json", args))
+    row = arm_row(evaluate_arm(save / "last.pt", ldir / "eval.json", args))
     evidence = cached_json(
         ldir / "evidence.json",
         lambda: teacher_evidence(db, db, list_segments(db), args.teacher),
@@ -246,7 +246,7 @@ def report_live(sr: SeedRun, res: dict[str, Any], t0: float) -> list[dict[str, d
     rows = [*staged, {"live": res["row"]}]
     names = [str(k) for k in range(1, len(staged) + 1)] + [f"1-{args.rounds}"]
     if not staged:
-        rows[0]["v0"] = summarise(evaluate_arm(sr.v0_policy, args.out / "eval" / "v0.json", args))
+        rows[0]["v0"] = arm_row(evaluate_arm(sr.v0_policy, args.out / "eval" / "v0.json", args))
     print(
         f"\n## Live: {args.teacher} teacher, {args.labels} labels of v0's DB, then {plan['labels']} more at "
         f"{plan['rate']:.3g} per 1,000 agent steps over one {plan['steps']:,}-step fine-tune; "

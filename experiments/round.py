@@ -56,7 +56,7 @@ import numpy as np
 
 from experiments.live import report_live, run_live
 from experiments.readouts import LIFE_LOSS_LEAD, own_clip_figures
-from experiments.round_report import ARMS, across_seeds, model_targets, plot, summarise, table, targets
+from experiments.round_report import ARMS, across_seeds, arm_row, model_targets, plot, table, targets
 from experiments.round_settings import GROUPS, RoundSettings
 from experiments.stages import (
     CURVE_TAGS,
@@ -397,7 +397,7 @@ def run_round(sr: SeedRun, k: int) -> dict[str, Any]:
     caches = {"v0": evals / "v0.json", "control": evals / f"control-{arms['control'][1].name}.json"}
     caches["rlhf"] = rdir / "eval.json"
     caches["oracle"] = rdir / "eval-oracle.json"
-    rows = {arm: summarise(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS if arm in policies}
+    rows = {arm: arm_row(evaluate_arm(policies[arm], caches[arm], args)) for arm in ARMS if arm in policies}
     tb, rl_name = args.out / "tb", arms["rlhf"][0]
     figs["step_corr_finetune"] = _mean(tb_scalars(tb, rl_name, "reward_model/step_corr")[1])
     own_db = rdir / "rlhf-db"

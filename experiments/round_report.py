@@ -1,7 +1,7 @@
 """What ``experiments.round`` prints and draws: rows per round and arm, the targets, the seeds
 together, and ``round.png``.
 
-A row (``summarise``) holds the mean of the arm's evaluation games: score with its 95% interval,
+A row (``arm_row``) holds the mean of the arm's evaluation games: score with its 95% interval,
 length; beside them the book's figure, the best single life over the games (its score and length),
 and the evaluation that saved the run's best checkpoint (its mean score and step); and for SeaQuest
 the behaviour figures: voluntary refills, lives lost, the share of lost
@@ -41,7 +41,7 @@ COLUMNS = (
 )
 
 
-def summarise(d: dict[str, Any]) -> dict[str, float]:
+def arm_row(d: dict[str, Any]) -> dict[str, float]:
     """One arm's evaluation games (``evaluate_arm``'s record) -> its row."""
     score, half = mean_ci95(d["scores"])
     out = {"score": score, "score_ci": half, "length": float(np.mean(d["lengths"])), "games": len(d["scores"])}

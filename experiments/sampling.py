@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
-def train(tdb: Path, out_dir: Path, name: str, seed: int, args: SamplingSettings) -> Path:
+def train_step_model(tdb: Path, out_dir: Path, name: str, seed: int, args: SamplingSettings) -> Path:
+    """One step's reward model: ``03_reward_train.py`` on ``tdb``'s labels; reused when it is there."""
     path = out_dir / f"reward-{name}.pt"
     if path.exists():
         return path
@@ -199,7 +200,7 @@ def curve(
                 ),
             )
             log(f"{name}: {s.labeled} {how} labels from the {teacher} teacher: {s.counts}")
-        model = train(tdb, tdb.parent, name, seed, args)
+        model = train_step_model(tdb, tdb.parent, name, seed, args)
         fig_path = tdb.parent / "heldout.json"
         if fig_path.exists():
             figs = json.loads(fig_path.read_text())

@@ -138,9 +138,10 @@ def _say(line: str) -> None:
     print(line, flush=True)  # a follower runs for hours, its output often goes to a log file
 
 
-def train(args: RewardArgs) -> int:
-    """Train on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to --runs-dir.
-    Exit 130 when stopped by Ctrl-C: the model is installed, but it is not a finished training."""
+def train_once(args: RewardArgs) -> int:
+    """Train once on the DBs' labels (``follow`` retrains as labels arrive); the best model goes to
+    OUTDIR/reward-NAME.pt, logs to --runs-dir. Exit 130 when stopped by Ctrl-C: the model is
+    installed, but it is not a finished training."""
     from lib.model import resolve_device
     from lib.reward_data import load_preferences
     from lib.reward_train import check_config, summary_lines, train_reward_model
@@ -171,4 +172,4 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate(args, teacher, penalty)
     if not args.name or not args.out:
         parser.error("training needs -n NAME and -o OUTDIR (or give --evaluate MODEL to score a model)")
-    return follow(args, args.follow_config()) if args.follow else train(args)
+    return follow(args, args.follow_config()) if args.follow else train_once(args)

@@ -601,19 +601,19 @@ def test_a_retired_sampling_mode_is_one_line_exit_2_naming_its_last_commit(extra
 
 
 def test_token_from_environment(db: Path) -> None:
-    from lib.label_ui.config import parse_config
+    from lib.label_ui.config import parse_label_config
 
-    cfg = parse_config(["-d", str(db), "--host", "0.0.0.0"], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
+    cfg = parse_label_config(["-d", str(db), "--host", "0.0.0.0"], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
     assert cfg.token == "from-the-env" and cfg.host == "0.0.0.0"
 
 
 def test_token_from_a_file_and_a_warning_for_the_command_line(db: Path, tmp_path: Path, capsys) -> None:
-    from lib.label_ui.config import parse_config
+    from lib.label_ui.config import parse_label_config
 
     (tmp_path / "token").write_text("from-a-file-123\nignored second line\n")
-    cfg = parse_config(["-d", str(db), "--host", "0.0.0.0", "--token-file", str(tmp_path / "token")], environ={})
+    cfg = parse_label_config(["-d", str(db), "--host", "0.0.0.0", "--token-file", str(tmp_path / "token")], environ={})
     assert cfg.token == "from-a-file-123" and capsys.readouterr().err == ""
-    cfg = parse_config(["-d", str(db), "--token", "on-the-command-line"], environ={})
+    cfg = parse_label_config(["-d", str(db), "--token", "on-the-command-line"], environ={})
     assert cfg.token == "on-the-command-line"
     err = capsys.readouterr().err
     assert err.startswith("warning: --token is visible to every user") and err.count("\n") == 1
@@ -774,16 +774,16 @@ async def test_login_body_is_bounded_before_reading(label_app, db: Path) -> None
 
 def test_a_token_is_made_by_default_and_no_token_opts_out(db: Path, capsys) -> None:
     """Medium 4: on the default loopback bind a token is required unless --no-token."""
-    from lib.label_ui.config import parse_config
+    from lib.label_ui.config import parse_label_config
 
-    a = parse_config(["-d", str(db)], environ={})
-    b = parse_config(["-d", str(db)], environ={})
+    a = parse_label_config(["-d", str(db)], environ={})
+    b = parse_label_config(["-d", str(db)], environ={})
     assert a.host == "127.0.0.1" and a.token_generated and len(a.token) >= 32 and a.token != b.token
-    none = parse_config(["-d", str(db), "--no-token"], environ={})
+    none = parse_label_config(["-d", str(db), "--no-token"], environ={})
     assert none.token is None and not none.token_generated
-    given = parse_config(["-d", str(db)], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
+    given = parse_label_config(["-d", str(db)], environ={"RLHF_LABEL_TOKEN": "from-the-env"})
     assert given.token == "from-the-env" and not given.token_generated
-    oracle = parse_config(["-d", str(db), "--oracle", "3"], environ={})
+    oracle = parse_label_config(["-d", str(db), "--oracle", "3"], environ={})
     assert oracle.token is None  # no server, no token
 
 
@@ -956,15 +956,15 @@ def test_the_clip_cache_defaults_to_the_users_cache_directory_and_help_says_wher
     """Without --cache-dir the clips go to the user's cache directory ($XDG_CACHE_HOME, else
     ~/.cache, under rlhf-atari/clips), wherever the page is started from (was: the checkout's
     .cache/clips, the code's directory); --help names the rule and where it is now."""
-    from lib.label_ui.config import build_parser, parse_config
+    from lib.label_ui.config import build_parser, parse_label_config
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     argv = ["-d", str(db), "--no-token"]
-    xdg = parse_config(argv, environ={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")})
+    xdg = parse_label_config(argv, environ={"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")})
     assert xdg.cache_dir == tmp_path / "xdg" / "rlhf-atari" / "clips" and xdg.cache_dir.is_dir()
-    home = parse_config(argv, environ={"XDG_CACHE_HOME": "relative/ignored", "HOME": str(tmp_path / "home")})
+    home = parse_label_config(argv, environ={"XDG_CACHE_HOME": "relative/ignored", "HOME": str(tmp_path / "home")})
     assert home.cache_dir == tmp_path / "home" / ".cache" / "rlhf-atari" / "clips" and home.cache_dir.is_dir()
     assert list(elsewhere.iterdir()) == []
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -147,7 +147,7 @@ def _own(obj: object) -> ModuleType | None:
 
 def find_parser(module: ModuleType, prog: str, depth: int = 0) -> Callable[[list[str]], None]:
     """How to parse a program's arguments without running it: its ``build_parser()``, a
-    ``parse_args(argv)`` of its own, the ``build_parser`` beside a ``parse_config`` it imported,
+    ``parse_args(argv)`` of its own, the ``build_parser`` beside a ``parse_*`` function it imported,
     the module its ``main`` comes from, or, last, its own ``main()`` with argparse intercepted."""
     build = getattr(module, "build_parser", None)
     if callable(build):
@@ -155,8 +155,10 @@ def find_parser(module: ModuleType, prog: str, depth: int = 0) -> Callable[[list
     parse_args = getattr(module, "parse_args", None)
     if inspect.isfunction(parse_args):
         return lambda argv: parse_args(argv)
-    for name in ("parse_config", "parse_args"):
-        home = _own(getattr(module, name, None))
+    for name, obj in vars(module).items():
+        if not name.startswith("parse_"):
+            continue
+        home = _own(obj)
         if home is not None and home is not module and callable(getattr(home, "build_parser", None)):
             return lambda argv: home.build_parser().parse_args(argv)
     main = getattr(module, "main", None)

@@ -308,22 +308,22 @@ def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_me
 
 
 def test_an_arms_row_has_the_share_of_lives_lost_surfacing_empty_only_where_its_games_counted_it() -> None:
-    from experiments.round_report import summarise, table
+    from experiments.round_report import arm_row, table
 
     games = {"scores": [100.0, 300.0], "lengths": [800, 1200], "refills": [0, 1], "deaths": [4, 4]}
     games |= {"oxygen_deaths": [1, 0], "climbs": [0, 2], "surface_steps": [80, 120], "rescues": [1, 2]}
     games |= {"diver_steps": [100, 300], "surfacing_deaths": [3, 1]}
-    row = summarise(games)
+    row = arm_row(games)
     assert row["surfacing_share"] == 0.5 and row["oxygen_share"] == 0.125
     assert "| lost surfacing empty |" in table([{"v0": row}]) and "| 50% |" in table([{"v0": row}])
-    older = summarise({k: v for k, v in games.items() if k != "surfacing_deaths"})  # an eval.json made before
+    older = arm_row({k: v for k, v in games.items() if k != "surfacing_deaths"})  # an eval.json made before
     assert "surfacing_share" not in older and "| n/a |" in table([{"v0": older}])
 
 
 def test_an_arms_row_has_the_best_life_and_the_best_checkpoint_beside_the_mean(tmp_path: Path) -> None:
     """evaluate_arm's record (a cache of real files, read back without playing): the best single
     life over the games and the run's best checkpoint; an older cache without lives reads n/a."""
-    from experiments.round_report import across_seeds, summarise, table
+    from experiments.round_report import across_seeds, arm_row, table
     from experiments.stages import EVAL_RECORD, EVAL_SEED, evaluate_arm, file_digest
     from lib.model import best_checkpoint_name
 
@@ -340,7 +340,7 @@ def test_an_arms_row_has_the_best_life_and_the_best_checkpoint_beside_the_mean(t
     key = {"policy": file_digest(policy), "games": 2, "seed": EVAL_SEED, "record": EVAL_RECORD}
     cache = tmp_path / "eval.json"
     cache.write_text(json.dumps({"made_from": key, "value": {**games, "lives": lives}}))
-    row = summarise(evaluate_arm(policy, cache, args))
+    row = arm_row(evaluate_arm(policy, cache, args))
     assert (row["best_life"], row["best_life_steps"]) == (240.0, 400.0)
     assert (row["best_ckpt"], row["best_ckpt_kstep"]) == (412.3, 480.0)  # the last best_*.pt written
     text = table([{"rlhf": row}])
@@ -349,7 +349,7 @@ def test_an_arms_row_has_the_best_life_and_the_best_checkpoint_beside_the_mean(t
     seeds = table(across_seeds([[{"rlhf": row}], [{"rlhf": other}]]))
     assert re.search(r"\| 220 ± \d+ in 500 steps \|", seeds)  # the seeds' mean, its interval across them
     cache.write_text(json.dumps({"made_from": key, "value": games}))  # cached before lives were kept
-    older = summarise(evaluate_arm(policy, cache, args))
+    older = arm_row(evaluate_arm(policy, cache, args))
     assert "best_life" not in older and "| n/a | 412 at 480k |" in table([{"rlhf": older}])
 
 

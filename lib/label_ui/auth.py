@@ -3,7 +3,7 @@ Origin check; bounded request bodies.
 
 A token is the default, on loopback too (another account of the machine reaches 127.0.0.1):
 ``--token-file``, ``$RLHF_LABEL_TOKEN`` or ``--token``, else one made at start and printed in the
-page's link (``?token=...``). ``--no-token`` turns it off, on loopback only (``config.parse_config``
+page's link (``?token=...``). ``--no-token`` turns it off, on loopback only (``config.parse_label_config``
 refuses anything else), for a machine of one user or an SSH tunnel.
 
 With a token every HTTP request and every websocket (NiceGUI's socket.io lives inside the same

@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 
 from lib.errors import EXIT_INTERRUPTED, UserError, fail
-from lib.label_ui.config import LabelConfig, parse_config
+from lib.label_ui.config import LabelConfig, parse_label_config
 from lib.labels import LABEL_NAMES
 from lib.oracle import FollowSettings, OracleSettings, OracleSummary, oracle_follow, oracle_label_db
 from lib.signals import SignalStop
@@ -60,7 +60,7 @@ def run_follow(cfg: LabelConfig) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Entry point; a UserError ends in ``error: <message>`` and exit status 2."""
     try:
-        cfg = parse_config(argv)
+        cfg = parse_label_config(argv)
         if cfg.oracle is not None and cfg.follow:
             code = run_follow(cfg)
             if code:

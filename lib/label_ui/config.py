@@ -1,5 +1,5 @@
 """``02_label_ui.py``'s command line: ``LabelConfig`` declares each flag once (``lib.settings``: its
-default, help, group and own checks); ``parse_config`` checks it and fills in what needs the
+default, help, group and own checks); ``parse_label_config`` checks it and fills in what needs the
 environment or the file system (the DBs, the token, the cache directory). Every mistake ends in one
 line."""
 
@@ -80,7 +80,7 @@ def _pair_count(flag: str, most: int) -> list[Check]:
 class LabelConfig:
     """Everything the label server and the oracle are told: each field but the last three is one flag
     (``setting``), in ``--help`` order; a help text names its default with ``%(default)s`` (argparse
-    fills it in), so it is written once. ``parse_config`` fills in what a flag leaves open (None: not
+    fills it in), so it is written once. ``parse_label_config`` fills in what a flag leaves open (None: not
     given): the token, the cache directory, the teacher's death penalty, the follow schedule."""
 
     # core
@@ -287,7 +287,7 @@ class LabelConfig:
             )
         ],
     )
-    # set by parse_config
+    # set by parse_label_config
     dbs: tuple[Path, ...] = ()  # -d/--db, checked: directories of one game
     public_hosts: tuple[str, ...] = ()  # --public-host's names
     token_generated: bool = False  # no token given: one was made for this run (printed at start)
@@ -336,7 +336,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LabelConfig:
+def parse_label_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LabelConfig:
     """Parse and check the command line, then fill in what it leaves open; every mistake raises
     UserError with one line."""
     environ = os.environ if environ is None else environ
