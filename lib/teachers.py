@@ -228,8 +228,10 @@ def teacher_help() -> str:
 
 @dataclass
 class Teacher:
-    """A synthetic labeler: ``answer(a, b)`` -> 1 / 2 / 0 / -1 (labels.py's values);
-    ``answer_rule`` also says which rule decided."""
+    """A synthetic labeler of a pair of segments' facts. Both methods return a ``Verdict``: the
+    answer, 1 / 2 / 0 / -1 (labels.py's values), and the rule that decided it. ``answer_rule`` is
+    the labeler (the paper's random answers at rate ``noise``); ``judge_rule`` is the teacher's own
+    rule, without noise, for scoring a model against it."""
 
     name: str = DEFAULT_TEACHER
     noise: float = 0.0
@@ -260,16 +262,8 @@ class Teacher:
             return CANT_TELL, rule
         return answer, rule
 
-    def judge(self, a: SegmentFacts, b: SegmentFacts) -> int:
-        """``judge_rule``'s answer."""
-        return self.judge_rule(a, b)[0]
-
     def answer_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
         """``judge_rule`` with the paper's random answers mixed in at rate ``noise`` (rule "noise")."""
         if self.noise > 0 and self.rng.random() < self.noise:
             return (FIRST_BETTER if self.rng.random() < 0.5 else SECOND_BETTER), "noise"
         return self.judge_rule(a, b)
-
-    def answer(self, a: SegmentFacts, b: SegmentFacts) -> int:
-        """``answer_rule``'s answer."""
-        return self.answer_rule(a, b)[0]

@@ -145,18 +145,18 @@ def facts(
 
 def test_teacher_rules() -> None:
     score, oxygen = Teacher("score"), Teacher("oxygen")
-    assert score.judge(facts(20), facts(0)) == FIRST_BETTER
-    assert score.judge(facts(0, refills=1), facts(20)) == SECOND_BETTER  # the score ignores oxygen
-    assert score.judge(facts(5), facts(5)) == EQUAL
-    assert Teacher("score", ties="skip").judge(facts(5), facts(5)) == CANT_TELL
-    assert score.judge(facts(None), facts(5)) == CANT_TELL
+    assert score.judge_rule(facts(20), facts(0))[0] == FIRST_BETTER
+    assert score.judge_rule(facts(0, refills=1), facts(20))[0] == SECOND_BETTER  # the score ignores oxygen
+    assert score.judge_rule(facts(5), facts(5))[0] == EQUAL
+    assert Teacher("score", ties="skip").judge_rule(facts(5), facts(5))[0] == CANT_TELL
+    assert score.judge_rule(facts(None), facts(5))[0] == CANT_TELL
     # Oxygen: an oxygen death is the worst event, then refills count, then the score decides.
-    assert oxygen.judge(facts(100, oxygen_deaths=1), facts(0)) == SECOND_BETTER
-    assert oxygen.judge(facts(0, refills=1), facts(100)) == FIRST_BETTER
-    assert oxygen.judge(facts(0, refills=2, oxygen_deaths=1), facts(0, refills=0)) == SECOND_BETTER
-    assert oxygen.judge(facts(10), facts(30)) == SECOND_BETTER
-    assert oxygen.judge(facts(10), facts(10)) == EQUAL
-    assert oxygen.judge(SegmentFacts(10, None), facts(0)) == CANT_TELL  # no gauge: cannot judge
+    assert oxygen.judge_rule(facts(100, oxygen_deaths=1), facts(0))[0] == SECOND_BETTER
+    assert oxygen.judge_rule(facts(0, refills=1), facts(100))[0] == FIRST_BETTER
+    assert oxygen.judge_rule(facts(0, refills=2, oxygen_deaths=1), facts(0, refills=0))[0] == SECOND_BETTER
+    assert oxygen.judge_rule(facts(10), facts(30))[0] == SECOND_BETTER
+    assert oxygen.judge_rule(facts(10), facts(10))[0] == EQUAL
+    assert oxygen.judge_rule(SegmentFacts(10, None), facts(0))[0] == CANT_TELL  # no gauge: cannot judge
     with pytest.raises(ValueError):
         Teacher("taste")
     with pytest.raises(ValueError):
@@ -210,16 +210,16 @@ def test_surface_teacher_rules_in_order() -> None:
 def test_teacher_noise_is_the_papers_share_of_random_answers() -> None:
     n, p = 20_000, 0.3
     t = Teacher("score", noise=p, rng=np.random.default_rng(0))
-    answers = np.array([t.answer(facts(0), facts(10)) for _ in range(n)])
+    answers = np.array([t.answer_rule(facts(0), facts(10))[0] for _ in range(n)])
     assert set(answers.tolist()) <= {FIRST_BETTER, SECOND_BETTER}
     # Wrong answers come from the random share only, half of it: p/2 = 15% (4 sigma bounds).
     wrong = (answers == FIRST_BETTER).mean()
     sigma = np.sqrt(p / 2 * (1 - p / 2) / n)
     assert abs(wrong - p / 2) < 4 * sigma
     # A tie is never answered by a random answer of the noise share (it picks #1 or #2).
-    ties = [t.answer(facts(3), facts(3)) for _ in range(2000)]
+    ties = [t.answer_rule(facts(3), facts(3))[0] for _ in range(2000)]
     assert 0.2 < np.mean([a != EQUAL for a in ties]) < 0.4
-    assert all(Teacher("score").answer(facts(0), facts(10)) == SECOND_BETTER for _ in range(100))
+    assert all(Teacher("score").answer_rule(facts(0), facts(10))[0] == SECOND_BETTER for _ in range(100))
 
 
 def test_oracle_with_the_oxygen_teacher_on_real_segments(
