@@ -211,13 +211,12 @@ def check_pass_through(args: RoundSettings) -> None:
     from lib.reward_cli import build_parser as reward_parser
     from lib.reward_cli import config_from_args
     from lib.reward_config import RewardArgs
-    from lib.reward_train import check_config
 
     pass_through("--reward-args", args.reward_args)
     parsed = reward_parser().parse_args([A_DB, "-n", "x", "-o", "x", *shlex.split(args.reward_args)])
     try:
         RewardArgs(**vars(parsed)).check()  # each flag's own checks: a retired value (--input half) too
-        check_config(config_from_args(parsed, "cpu"))
+        config_from_args(parsed, "cpu").check()
     except UserError as e:
         raise UserError(f"--reward-args {args.reward_args!r}: {e}") from None
     pass_through("--ft-args", args.ft_args)

@@ -113,14 +113,13 @@ def follow(args: RewardArgs, fcfg: FollowConfig) -> int:
     """``--follow``: retrain as labels arrive until Ctrl-C / SIGTERM (exit 130, or 2 on a mistake)."""
     from lib.envs import DEFAULT_ENV, rom_name
     from lib.model import resolve_device
-    from lib.reward_follow import Follower, check_follow_config
-    from lib.reward_train import _output_paths, check_config
+    from lib.reward_follow import Follower
+    from lib.reward_train import _output_paths
     from lib.segments import check_same_game
 
     device = resolve_device(args.dev)
     cfg = config_from_args(args, str(device))
-    check_config(cfg)
-    check_follow_config(fcfg)
+    cfg.check()  # every flag in range before the DBs are read (--retrain-every, --poll: RewardArgs.check)
     for db in args.dbs:
         if not Path(db).is_dir():
             raise UserError(f"DB not found: {db}")
@@ -144,11 +143,11 @@ def train_once(args: RewardArgs) -> int:
     installed, but it is not a finished training."""
     from lib.model import resolve_device
     from lib.reward_data import load_preferences
-    from lib.reward_train import check_config, summary_lines, train_reward_model
+    from lib.reward_train import summary_lines, train_reward_model
 
     device = resolve_device(args.dev)  # fail on --dev cuda without a GPU before reading the DBs
     cfg = config_from_args(args, str(device))
-    check_config(cfg)  # every flag in range before the DBs are read
+    cfg.check()  # every flag in range before the DBs are read
     data = load_preferences(args.dbs, env=args.env)
     writer = tb_writer(args, data.game)
     try:

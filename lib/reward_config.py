@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
-from lib.settings import check_between, check_fields, setting
+from lib.envs import POLICY_FRAME
+from lib.seeds import SEED_CHECKS
+from lib.settings import Check, check_between, check_fields, setting
 from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
 ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
@@ -29,7 +32,11 @@ RETIRED_INPUTS = {
 # better on every DB and teacher measured: 86.4 -> 88.8% and 85.7 -> 88.7% (score), 83.9 -> 86.4%
 # (oxygen); 40 and 100 gave exactly 20's models (the best epoch always came before 20 more).
 PATIENCE = {"diff": 20, "book": 4}
+MAX_ENSEMBLE = 64  # members of one reward model (--ensemble; a checkpoint's state_dicts)
+MAX_LR = 1.0
+MAX_RETRAIN_EVERY = 1_000_000
 MAX_POLL = 3600.0
+AT_LEAST_ONE: tuple[Check] = ((lambda v: v is None or v >= 1, "{flag} must be at least 1, got {v}"),)
 
 
 @dataclass
@@ -39,6 +46,27 @@ class FollowConfig:
 
     retrain_every: int = 20  # --retrain-every: new labels (new or edited answers) between versions
     poll: float = 5.0  # --poll: seconds between looks at the label files
+
+
+def check_block(block: Any) -> tuple[int, int]:
+    """(rows, cols) of a diff net's averaging block, each a divisor of 84; ValueError otherwise
+    (a checkpoint's field is untrusted: anything else is refused with one line)."""
+    try:
+        rows, cols = (int(v) for v in block)
+        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v for v in block)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or not all(0 < v <= POLICY_FRAME and POLICY_FRAME % v == 0 for v in (rows, cols)):
+        raise ValueError(f"the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {str(block)[:40]}")
+    return rows, cols
+
+
+def _is_block(block: Any) -> bool:
+    try:
+        check_block(block)
+    except ValueError:
+        return False
+    return True
 
 
 def block_arg(text: str) -> tuple[int, int]:
@@ -58,7 +86,7 @@ def _plain_name(name: str | None) -> bool:
 class RewardArgs:
     """Everything ``03_reward_train.py`` is told: each field is one flag (``setting``), in ``--help`` order.
     None for --teacher, --death-penalty, --retrain-every, --poll: not given (each applies to one mode, which
-    holds its default). The hyper-parameters' ranges: ``lib.reward_train.check_config``, on the TrainConfig."""
+    holds its default). ``TrainConfig`` runs the same fields' checks on a config made in code."""
 
     # core: what to do, where, and the optimiser
     evaluate: str | None = setting(
@@ -86,18 +114,24 @@ class RewardArgs:
         metavar="P",
     )
     dev: str = setting("cpu", "torch device to train on: cpu or cuda", group="core")
-    epochs: int = setting(100, "maximum epochs (early stopping usually ends sooner)", group="core")
+    epochs: int = setting(100, "maximum epochs (early stopping usually ends sooner)", group="core", checks=AT_LEAST_ONE)
     # Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on experiments/quality.py (300 oracle labels,
     # 3 splits) they agreed better with the true score on never-seen segments every time (+0.6 to +4.0
     # points) at the same cost per pair.
-    batch: int = setting(16, "labeled pairs per optimiser step (the book: 64)", group="core")
-    lr: float = setting(3e-4, "Adam learning rate (the book: 1e-4)", group="core")
-    seed: int = setting(42, "seed of the train/test split, shuffling and weights", group="core")
+    batch: int = setting(16, "labeled pairs per optimiser step (the book: 64)", group="core", checks=AT_LEAST_ONE)
+    lr: float = setting(
+        3e-4,
+        "Adam learning rate (the book: 1e-4)",
+        group="core",
+        checks=[(lambda v: 0 < v <= MAX_LR, f"{{flag}} must be positive and at most {MAX_LR:g}, got {{v}}")],
+    )
+    seed: int = setting(42, "seed of the train/test split, shuffling and weights", group="core", checks=SEED_CHECKS)
     test_ratio: float = setting(
         0.2,
         "share of the labels held out for testing (--follow: about this share, chosen by a hash of the pair "
         "and --seed, so that a label held out for one version stays held out)",
         group="core",
+        checks=[(lambda v: 0 < v < 1, "{flag} must be between 0 and 1, got {v}")],
     )
     patience: int | None = setting(
         None,
@@ -105,9 +139,13 @@ class RewardArgs:
         "whose epochs are cheap; the book's 4 for --arch book)",
         group="core",
         type=int,
+        checks=AT_LEAST_ONE,
     )
     micro_frames: int = setting(
-        100, "steps per forward/backward pass (gradients accumulate up to --batch): bounds memory", group="core"
+        100,
+        "steps per forward/backward pass (gradients accumulate up to --batch): bounds memory",
+        group="core",
+        checks=AT_LEAST_ONE,
     )
     # follow: keep running and retrain as labels arrive
     follow: bool = setting(
@@ -127,6 +165,12 @@ class RewardArgs:
         group="follow",
         type=int,
         metavar="K",
+        checks=[
+            (
+                lambda v: v is None or (type(v) is int and 1 <= v <= MAX_RETRAIN_EVERY),
+                f"{{flag}} must be an integer in 1..{MAX_RETRAIN_EVERY:,}, got {{v}}",
+            )
+        ],
     )
     poll: float | None = setting(
         None,
@@ -134,6 +178,12 @@ class RewardArgs:
         group="follow",
         type=float,
         metavar="SECONDS",
+        checks=[  # NaN fails too
+            (
+                lambda v: v is None or 0 < v <= MAX_POLL,
+                f"{{flag}} must be a number of seconds above 0 and at most {MAX_POLL:g}, got {{v}}",
+            )
+        ],
     )
     # model: the reward network and its ensemble
     diff_block: tuple[int, int] = setting(
@@ -144,6 +194,9 @@ class RewardArgs:
         group="model",
         type=block_arg,
         metavar="ROWSxCOLS",
+        checks=[
+            (_is_block, f"{{flag}}: the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {{v}}")
+        ],
     )
     diff_flow: bool = setting(
         False,
@@ -157,6 +210,7 @@ class RewardArgs:
         "train K models on bootstrap samples; predict their mean, log their disagreement",
         group="model",
         metavar="K",
+        checks=[*AT_LEAST_ONE, (lambda v: v <= MAX_ENSEMBLE, f"{{flag}} must be at most {MAX_ENSEMBLE}, got {{v}}")],
     )
     # labels: the segment DBs and how their answers are read
     dbs: list[str] = setting(
@@ -201,6 +255,13 @@ class RewardArgs:
         "(10 covers SeaQuest's score): the model must then learn from the scene",
         group="baselines",
         metavar="N",
+        checks=[
+            (
+                lambda v: 0 <= v < POLICY_FRAME,
+                f"{{flag}} must be in 0..{POLICY_FRAME - 1} (rows of the {POLICY_FRAME}x{POLICY_FRAME} input), "
+                "got {v}",
+            )
+        ],
     )
     input: str = setting(
         "full",
@@ -232,7 +293,7 @@ class RewardArgs:
 @dataclass
 class TrainConfig:
     """The training code's input (``lib/reward_train.py``): each field but ``device`` is the ``RewardArgs``
-    flag of the same name, with its default. ``patience`` None: the arch's (``PATIENCE``)."""
+    flag of the same name, with its default and its checks. ``patience`` None: the arch's (``PATIENCE``)."""
 
     epochs: int = RewardArgs.epochs
     batch: int = RewardArgs.batch
@@ -248,3 +309,17 @@ class TrainConfig:
     mask_rows: int = RewardArgs.mask_rows
     diff_block: tuple[int, int] = RewardArgs.diff_block
     diff_flow: bool = RewardArgs.diff_flow
+
+    def check(self) -> None:
+        """UserError with one line for the first value that cannot work: the checks of the
+        ``RewardArgs`` field of each name, then the network flags that apply to --arch diff only.
+        The CLI runs it before reading the DBs (bounds before work), and training again."""
+        check_fields(self, declared_by=RewardArgs)
+        diff_only = {
+            "--mask-rows": self.mask_rows != 0,
+            "--diff-block": tuple(self.diff_block) != tuple(DIFF_BLOCK),
+            "--diff-flow": self.diff_flow,
+        }
+        check_between(
+            (given and self.arch != "diff", f"{flag} applies to --arch diff only") for flag, given in diff_only.items()
+        )

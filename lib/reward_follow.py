@@ -59,7 +59,7 @@ from lib.labels import (
     pair_key,
     read_label_log,
 )
-from lib.reward_config import MAX_POLL, FollowConfig, TrainConfig
+from lib.reward_config import FollowConfig, TrainConfig
 from lib.reward_data import Log, PreferenceData, load_preferences
 from lib.reward_model import AnyRewardModel, load_reward_models, save_reward_checkpoint
 from lib.reward_train import (
@@ -81,17 +81,6 @@ MAX_VERSION = 10**9 - 1  # a version's number fits reward-NAME-vK.pt's \\d{1,9}
 
 # (DB as given on the command line, first, second of the order-free pair key)
 LabelKey = tuple[str, str, str]
-
-
-MAX_RETRAIN_EVERY = 1_000_000
-
-
-def check_follow_config(fcfg: FollowConfig) -> None:
-    """--retrain-every and --poll in range; UserError with one line naming the flag."""
-    if type(fcfg.retrain_every) is not int or not 1 <= fcfg.retrain_every <= MAX_RETRAIN_EVERY:
-        raise UserError(f"--retrain-every must be an integer in 1..{MAX_RETRAIN_EVERY:,}, got {fcfg.retrain_every}")
-    if not 0 < fcfg.poll <= MAX_POLL:  # NaN fails too
-        raise UserError(f"--poll must be a number of seconds above 0 and at most {MAX_POLL:g}, got {fcfg.poll}")
 
 
 def version_path(out_dir: Path, name: str, k: int) -> Path:

@@ -66,7 +66,7 @@ from lib.checkpoints import (
 from lib.envs import POLICY_FRAME, grey84
 from lib.errors import UserError
 from lib.model import resolve_device
-from lib.reward_config import ARCHS, DIFF_BLOCK
+from lib.reward_config import ARCHS, DIFF_BLOCK, MAX_ENSEMBLE, check_block
 
 REWARD_VERSION = 1
 FULL_FRAME = (210, 160, 3)
@@ -80,22 +80,8 @@ INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
 FLOW_FEATURES = 2  # --diff-flow: the scene's vertical and horizontal shift (scene_flow)
 FLOW_EPS = 1e-3  # scene_flow's guard against a frame without edges (sum of squared gradients)
 OLD_DIFF_BLOCK = (12, 12)  # diff checkpoints made before the "diff_block" field
-MAX_ENSEMBLE = 64  # members of one reward model (03_reward_train.py --ensemble)
 MAX_FRAME_SIDE = 1024  # as lib.segments.MAX_FRAME_SIDE
 MAX_DOWNSCALE = 8
-
-
-def check_block(block: Any) -> tuple[int, int]:
-    """(rows, cols) of a diff net's averaging block, each a divisor of 84; ValueError otherwise
-    (a checkpoint's field is untrusted: anything else is refused with one line)."""
-    try:
-        rows, cols = (int(v) for v in block)
-        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v for v in block)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not all(0 < v <= POLICY_FRAME and POLICY_FRAME % v == 0 for v in (rows, cols)):
-        raise ValueError(f"the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {str(block)[:40]}")
-    return rows, cols
 
 
 def input_shape_of(frame_shape: Sequence[int], downscale: int = 1) -> tuple[int, int, int]:

@@ -36,21 +36,18 @@ from lib.checkpoints import state_is_finite
 from lib.errors import UserError
 from lib.files import remove_stale_temps
 from lib.labels import pair_key
-from lib.reward_config import ARCHS, DIFF_BLOCK, PATIENCE, TrainConfig
+from lib.reward_config import PATIENCE, TrainConfig
 from lib.reward_data import Log, PreferenceData, model_inputs, step_features
 from lib.reward_eval import norm_stats, pair_metrics, true_step_stats
 from lib.reward_model import (
-    MAX_ENSEMBLE,
     NOISE_EPS,
     AnyRewardModel,
     DiffRewardModel,
-    check_block,
     new_reward_model,
     preference_loss,
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.seeds import check_seed
 
 
 @dataclass
@@ -203,50 +200,6 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-MAX_LR = 1.0
-
-
-def check_config(cfg: TrainConfig) -> None:
-    """Every hyper-parameter in type and range; UserError with one line naming the flag. The CLI
-    calls it before reading the DBs (bounds before work), and training again."""
-    for name, v in (
-        ("--epochs", cfg.epochs),
-        ("--batch", cfg.batch),
-        ("--patience", cfg.patience),
-        ("--ensemble", cfg.ensemble),
-        ("--micro-frames", cfg.micro_frames),
-    ):
-        if v is not None and v < 1:
-            raise UserError(f"{name} must be at least 1, got {v}")
-    if cfg.ensemble > MAX_ENSEMBLE:
-        raise UserError(f"--ensemble must be at most {MAX_ENSEMBLE}, got {cfg.ensemble}")
-    check_seed(cfg.seed)
-    # every float flag finite and in range (NaN fails every comparison: checked as "not in range")
-    if not 0 < cfg.lr <= MAX_LR:
-        raise UserError(f"--lr must be positive and at most {MAX_LR:g}, got {cfg.lr}")
-    if not 0 < cfg.test_ratio < 1:
-        raise UserError(f"--test-ratio must be between 0 and 1, got {cfg.test_ratio}")
-    _check_network(cfg)
-
-
-def _check_network(cfg: TrainConfig) -> None:
-    """The network flags: each applies to its arch only, and in range."""
-    if cfg.arch not in ARCHS:
-        raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {cfg.arch!r}")
-    if cfg.mask_rows and cfg.arch != "diff":
-        raise UserError("--mask-rows applies to --arch diff only")
-    if not 0 <= cfg.mask_rows < 84:
-        raise UserError(f"--mask-rows must be in 0..83 (rows of the 84x84 input), got {cfg.mask_rows}")
-    if tuple(cfg.diff_block) != tuple(DIFF_BLOCK) and cfg.arch != "diff":
-        raise UserError("--diff-block applies to --arch diff only")
-    if cfg.diff_flow and cfg.arch != "diff":
-        raise UserError("--diff-flow applies to --arch diff only")
-    try:
-        check_block(cfg.diff_block)
-    except ValueError as e:
-        raise UserError(f"--diff-block: {e}") from None
-
-
 def _output_paths(out_path: str | os.PathLike) -> tuple[Path, Path]:
     """(the model's path, the side file for the best model so far). The model itself is replaced
     only when training ends, so a crash or kill mid-run never costs the model that was there."""
@@ -294,7 +247,7 @@ def _build_fit(
     device = resolve_device(cfg.device)
     if cfg.patience is None and cfg.arch in PATIENCE:
         cfg = replace(cfg, patience=PATIENCE[cfg.arch])
-    check_config(cfg)
+    cfg.check()
     keep_freed_memory()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)

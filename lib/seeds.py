@@ -7,17 +7,9 @@ for every stage, so that a seed one stage takes is never refused by the next.
 
 from __future__ import annotations
 
-from lib.errors import UserError
-
 EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training envs'
 MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET
 
 
 # A --seed setting's check (lib.settings): a seed out of 0..MAX_SEED is one line (None: not given).
 SEED_CHECKS = ((lambda v: v is None or 0 <= v <= MAX_SEED, f"{{flag}} must be in 0..{MAX_SEED}, got {{v}}"),)
-
-
-def check_seed(seed: int, flag: str = "--seed") -> None:
-    """UserError with one line when ``seed`` is out of 0..MAX_SEED."""
-    if not 0 <= seed <= MAX_SEED:
-        raise UserError(f"{flag} must be in 0..{MAX_SEED}, got {seed}")

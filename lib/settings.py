@@ -147,13 +147,17 @@ def build_parser(
     return p
 
 
-def check_fields(cfg: Any) -> None:
+def check_fields(cfg: Any, declared_by: type | None = None) -> None:
     """UserError with one line for the first field whose value fails one of its own checks, in
-    ``--help`` order; a repeated flag (``action="append"``, None when not given) value by value."""
-    for f in fields(cfg):
-        if "checks" not in f.metadata:
+    ``--help`` order; a repeated flag (``action="append"``, None when not given) value by value.
+    ``declared_by``: the settings class whose field of each name declares the checks, for a config
+    made from its flags (stage 3's ``TrainConfig`` from ``RewardArgs``)."""
+    declared = {f.name: f for f in fields(declared_by or cfg)}
+    for name in (f.name for f in fields(cfg)):
+        f = declared.get(name)
+        if f is None or "checks" not in f.metadata:
             continue
-        value = getattr(cfg, f.name)
+        value = getattr(cfg, name)
         values = (value or []) if f.metadata["arg"].get("action") == "append" else [value]
         for v in values:
             for ok, message in f.metadata["checks"]:
