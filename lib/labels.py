@@ -426,10 +426,6 @@ def labeling_lock(db_root: str | os.PathLike, on_wait: Callable[[], None] | None
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def append_label(db_root: str | os.PathLike, label: Label) -> None:
-    append_labels(db_root, [label])
-
-
 def sample_unlabeled_pairs(
     segments: list[str],
     taken: set[tuple[str, str]],

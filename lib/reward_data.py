@@ -7,7 +7,6 @@ Roles, one verb each:
   which game it is (``_resolve_game``). "Can't tell" and labels whose segments are missing or
   unreadable are left out (counted). Segments stay COMPRESSED in memory (~20-50 KB instead of
   ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
-- ``decode_segments``: decode the segments of one micro-batch (~1 ms each).
 - ``model_inputs``: a network's input for some segments (``lib.reward_model.reward_input`` of each:
   the book's net, the frames; the diff net's, grey 84x84 frame and next frame).
 - ``step_features``: the diff net's per-step features (and actions), computed once per segment and
@@ -41,7 +40,7 @@ Log = Callable[[str], None]
 class PreferenceData:
     """Labeled pairs over compressed segments (S unique segments, P usable pairs).
 
-    blobs:        S compressed segment files (decode with ``decode_segments``)
+    blobs:        S compressed segment files (``model_inputs`` decodes them)
     names:        S "<db>/<NN/SSSSSSSS.dat>" names for messages
     lengths:      (S,) int64    steps per segment
     true_returns: (S,) float64  sum of true rewards; NaN where the segment has none (legacy DB)
@@ -304,29 +303,11 @@ def _read_segment(root: Path, rel: str, warn: Warn = warn) -> tuple[bytes, dict[
     return data, meta
 
 
-def decode_segments(data: PreferenceData, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode segments ``ids``: frames (F, H, W, 3) uint8, actions (F,) int64, and owner (F,) int64,
-    the position in ``ids`` each frame belongs to (F = total steps)."""
-    total = int(data.lengths[list(ids)].sum())
-    frames = np.empty((total, *data.frame_shape), dtype=np.uint8)
-    actions = np.empty(total, dtype=np.int64)
-    owner = np.empty(total, dtype=np.int64)
-    pos = 0
-    for j, i in enumerate(ids):
-        seg = decode_segment(data.blobs[i], data.names[i])
-        t = len(seg)
-        frames[pos : pos + t] = seg.frames
-        actions[pos : pos + t] = seg.actions
-        owner[pos : pos + t] = j
-        pos += t
-    return frames, actions, owner
-
-
 def model_inputs(data: PreferenceData, ids: Sequence[int], arch: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The network input of segments ``ids`` for a model of ``arch``, one clip after another, each
     made by ``lib.reward_model.reward_input`` (the book's net: the frames, (F, H, W, 3) uint8; the
-    diff net: (F, 2, 84, 84) uint8, frame and next frame). Returns (input, actions, owner) as
-    ``decode_segments`` does."""
+    diff net: (F, 2, 84, 84) uint8, frame and next frame). Returns (input, actions (F,) int64,
+    owner (F,) int64: the position in ``ids`` each step belongs to), F the total steps."""
     total = int(data.lengths[list(ids)].sum())
     x: np.ndarray | None = None
     actions = np.empty(total, dtype=np.int64)

@@ -274,7 +274,7 @@ class DiffRewardModel(nn.Module):
     """A reward model that sees what each step did. Its input: the grey 84x84 frame the action was
     chosen on (the policy's preprocessing) and the absolute change to the frame the step led to,
     each averaged over ``block`` blocks (default 4x12: 21 rows of 7, 294 features), scaled per
-    feature to unit std over the training segments (``fit_scale``); then the book's head: the
+    feature to unit std over the training segments (``scale_to``); then the book's head: the
     one-hot action, 64 hidden units, one output. The change is where points show: in SeaQuest the
     score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
     on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
@@ -331,11 +331,6 @@ class DiffRewardModel(nn.Module):
         if self.flow:
             parts.append(scene_flow(x))
         return torch.cat(parts, dim=1)
-
-    @torch.no_grad()
-    def fit_scale(self, x: torch.Tensor) -> None:
-        """Set the per-feature scale from inputs ``x`` (training steps): ``scale_to``."""
-        self.scale_to(self.features(x.to(self.scale.device)))
 
     @torch.no_grad()
     def scale_to(self, f: torch.Tensor) -> None:

@@ -107,10 +107,6 @@ class Segment:
         return len(self.frames)
 
     @property
-    def has_rewards(self) -> bool:
-        return self.rewards is not None
-
-    @property
     def true_return(self) -> float:
         """Sum of the true game rewards; raises ValueError for a legacy segment."""
         if self.rewards is None:
@@ -148,7 +144,6 @@ _ARRAY_FIELDS = {
 _PLAIN_DTYPES = {
     d.str: d for d in map(np.dtype, ("|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f4", "<f8", "|b1"))
 }
-_NATIVE_ALIASES = {"=": "<", "|": "<"}  # numpy states: '=' native (we only run little-endian)
 
 
 def _plain_array(arr: np.ndarray, dtype: np.dtype) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from lib.labels import (
     RETRACTED,
     Label,
     LabelTail,
-    append_label,
     append_labels,
     consistency,
     load_labels,
@@ -31,7 +30,7 @@ def lines(db: Path) -> list[str]:
 
 def test_last_line_wins_and_pairs_are_order_free(tmp_path: Path) -> None:
     append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("02/c.dat", "00/a.dat", 0)])
-    append_label(tmp_path, Label("01/b.dat", "00/a.dat", 2))  # the same pair as the first, reversed
+    append_labels(tmp_path, [Label("01/b.dat", "00/a.dat", 2)])  # the same pair as the first, reversed
     current = load_labels(tmp_path)
     assert len(current) == 2
     lab = current[pair_key("00/a.dat", "01/b.dat")]
@@ -41,7 +40,7 @@ def test_last_line_wins_and_pairs_are_order_free(tmp_path: Path) -> None:
 
 
 def test_line_format_keeps_extra_fields_and_time(tmp_path: Path) -> None:
-    append_label(tmp_path, Label("00/a.dat", "01/b.dat", CANT_TELL, source="human", extra={"labeler": "ann"}))
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", CANT_TELL, source="human", extra={"labeler": "ann"})])
     (d,) = [json.loads(x) for x in lines(tmp_path)]
     assert d["label"] == CANT_TELL and d["source"] == "human" and d["labeler"] == "ann" and d["time"] > 0
     lab = load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")]
@@ -50,22 +49,22 @@ def test_line_format_keeps_extra_fields_and_time(tmp_path: Path) -> None:
 
 def test_retracted_line_takes_the_answer_back(tmp_path: Path) -> None:
     append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 2)])
-    append_label(tmp_path, Label("01/b.dat", "00/a.dat", RETRACTED))
+    append_labels(tmp_path, [Label("01/b.dat", "00/a.dat", RETRACTED)])
     assert set(load_labels(tmp_path)) == {pair_key("00/a.dat", "02/c.dat")}
-    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 0))  # and the pair can be answered again
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 0)])  # and the pair can be answered again
     assert load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")].label == 0
 
 
 @pytest.mark.parametrize("bad", ["../other/00.dat", "/etc/passwd", "", "00/../../x.dat"])
 def test_label_paths_must_stay_inside_the_db(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ValueError, match="inside"):
-        append_label(tmp_path, Label(bad, "00/a.dat", 1))
+        append_labels(tmp_path, [Label(bad, "00/a.dat", 1)])
     assert not (tmp_path / "labels.jsonl").exists()
 
 
 def test_bad_label_value_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="label must be one of"):
-        append_label(tmp_path, Label("00/a.dat", "01/b.dat", 7))
+        append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 7)])
 
 
 @pytest.mark.parametrize("second", ["00/a.dat", "./00/a.dat", "00//a.dat"])
@@ -79,7 +78,7 @@ def test_a_segment_paired_with_itself_is_a_bad_line(tmp_path: Path, second: str)
     assert list(load_labels(tmp_path, warn=warnings.append)) == [pair_key("00/a.dat", "01/b.dat")]
     assert len(warnings) == 1 and ":2: skipping a bad line" in warnings[0] and "itself" in warnings[0], warnings
     with pytest.raises(ValueError, match="itself"):
-        append_label(tmp_path, Label("00/a.dat", second, 2))
+        append_labels(tmp_path, [Label("00/a.dat", second, 2)])
     assert len(lines(tmp_path)) == 2
 
 
@@ -91,7 +90,7 @@ def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_stays_whol
     current = load_labels(tmp_path, warn=warned.append)
     assert len(current) == 2  # every earlier label survives
     assert len(warned) == 1 and "labels.jsonl:3: skipping a torn last line" in warned[0]
-    append_label(tmp_path, Label("01/b.dat", "02/c.dat", 0))
+    append_labels(tmp_path, [Label("01/b.dat", "02/c.dat", 0)])
     assert json.loads(lines(tmp_path)[-1])["label"] == 0  # the new line was not glued to the torn one
     warned.clear()
     current = load_labels(tmp_path, warn=warned.append)
@@ -101,7 +100,7 @@ def test_torn_last_line_is_skipped_with_a_warning_and_the_next_append_stays_whol
 
 def test_legacy_labels_json_is_read_first(tmp_path: Path) -> None:
     (tmp_path / "labels.json").write_text(json.dumps({"sample1": "00/a.dat", "sample2": "01/b.dat", "label": 1}) + "\n")
-    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 2))
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 2)])
     assert load_labels(tmp_path)[pair_key("00/a.dat", "01/b.dat")].label == 2
 
 
@@ -110,7 +109,7 @@ def test_legacy_labels_json_is_read_first(tmp_path: Path) -> None:
 
 def _writer_process(db: str, who: int, n: int) -> None:
     for i in range(n):
-        append_label(db, Label(f"{who:02d}/{i:08d}.dat", f"99/{i:08d}.dat", i % 3, source=f"proc{who}"))
+        append_labels(db, [Label(f"{who:02d}/{i:08d}.dat", f"99/{i:08d}.dat", i % 3, source=f"proc{who}")])
 
 
 def test_two_processes_and_threads_lose_no_answer(tmp_path: Path) -> None:
@@ -140,10 +139,10 @@ def test_two_processes_and_threads_lose_no_answer(tmp_path: Path) -> None:
 
 
 def test_label_index_follows_appends_from_elsewhere(tmp_path: Path) -> None:
-    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 1))
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1)])
     index = LabelIndex(tmp_path)
     assert set(index.labels) == {pair_key("00/a.dat", "01/b.dat")}
-    append_label(tmp_path, Label("00/a.dat", "02/c.dat", 2))  # another process, e.g. --oracle
+    append_labels(tmp_path, [Label("00/a.dat", "02/c.dat", 2)])  # another process, e.g. --oracle
     with open(tmp_path / "labels.jsonl", "a") as f:
         f.write('{"sample1": "01/b.dat", "sample2": "02/c.dat", "lab')  # still being written
     assert index.refresh() == 1  # the whole line only
@@ -168,7 +167,7 @@ def test_label_index_reloads_a_replaced_file(tmp_path: Path) -> None:
 
 
 def test_label_index_keeps_the_torn_line_warning(tmp_path: Path) -> None:
-    append_label(tmp_path, Label("00/a.dat", "01/b.dat", 1))
+    append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1)])
     with open(tmp_path / "labels.jsonl", "a") as f:
         f.write('{"sample1": "00/a.dat"')
     index = LabelIndex(tmp_path)
@@ -226,7 +225,7 @@ def test_label_index_names_a_bad_appended_line_by_its_line_in_the_file(tmp_path:
     """The label server's reader (``LabelIndex.refresh``) follows the file with ``LabelTail``: a bad
     line appended after three good ones is line 4, not line 1 of what was appended (was: line 1)."""
     append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1), Label("00/a.dat", "02/c.dat", 1)])
-    append_label(tmp_path, Label("00/a.dat", "03/d.dat", 2))
+    append_labels(tmp_path, [Label("00/a.dat", "03/d.dat", 2)])
     index = LabelIndex(tmp_path)
     with open(tmp_path / "labels.jsonl", "ab") as f:
         f.write(b"not a label\n" + _line("01/b.dat", "02/c.dat", 0))

@@ -289,7 +289,7 @@ def test_diff_checkpoint_round_trip_on_real_frames(tmp_path):
     x = torch.from_numpy(reward_input("diff", frames[:-1], frames[1:]))
     assert x.shape == (40, 2, 84, 84) and x.dtype == torch.uint8
     for m in models:
-        m.fit_scale(x)
+        m.scale_to(m.features(x))
         m.eval()
     assert (models[0].scale > 0).any() and (models[0].scale == 0).any()  # the masked rows never vary
     path = _save(tmp_path, models)
@@ -373,7 +373,7 @@ def _saved_and_reloaded(tmp_path: Path, model: DiffRewardModel, seed: int) -> di
     torch.manual_seed(seed)
     frames, actions, _ = _seaquest_frames(12)
     x = torch.from_numpy(reward_input("diff", frames[:-1], frames[1:]))
-    model.fit_scale(x)
+    model.scale_to(model.features(x))
     model.eval()
     path = _save(tmp_path, [model])
     with torch.no_grad():

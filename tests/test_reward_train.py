@@ -16,7 +16,7 @@ from lib.errors import UserError
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
 from lib.oracle import oracle_label_db
 from lib.reward_config import TrainConfig
-from lib.reward_data import decode_segments, load_preferences, model_inputs
+from lib.reward_data import load_preferences, model_inputs
 from lib.reward_model import RewardModel, load_reward_model, preference_loss
 from lib.reward_train import _build_fit, _pair_returns, micro_batches, split_pairs, train_reward_model
 
@@ -122,7 +122,7 @@ def test_labels_are_read_with_skips_reported(square_db):
         and "1 left out: segment file unreadable" in s
         for s in lines
     )
-    frames, actions, owner = decode_segments(data, [0, 1])
+    frames, actions, owner = model_inputs(data, [0, 1], "book")
     assert frames.shape == (20, 48, 48, 3) and actions.shape == (20,) and owner.tolist() == [0] * 10 + [1] * 10
 
 

@@ -86,7 +86,7 @@ def test_legacy_book_segment_loads_without_rewards(tmp_path):
     assert seg.frames.shape == (50, 210, 160, 3)
     assert list(seg.actions[:3]) == [0, 1, 2]
     assert seg.frames[7, 0, 0, 0] == 7
-    assert seg.rewards is None and not seg.has_rewards
+    assert seg.rewards is None
     with pytest.raises(ValueError, match="no true rewards"):
         _ = seg.true_return
 
