@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from experiments.flags import at_least_one, seed_setting
+from experiments.flags import a2c_argv, at_least_one, seed_setting
 from experiments.readouts import held_out_figures
 from experiments.round_report import arm_row, table
 from experiments.round_settings import RoundSettings
@@ -127,7 +127,6 @@ def live_plan(args: RoundSettings) -> dict[str, Any]:
 
 def run_live(sr: SeedRun) -> dict[str, Any]:
     """One seed's live round: its rows, versions and figures."""
-    from lib.a2c_cli import to_argv
     from lib.files import atomic_write
     from lib.segments import list_segments
 
@@ -160,7 +159,7 @@ def run_live(sr: SeedRun) -> dict[str, Any]:
         atomic_write(stable, reward1.read_bytes())
     if done is None or done < plan["steps"]:
         cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
-        live_loop(sr, cfg, to_argv(cfg), plan, reward1)
+        live_loop(sr, cfg, a2c_argv(cfg), plan, reward1)
     reached = a2c_progress(save) or 0
     if reached < plan["steps"]:
         raise UserError(f"{name} stopped at step {reached:,} of {plan['steps']:,}: run the same command to continue")
@@ -189,7 +188,7 @@ def run_live(sr: SeedRun) -> dict[str, Any]:
     }
 
 
-def live_loop(sr: SeedRun, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], reward1: Path) -> None:
+def live_loop(sr: SeedRun, cfg: Any, a2c_flags: list[str], plan: dict[str, Any], reward1: Path) -> None:
     """The agent, the following teacher and the following trainer side by side until the agent
     has done its steps; then the teacher and the trainer are stopped."""
     args = sr.args
@@ -198,7 +197,7 @@ def live_loop(sr: SeedRun, cfg: Any, a2c_argv: list[str], plan: dict[str, Any], 
     db = Path(cfg.db_path)
     older = sr.tdir / "r1" / "label-db"
     owed = plan["labels"] - count_labels(db)
-    procs = [spawn(cfg.name, [PY, ROOT / "01_a2c.py", *a2c_argv], logs / f"{cfg.name}.log")]
+    procs = [spawn(cfg.name, [PY, ROOT / "01_a2c.py", *a2c_flags], logs / f"{cfg.name}.log")]
     try:
         wait_for(f"the first segment in {db}", lambda: any(db.glob("[0-9][0-9]/*.dat")), procs, timeout=1800)
         if owed > 0:

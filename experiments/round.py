@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.flags import given_flags
 from experiments.live import report_live, run_live
 from experiments.readouts import LIFE_LOSS_LEAD, own_clip_figures
 from experiments.round_report import ARMS, across_seeds, arm_row, model_targets, plot, table, targets
@@ -180,7 +181,6 @@ def pass_through(flag: str, text: str) -> dict[str, Any]:
     a flag given at the stage's default kept. UserError (one line) for what the stage would refuse to
     parse and for a setting the round makes itself."""
     from lib.a2c_cli import build_parser as a2c_parser
-    from lib.cli_help import given_flags
     from lib.reward_cli import build_parser as reward_parser
 
     ft = flag == "--ft-args"

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from experiments.flags import a2c_argv, given_flags
 from experiments.readouts import HELD_OUT_FIGURES, held_out_figures, label_agreement
 from experiments.round_report import behaviour_share
 from experiments.round_settings import RoundSettings
-from lib.a2c_cli import to_argv
 from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 from lib.checkpoints import read_checkpoint
 from lib.errors import UserError
@@ -293,7 +293,8 @@ def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings) -> None:
     )
     # stopped part-way: continue from last.pt (its policy, not the one the arm starts from)
     cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
-    run_stage(cfg.name, [sys.executable, str(ROOT / "01_a2c.py"), *to_argv(cfg)], args.out / "logs" / f"{cfg.name}.log")
+    cmd = [sys.executable, str(ROOT / "01_a2c.py"), *a2c_argv(cfg)]
+    run_stage(cfg.name, cmd, args.out / "logs" / f"{cfg.name}.log")
     reached = a2c_progress(cfg.save_dir) or 0
     if reached < steps:  # Ctrl-C reached the child too: it saved last.pt and ended cleanly
         raise UserError(f"{cfg.name} stopped at step {reached:,} of {steps:,}: run the same command to continue")
@@ -341,7 +342,6 @@ def ft_config(args: RoundSettings, **fields: Any) -> A2CConfig:
     01_a2c.py's parser; a flag given is used even where its value is 01_a2c.py's default (checked
     before: ``experiments.round.check``)."""
     from lib.a2c_cli import build_parser as a2c_parser
-    from lib.cli_help import given_flags
 
     return A2CConfig(**{**fields, **given_flags(a2c_parser(), shlex.split(args.ft_args))})
 

@@ -71,9 +71,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the loop took over Ctrl-C (loading torch, building the run)
         print("interrupted before training started: nothing was trained", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-
-
-def to_argv(cfg: A2CConfig) -> list[str]:
-    """``cfg`` as ``01_a2c.py``'s documented flags, for a caller that runs the stage as a process
-    (``experiments/round.py``): ``parse_config(to_argv(cfg)) == cfg``."""
-    return settings.to_argv(build_parser(), cfg)

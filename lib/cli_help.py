@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
 
 
 class DefaultsOnceFormatter(argparse.HelpFormatter):
@@ -24,22 +23,3 @@ class DefaultsOnceFormatter(argparse.HelpFormatter):
         ):
             return text
         return text + " (default: %(default)s)"
-
-
-def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
-    """The settings ``argv`` gives, read by ``parser`` as its script reads them (a prefix such as
-    ``--sav``, an attached ``-m/x``, ``--kl=1``), by destination: a flag given is kept even at its
-    default, one not given is left out. ValueError with argparse's one line for what the script would
-    refuse. ``parser`` is changed (its defaults dropped): pass a fresh one."""
-
-    def refuse(message: str) -> NoReturn:
-        raise ValueError(message)
-
-    def asked_for_help(status: int = 0, message: str | None = None) -> NoReturn:
-        raise ValueError("-h / --help asks for the help text")
-
-    for action in parser._actions:
-        if action.option_strings:
-            action.default, action.required = argparse.SUPPRESS, False
-    parser.error, parser.exit, parser.print_help = refuse, asked_for_help, lambda file=None: None  # type: ignore[method-assign]
-    return vars(parser.parse_args(argv))

@@ -1,8 +1,7 @@
 """How every command line of the project declares a setting, once: a dataclass field made by
 ``setting`` carries its default, ``--help`` text, ``--help`` group, flag names and checks.
 ``build_parser`` builds the argparse parser from the fields, ``check_fields`` runs the checks (a
-``UserError``: one line, exit 2), ``to_argv`` writes a config back as the flags a person would
-type. Imports no torch, so that ``--help`` stays fast."""
+``UserError``: one line, exit 2). Imports no torch, so that ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -171,35 +170,6 @@ def check_between(wrong: Iterable[tuple[Any, str]]) -> None:
     for bad, message in wrong:
         if bad:
             raise UserError(message)
-
-
-def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
-    """``cfg`` as the documented flags of ``parser`` (the long names), for a caller that runs the
-    stage as a process: parsing the result gives ``cfg`` back. Only what differs from the
-    defaults is written, so the command reads as a person would type it."""
-    argv: list[str] = []
-    for action in parser._actions:
-        if action.dest in ("help", argparse.SUPPRESS):  # -h, and a retired flag (``retire``)
-            continue
-        value = getattr(cfg, action.dest)
-        if not action.option_strings:
-            if value != action.default or action.default is None:
-                argv += [str(value)] if not isinstance(value, list) else [str(v) for v in value]
-            continue
-        if value == action.default and not action.required:
-            continue
-        flag = max(action.option_strings, key=len)
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            argv += [flag]
-        elif isinstance(value, list):
-            argv += (
-                [flag, *map(str, value)]
-                if action.nargs not in (None, "?")
-                else [f for v in value for f in (flag, str(v))]
-            )  # noqa: E501
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 class _Retired(argparse.Action):

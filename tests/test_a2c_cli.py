@@ -304,7 +304,8 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     default, comes back the same through the documented command line."""
     from dataclasses import fields
 
-    from lib.a2c_cli import parse_config, to_argv
+    from experiments.flags import a2c_argv
+    from lib.a2c_cli import parse_config
     from lib.a2c_config import A2CConfig
 
     policy = tmp_path / "p.pt"
@@ -319,12 +320,12 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     )  # fmt: skip
     at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
     assert at_default == {"resume"}  # --resume excludes --force and -m
-    assert parse_config(to_argv(every)) == every
+    assert parse_config(a2c_argv(every)) == every
     oracle = A2CConfig(name="x", reward="r.pt", reward_oracle=True)
-    assert parse_config(to_argv(oracle)) == oracle
-    assert to_argv(A2CConfig(name="v0")) == ["--name", "v0"]
+    assert parse_config(a2c_argv(oracle)) == oracle
+    assert a2c_argv(A2CConfig(name="v0")) == ["--name", "v0"]
     resume = A2CConfig(name="v0", resume=True, max_steps=64)
-    assert parse_config(to_argv(resume)) == resume
+    assert parse_config(a2c_argv(resume)) == resume
 
 
 RETIRED = [  # (what a user gives, the words the line starts with, what the last commit that had it declares)

@@ -184,14 +184,14 @@ def test_round_directories_name_what_makes_their_labels_differ(tmp_path: Path) -
 
 def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
     """--ft-layers full trains every layer at the fine-tune's learning rate; frozen is --finetune."""
+    from experiments.flags import a2c_argv
     from experiments.stages import ft_settings
-    from lib.a2c_cli import to_argv
     from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
 
     frozen = A2CConfig(name="x", model="p.pt", **ft_settings("frozen"))
     full = A2CConfig(name="x", model="p.pt", **ft_settings("full"))
-    assert "--finetune" in to_argv(frozen) and "--lr" not in to_argv(frozen)
-    assert "--finetune" not in to_argv(full) and to_argv(full)[to_argv(full).index("--lr") + 1] == str(
+    assert "--finetune" in a2c_argv(frozen) and "--lr" not in a2c_argv(frozen)
+    assert "--finetune" not in a2c_argv(full) and a2c_argv(full)[a2c_argv(full).index("--lr") + 1] == str(
         FINETUNE_LEARNING_RATE
     )
 
@@ -704,15 +704,16 @@ def test_pass_through_prefixes_the_stage_takes_are_taken(tmp_path: Path) -> None
 def test_a_flag_given_in_ft_args_is_used_even_at_01_a2cs_default(tmp_path: Path) -> None:
     """--ft-args "--record-prob 0.00025" (01_a2c.py's default) records at 0.00025, not at the round's
     0.001 (was: a value equal to the stage's default was dropped, and the round's own stood)."""
+    from experiments.flags import a2c_argv
     from experiments.stages import ft_config
-    from lib.a2c_cli import parse_config, to_argv
+    from lib.a2c_cli import parse_config
     from lib.a2c_config import A2CConfig
 
     default = A2CConfig.__dataclass_fields__["record_prob"].default
     args = _round_args(tmp_path, "--ft-args", f"--record-prob {default}")
     cfg = ft_config(args, name="arm", model="p.pt", reward="r.pt", db_path="db", record_prob=args.record_prob)
     assert args.record_prob != default and cfg.record_prob == default
-    assert parse_config(to_argv(cfg)).record_prob == default  # what the arm's process is told
+    assert parse_config(a2c_argv(cfg)).record_prob == default  # what the arm's process is told
 
 
 def test_different_pass_through_settings_never_share_a_round_directory(tmp_path: Path) -> None:
