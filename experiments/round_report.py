@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from lib.games import best_of_lives
-from lib.stats import mean_ci95
 
 ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
+Z95 = 1.96  # normal approximation of the 95% interval of a mean
 # (key in a row, column title, format); a cell reads "n/a" where the row lacks the key (behaviour
 # figures of other games, an evaluation cached before the figure existed). What a format holds after
 # its first field is filled from the row: "{:.0f} in {best_life_steps:.0f} steps".
@@ -39,6 +39,15 @@ COLUMNS = (
     ("rescues", "divers rescued/game", "{:.2f}"),
     ("diver_share", "diver aboard", "{:.0%}"),
 )
+
+
+def mean_ci95(values) -> tuple[float, float]:
+    """(mean, half-width of its 95% interval); the half-width is NaN with fewer than 2 values."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if len(v) == 0:
+        return math.nan, math.nan
+    half = Z95 * v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
+    return float(v.mean()), float(half)
 
 
 def arm_row(d: dict[str, Any]) -> dict[str, float]:

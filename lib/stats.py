@@ -1,13 +1,11 @@
 """Small statistics every stage reports with: one Pearson correlation (of two series, or of two
-streams from running sums), one 95% interval of a mean; whether a number read from a file is finite."""
+streams from running sums); whether a number read from a file is finite."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-
-Z95 = 1.96  # normal approximation of the 95% interval of a mean
 
 
 def finite(v: int | float) -> bool:
@@ -29,15 +27,6 @@ def pearson(x, y) -> float:
     if len(x) < 2 or x.std() == 0 or y.std() == 0:
         return math.nan
     return float(np.corrcoef(x, y)[0, 1])
-
-
-def mean_ci95(values) -> tuple[float, float]:
-    """(mean, half-width of its 95% interval); the half-width is NaN with fewer than 2 values."""
-    v = np.asarray(values, dtype=np.float64).ravel()
-    if len(v) == 0:
-        return math.nan, math.nan
-    half = Z95 * v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
-    return float(v.mean()), float(half)
 
 
 class StepCorrelation:

@@ -283,9 +283,18 @@ def _rows(score: float, refills: float, climbs: float) -> dict[str, dict[str, fl
     return {"v0": dict(row), "control": dict(row), "rlhf": dict(row, score=score + 50, refills=refills * 4)}
 
 
+def test_mean_ci95() -> None:
+    import math
+
+    from experiments.round_report import mean_ci95
+
+    m, h = mean_ci95([1.0, 2.0, 3.0, 4.0])
+    assert m == 2.5 and h == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
+    assert math.isnan(mean_ci95([5.0])[1]) and mean_ci95([5.0])[0] == 5.0
+
+
 def test_seeds_are_averaged_with_an_interval_across_them_and_targets_read_the_mean() -> None:
-    from experiments.round_report import across_seeds, table, targets
-    from lib.stats import mean_ci95
+    from experiments.round_report import across_seeds, mean_ci95, table, targets
 
     seeds = [[_rows(400, 0.5, 1.0), _rows(420, 1.0, 2.0)], [_rows(500, 0.25, 3.0), _rows(460, 0.5, 0.0)]]
     rows = across_seeds(seeds)

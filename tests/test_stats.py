@@ -1,4 +1,4 @@
-"""lib/stats.py: the one Pearson and the one 95% interval."""
+"""lib/stats.py: the one Pearson."""
 
 import math
 import warnings
@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from lib.stats import mean_ci95, pearson
+from lib.stats import pearson
 
 
 def test_pearson_matches_numpy_and_is_nan_where_undefined():
@@ -20,9 +20,3 @@ def test_pearson_matches_numpy_and_is_nan_where_undefined():
     assert math.isnan(pearson([1.0], [2.0]))
     with pytest.raises(ValueError):
         pearson([1, 2, 3], [1, 2])
-
-
-def test_mean_ci95():
-    m, h = mean_ci95([1.0, 2.0, 3.0, 4.0])
-    assert m == 2.5 and h == pytest.approx(1.96 * np.std([1, 2, 3, 4], ddof=1) / 2)
-    assert math.isnan(mean_ci95([5.0])[1]) and mean_ci95([5.0])[0] == 5.0

@@ -32,7 +32,6 @@ MAX_ORACLE = 10_000_000
 MAX_POOL = 10_000_000
 MAX_RECENT = 10_000_000
 MIN_POLL, MAX_POLL = 0.05, 3600.0
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_SUBDIR = Path("rlhf-atari") / "clips"  # under the user's cache directory: the clips' default home
 GROUPS = {  # --help's groups, in order, and their titles
     "core": "core",
