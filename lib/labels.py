@@ -302,8 +302,11 @@ def _winner(lab: Label) -> str | None:
 
 
 class ConsistencyTracker:
-    """``consistency`` fed one line at a time, so a reader that follows a growing file (the label
-    server) keeps it current from the new lines alone."""
+    """Per labeler (``labeler`` field, else the source): (control answers that agree with the
+    pair's label at the time, control answers compared), fed one line at a time (``feed``), so a
+    reader that follows a growing file (the label server) keeps it current from the new lines
+    alone. A control answer is compared when it and that label both say #1, #2 or equal; an undone
+    control answer does not count."""
 
     def __init__(self) -> None:
         self.current: dict[tuple[str, str], Label] = {}
@@ -327,16 +330,6 @@ class ConsistencyTracker:
                 agree, n = out.get(who, (0, 0))
                 out[who] = (agree + int(ok), n + 1)
         return out
-
-
-def consistency(log: list[Label]) -> dict[str, tuple[int, int]]:
-    """Per labeler (``labeler`` field, else the source): (control answers that agree with the
-    pair's label at the time, control answers compared). A control answer is compared when it and
-    that label both say #1, #2 or equal; an undone control answer does not count."""
-    tracker = ConsistencyTracker()
-    for lab in log:
-        tracker.feed(lab)
-    return tracker.result()
 
 
 def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:

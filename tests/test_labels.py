@@ -14,10 +14,10 @@ from lib.label_ui.state import LabelIndex
 from lib.labels import (
     CANT_TELL,
     RETRACTED,
+    ConsistencyTracker,
     Label,
     LabelTail,
     append_labels,
-    consistency,
     load_labels,
     pair_key,
     read_label_log,
@@ -26,6 +26,14 @@ from lib.labels import (
 
 def lines(db: Path) -> list[str]:
     return (db / "labels.jsonl").read_text().splitlines()
+
+
+def consistency(log: list[Label]) -> dict[str, tuple[int, int]]:
+    """The labelers' consistency over a whole log, fed to a fresh tracker line by line."""
+    tracker = ConsistencyTracker()
+    for lab in log:
+        tracker.feed(lab)
+    return tracker.result()
 
 
 def test_last_line_wins_and_pairs_are_order_free(tmp_path: Path) -> None:

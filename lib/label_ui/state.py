@@ -180,7 +180,7 @@ class LabelIndex:
             return list(self.labels.values())
 
     def consistency(self) -> dict[str, tuple[int, int]]:
-        """``lib.labels.consistency`` of the whole file, from what was read so far."""
+        """The labelers' consistency (``lib.labels.ConsistencyTracker``) over what was read so far."""
         with self._lock:
             return self.tracker.result()
 
