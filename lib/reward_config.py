@@ -14,11 +14,9 @@ from lib.settings import Check, check_between, check_fields, setting
 from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
 ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
-# The diff net averages (rows, cols) blocks of its 84x84 input. 12x12 (a 7x7 grid) was the first
-# default and is what diff checkpoints without a "diff_block" field were made with. 4x12 (21 rows of
-# 7) keeps SeaQuest's reserve subs (rows 8-11) apart from the score (rows 3-6): with 12-row blocks a
-# lost life looked like points (+1.6 to +3.2 std paid on the step a life goes) and the fine-tune
-# learned to die (round benchmark, same v0 and labels: 333 +- 33 against 428 +- 55 with 4x12).
+# The diff net averages (rows, cols) blocks of its 84x84 input. 4x12 (21 rows of 7) keeps SeaQuest's
+# reserve subs (rows 8-11) apart from the score (rows 3-6); with 12x12, the first default, a lost life
+# looked like points and the fine-tune learned to die (docs/results.md, "4x12 blocks", 2026-11-24).
 DIFF_BLOCK = (4, 12)
 INPUTS = ("full",)  # --input of the book's net: its frames as recorded (the book's)
 # Settings the measurements retired: each refused in one line that says why (lib.settings ``retired``).
