@@ -42,11 +42,11 @@ import numpy as np
 import torch
 
 from experiments.flags import seed_setting
-from lib.envs import grey84
 from lib.errors import UserError, run_cli
 from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
+from lib.saved_states import SingleGame
 from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.segment_writer import claim_db, save_segment, segment_relpath
 from lib.segments import Segment, list_segments, read_segment
@@ -55,67 +55,11 @@ from lib.settings import check_between, check_fields, in_range, setting
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
-FRAME_SKIP = 4
-NOOP_MAX = 30
 MIN_DEPTH = 20  # rows below the surface row a branch point must be: a climb there has rows to gain
 BRANCHES = ("climb", "stay")
 DEATH_BRANCHES = ("dies", "lives")
 CLIMB_STEPS, DEATH_STEPS = 15, 40  # default clip lengths of the two kinds of pair
 DEATH_TAIL = 24  # agent steps a replay is watched past a death clip's end: a hit sub's life is taken ~20 steps later
-
-
-class BranchGame:
-    """One SeaQuest emulator stepped as ``AtariVec`` steps it, whose state can be saved and restored
-    (``save`` / ``load``: the emulator, the frame the agent sees and its policy input)."""
-
-    def __init__(self, seed: int) -> None:
-        from ale_py import ALEInterface, LoggerMode, roms
-
-        ALEInterface.setLoggerMode(LoggerMode.Error)
-        self.ale = ALEInterface()
-        self.ale.setInt("random_seed", seed)
-        self.ale.setFloat("repeat_action_probability", 0.0)
-        self.ale.loadROM(roms.get_rom_path("seaquest"))
-        self.actions = list(self.ale.getMinimalActionSet())
-        self.meanings = tuple(a.name for a in self.actions)
-        self.rng = np.random.default_rng(seed)
-        self.frame = np.zeros((210, 160, 3), dtype=np.uint8)
-        self.stack = np.zeros((4, 84, 84), dtype=np.uint8)
-
-    def reset(self) -> None:
-        """A new game: up to NOOP_MAX no-ops, then FIRE (as ``AtariVec``'s fire reset)."""
-        self.ale.reset_game()
-        for _ in range(int(self.rng.integers(0, NOOP_MAX + 1))):
-            self.ale.act(self.actions[0])
-        self.ale.act(self.actions[self.meanings.index("FIRE")])
-        self.frame = self.ale.getScreenRGB()
-        self.stack[:] = grey84(self.frame[None])[0]
-
-    def step(self, action: int) -> tuple[float, bool, bool]:
-        """One agent step: (reward, a life was lost or the game ended, the game ended)."""
-        lives, reward, before = self.ale.lives(), 0.0, None
-        for k in range(FRAME_SKIP):
-            reward += self.ale.act(self.actions[action])
-            if k == FRAME_SKIP - 2:
-                before = self.ale.getScreenRGB()
-        last = self.ale.getScreenRGB()
-        self.frame = last if before is None else np.maximum(before, last)
-        over = self.ale.game_over()
-        lost = over or self.ale.lives() < lives
-        g = grey84(self.frame[None])[0]
-        if lost:
-            self.stack[:] = g
-        else:
-            self.stack[:-1] = self.stack[1:]
-            self.stack[-1] = g
-        return float(reward), lost, over
-
-    def save(self) -> tuple[Any, np.ndarray, np.ndarray]:
-        return self.ale.cloneState(), self.frame.copy(), self.stack.copy()
-
-    def load(self, state: tuple[Any, np.ndarray, np.ndarray]) -> None:
-        self.ale.restoreState(state[0])
-        self.frame, self.stack = state[1].copy(), state[2].copy()
 
 
 def up_actions(meanings: tuple[str, ...]) -> np.ndarray:
@@ -159,7 +103,7 @@ def policy_picker(net: AtariA2C, rng: np.random.Generator) -> Picker:
     return pick
 
 
-def play_clip(game: BranchGame, pick: Picker, allowed: np.ndarray, steps: int) -> Clip:
+def play_clip(game: SingleGame, pick: Picker, allowed: np.ndarray, steps: int) -> Clip:
     """Up to ``steps`` agent steps from the game's state with only ``allowed`` actions (fewer
     when the game ends)."""
     clip = Clip()
@@ -237,10 +181,10 @@ class BranchSettings:
     teacher: str = "surface"  # death pairs: the teacher that labels them (the climb pairs: always surface)
 
 
-def _player(policy: Path, db: Path, seed: int, teacher: str) -> tuple[BranchGame, Picker, Teacher, np.random.Generator]:
+def _player(policy: Path, db: Path, seed: int, teacher: str) -> tuple[SingleGame, Picker, Teacher, np.random.Generator]:
     """What both kinds of pair are made with: the game (``seed``), the policy's picker, the teacher
     that labels and the generator of the order shown; ``db`` claimed for SeaQuest's actions."""
-    game = BranchGame(seed)
+    game = SingleGame(seed)
     net, _ = load_policy(policy, ENV_ID, "seaquest", (4, 84, 84), len(game.actions))
     net.eval()
     claim_db(db, ENV_ID, game.meanings)

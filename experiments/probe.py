@@ -1,7 +1,7 @@
 """The behaviour probe: does a policy go up for air when it has a diver aboard and little oxygen left?
 
 A whole round takes hours before its evaluation games say whether the agent refills; this asks in
-minutes. A finder policy (v0) plays SeaQuest in one emulator (``experiments.branch.BranchGame``,
+minutes. A finder policy (v0) plays SeaQuest in one emulator (``lib.saved_states.SingleGame``,
 stepped as stage 1 steps it) on seeds no round plays, and where its gauge is low with a diver aboard
 and the sub is deep (``experiments.branch.at_branch_point``) the emulator's state is saved, at most
 one state a life. From each saved state every probed policy plays ``--tries`` times with actions
@@ -44,44 +44,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.branch import ENV_ID, BranchGame, at_branch_point
+from experiments.branch import ENV_ID, at_branch_point
 from experiments.flags import rows_out_setting
 from lib.a2c import act
-from lib.envs import grey84
-from lib.errors import UserError, run_cli, warn
+from lib.envs import STACK, grey84
+from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.model import AtariA2C, load_policy, policy_file
+from lib.saved_states import SAMPLE_ENV, STATE_ENV, SavedState, SingleGame, load_states
 from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
 from lib.segment_writer import claim_db, save_segment
-from lib.segments import Segment, SegmentError, list_segments, read_segment
+from lib.segments import Segment
 from lib.settings import build_parser as settings_parser
 from lib.settings import check_fields, in_range, setting
 
-STACK = 4  # frames of the policy input: a state and a sample are this many steps of frames
-STATE_ENV, SAMPLE_ENV = 0, 1  # env directories of the DB: saved states, sample frames
-MAX_STATE_HEX = 1 << 17  # an ALE state is ~8 KB (16 K hex digits); more is not one
 OUTCOMES = ("refill", "surfaced_empty", "drowned", "died_otherwise", "none")
 FIND_SEED = 10_000  # the finder's games: seeds no round plays (rounds use 0..N)
 
 
 # --- saved states -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SavedState:
-    """One saved emulator state: ``frames`` (4, 210, 160, 3) uint8 the last frames the agent saw
-    (their grey 84x84 is its policy input), ``ale`` the emulator's serialised state, and what the
-    screen showed (gauge level, divers aboard, the sub's top row); ``game``, ``life``: the finder's game and the
-    lives it had lost before (a state a life at most)."""
-
-    name: str
-    frames: np.ndarray
-    ale: bytes
-    level: int
-    divers: int
-    row: int
-    game: int
-    life: int = 0
 
 
 def _window(frames: list[np.ndarray]) -> np.ndarray:
@@ -122,7 +103,7 @@ def find_states(
     """Play the finder ``policy`` (actions sampled) until ``n_states`` states are saved into ``db``
     (at most one a life) or ``max_games`` games are over; every ``sample_every`` steps a sample
     (its 4 frames) goes into ``db`` too, ``max_samples`` at most. Returns (states, samples) saved."""
-    game = BranchGame(seed)
+    game = SingleGame(seed)
     net, _ = load_policy(policy, ENV_ID, "seaquest", (STACK, 84, 84), len(game.actions))
     net.eval()
     claim_db(db, ENV_ID, game.meanings)
@@ -161,44 +142,6 @@ def find_states(
 
 def _facts(frame: np.ndarray) -> dict[str, int]:
     return {"level": int(oxygen_levels(frame)), "divers": int(divers_aboard(frame)), "row": int(sub_rows(frame))}
-
-
-def _int_meta(meta: dict[str, Any], key: str) -> int:
-    v = meta.get(key)
-    if type(v) is not int:
-        raise SegmentError(f"meta {key!r} is not an integer")
-    return v
-
-
-def _ale_bytes(meta: dict[str, Any]) -> bytes:
-    text = meta.get("ale_state")
-    if not isinstance(text, str) or not 0 < len(text) <= MAX_STATE_HEX:
-        raise SegmentError(f"no emulator state of at most {MAX_STATE_HEX // 2:,} bytes in its meta")
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise SegmentError("its emulator state is not hex") from None
-
-
-def load_states(db: Path, env: int = STATE_ENV) -> list[SavedState]:
-    """The saved states (``env`` = STATE_ENV) or samples (SAMPLE_ENV, ``ale`` empty) of ``db``;
-    a broken file is skipped with one warning."""
-    out = []
-    for rel in list_segments(db):
-        if not rel.startswith(f"{env:02d}/"):
-            continue
-        try:
-            seg = read_segment(db, rel)
-            if seg.frames.shape != (STACK, 210, 160, 3):
-                raise SegmentError(f"frames {seg.frames.shape}, not {STACK} SeaQuest frames")
-            ale = _ale_bytes(seg.meta) if env == STATE_ENV else b""
-            facts = [_int_meta(seg.meta, k) for k in ("level", "divers", "row", "game")]
-            facts.append(_int_meta(seg.meta, "life") if env == STATE_ENV else 0)
-        except (SegmentError, ValueError) as e:
-            warn(f"{db / rel}: skipped ({e})")
-            continue
-        out.append(SavedState(rel, seg.frames, ale, *facts))
-    return out
 
 
 # --- the rollouts -------------------------------------------------------------------------------
@@ -265,14 +208,12 @@ def replay(
     jobs = [(s, k) for s in states for k in range(tries)]
     out: list[Rollout] = []
     rng = np.random.default_rng(seed)
-    pool = [BranchGame(seed) for _ in range(min(batch, len(jobs)))]
+    pool = [SingleGame(seed) for _ in range(min(batch, len(jobs)))]
     for lo in range(0, len(jobs), batch):
         part = jobs[lo : lo + batch]
         games, watches = [], []
         for (s, _), g in zip(part, pool, strict=False):
-            g.ale.restoreState(restore_state(s.ale))
-            g.frame = s.frames[-1].copy()
-            g.stack = grey84(s.frames)
+            g.restore(s)
             games.append(g)
             watches.append(_Watch(s))
         ends: list[Rollout | None] = [None] * len(part)
@@ -288,16 +229,6 @@ def replay(
         for i, w in enumerate(watches):
             out.append(ends[i] or Rollout("none", steps, max(0, w.start - w.top)))
     return out
-
-
-def restore_state(data: bytes) -> Any:
-    """A saved state's bytes as an ``ALEState`` (ALE's own C++ reader), or one line where it cannot read them."""
-    from ale_py import ALEState
-
-    try:
-        return ALEState(data)
-    except Exception as e:  # ALE's reader: a state of another build or a damaged one
-        raise UserError(f"a saved emulator state could not be read by this ale-py ({e})") from None
 
 
 def summarise(rollouts: list[Rollout]) -> dict[str, float]:
@@ -446,6 +377,13 @@ class ProbeSettings:
         60, "states to find when --states holds none", group="states", checks=in_range("--n-states", 1, 10_000)
     )
     max_games: int = setting(200, "finder games at most", group="states", checks=in_range("--max-games", 1, 100_000))
+    find_seed: int = setting(
+        FIND_SEED,
+        f"the finder's first game seed ({FIND_SEED:,}: seeds no round plays); states for 01_a2c.py "
+        "--start-states come from other seeds than the held-out states a policy is probed on (20000)",
+        group="states",
+        checks=in_range("--find-seed", 0, 2**31 - 1000),
+    )
     tries: int = setting(
         4, "replays of each state per policy (actions sampled)", group="replays", checks=in_range("--tries", 1, 1000)
     )
@@ -488,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
         finder = policy_file(a.find_with) if a.find_with else policies[0]
         print(f"finding {a.n_states} states with {finder} into {a.states}", flush=True)
         a.states.mkdir(parents=True, exist_ok=True)
-        n, m = find_states(finder, a.states, a.n_states, max_games=a.max_games)
+        n, m = find_states(finder, a.states, a.n_states, seed=a.find_seed, max_games=a.max_games)
         print(f"{n} states, {m} samples in {a.states}")
     states, samples = load_states(a.states), load_states(a.states, SAMPLE_ENV)
     if not states:

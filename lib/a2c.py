@@ -29,9 +29,10 @@ from lib.a2c_run import (
     evaluate_and_save,
 )
 from lib.distributed import Dist, RankLost, env_uniforms
-from lib.envs import AtariVec, VecStep
+from lib.envs import VecStep
 from lib.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.model import AtariA2C, StartPolicy, kl_to_start
+from lib.saved_states import vec_env
 from lib.seaquest import low_gauge, shows_gauge
 from lib.signals import SignalStop
 from lib.stats import StepCorrelation
@@ -303,7 +304,7 @@ class ProgressLog:
 # --- the loop -----------------------------------------------------------------------------------
 
 
-def train(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> int:
+def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> int:
     """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
 
     The env steps in its C++ threads while this thread works: as soon as a step's results are in

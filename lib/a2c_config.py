@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from lib.envs import DEFAULT_ENV
+from lib.envs import DEFAULT_ENV, rom_name
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS
 from lib.seeds import SEED_CHECKS
 from lib.segments import MAX_ENV_INDEX
@@ -93,6 +93,21 @@ class A2CConfig:
             (lambda v: v >= 1, "--envs must be at least 1, got {v}"),
             (lambda v: v <= 4096, "--envs must be at most 4096, got {v}"),
         ],
+    )
+    start_states: str | None = setting(
+        None,
+        "SeaQuest: a DB of saved emulator states (python -m experiments.probe's finder writes one) that lives "
+        "may start from: each reset and, with probability --start-share, each lost life jumps to a random one "
+        "(a new game for the learner; the training scores are then scores of parts of games). The envs are "
+        "emulators stepped in this thread; evaluation games start as always",
+        group="core",
+        metavar="DIR",
+    )
+    start_share: float = setting(
+        0.5,
+        "with --start-states: the share of resets and lost lives that jump to a saved state",
+        group="core",
+        checks=within("--start-share", 0, 1),
     )
     # policy: where it starts, how it learns
     model: str | None = setting(
@@ -301,6 +316,8 @@ class A2CConfig:
             (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501
             (self.reward_norm == "window" and not self.reward, "--reward-norm window normalises a learned reward: give -r"),  # noqa: E501
             (self.reward_clip != DEFAULT_REWARD_CLIP and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
+            (self.start_states is not None and rom_name(self.env) != "seaquest", f"--start-states restores SeaQuest states: --env {self.env} is another game"),  # noqa: E501
+            (self.start_share != 0.5 and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip

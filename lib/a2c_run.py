@@ -46,7 +46,7 @@ from lib.checkpoints import (
     text,
 )
 from lib.distributed import Dist, NullWriter
-from lib.envs import AtariVec, VecStep, default_env_threads, rom_name
+from lib.envs import VecStep, default_env_threads, rom_name
 from lib.errors import UserError
 from lib.games import play_games, score_stats, select_actions
 from lib.model import (
@@ -60,6 +60,7 @@ from lib.model import (
     run_checkpoints,
 )
 from lib.recorder import EpisodeRecorderWrapper
+from lib.saved_states import start_states, vec_env
 from lib.seeds import EVAL_SEED_OFFSET
 from lib.segment_writer import check_db_game
 from lib.segments import MAX_ENV_STEP
@@ -479,9 +480,10 @@ def env_threads(cfg: A2CConfig, dist: Dist) -> int:
     return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
 
 
-def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dist | None = None) -> Run:
+def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> Run:
     """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
-    device=)`` makes a vector env (``AtariVec``; tests pass a small fake). Under torchrun (``dist``)
+    device=)`` makes a vector env (``lib.saved_states.vec_env``: ``AtariVec``, or with ``starts=`` for
+    --start-states a ``SavedStartsVec``; tests pass a small fake). Under torchrun (``dist``)
     this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
     writes checkpoints and TensorBoard."""
     dist = dist or Dist()
@@ -501,7 +503,16 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = AtariVec, dist: Dis
     rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
     threads = env_threads(cfg, dist)
     offset = dist.rank * cfg.envs
-    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device)
+    starts = {}
+    if cfg.start_states:
+        states = start_states(cfg.start_states)
+        starts = {"starts": (states, cfg.start_share)}
+        if dist.is_main:
+            print(
+                f"{len(states)} saved states from {cfg.start_states}; {cfg.start_share:.0%} of lives start from one",
+                flush=True,
+            )  # noqa: E501
+    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
     net, finetune, progress = _policy(cfg, resume_ck, base_env)
     if finetune:
         net.freeze_conv()

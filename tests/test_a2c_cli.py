@@ -319,8 +319,10 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
         gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5, kl_target=0.05, norm_window=10, reward_clip="sign",
     )  # fmt: skip
     at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
-    assert at_default == {"resume"}  # --resume excludes --force and -m
+    assert at_default == {"resume", "start_states", "start_share"}  # --resume excludes --force and -m
     assert parse_config(a2c_argv(every)) == every
+    starts = A2CConfig(name="x", start_states="states", start_share=0.25)  # SeaQuest's alone
+    assert parse_config(a2c_argv(starts)) == starts
     oracle = A2CConfig(name="x", reward="r.pt", reward_oracle=True)
     assert parse_config(a2c_argv(oracle)) == oracle
     assert a2c_argv(A2CConfig(name="v0")) == ["--name", "v0"]

@@ -15,7 +15,6 @@ import torch
 
 from experiments.branch import (
     ENV_ID,
-    BranchGame,
     BranchSettings,
     make_pairs,
     play_clip,
@@ -24,6 +23,7 @@ from experiments.branch import (
 )
 from lib.checkpoints import atomic_torch_save
 from lib.model import AtariA2C, policy_checkpoint
+from lib.saved_states import SingleGame
 from lib.segments import list_segments, read_db_info, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def policy(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     path = tmp_path / "policy.pt"
-    meanings = BranchGame(0).meanings
+    meanings = SingleGame(0).meanings
     atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), ENV_ID, "seaquest", meanings), path)
     return path
 
 
 def test_a_restored_state_plays_the_same_steps_again() -> None:
-    game = BranchGame(3)
+    game = SingleGame(3)
     game.reset()
     for a in np.random.default_rng(0).integers(0, 18, 40):
         game.step(int(a))
@@ -56,7 +56,7 @@ def test_a_restored_state_plays_the_same_steps_again() -> None:
 
 
 def test_the_climb_clip_takes_only_up_actions_and_the_stay_clip_none(tmp_path: Path) -> None:
-    game = BranchGame(0)
+    game = SingleGame(0)
     up = up_actions(game.meanings)
     assert {m for m, u in zip(game.meanings, up, strict=True) if u} == {
         "UP", "UPRIGHT", "UPLEFT", "UPFIRE", "UPRIGHTFIRE", "UPLEFTFIRE"
@@ -214,7 +214,7 @@ def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkey
     torch.manual_seed(3)
     net = new_reward_model("diff", 18, flow=True)
     reward = tmp_path / "reward.pt"
-    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", BranchGame(0).meanings), reward)
+    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", SingleGame(0).meanings), reward)
 
     def flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # low: the first 4 steps; up: the even ones
         n = len(frames)
@@ -325,7 +325,7 @@ def test_branch_db_that_is_a_file_or_measured_empty_is_one_line_exit_2(tmp_path:
     split.write_text(json.dumps({"holdout": list_segments(ref, warn=None), "train": []}))
     reward = tmp_path / "reward.pt"
     net = new_reward_model("diff", 18, flow=True)
-    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", BranchGame(0).meanings), reward)
+    save_reward_checkpoint(reward_checkpoint([net], ENV_ID, "seaquest", SingleGame(0).meanings), reward)
     measure = ("--measure", str(reward), "--ref-db", str(ref), "--ref-split", str(split))
     code, err = _branch_cli(capsys, "--db", str(empty), *measure)
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and "no segments" in err[0], err

@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from experiments import probe
-from experiments.branch import ENV_ID, BranchGame
+from experiments.branch import ENV_ID
 from lib.checkpoints import atomic_torch_save
 from lib.model import AtariA2C, policy_checkpoint
+from lib.saved_states import SAMPLE_ENV, SavedState, SingleGame, load_states
 from lib.seaquest import BOTTOM_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.segments import list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
-MEANINGS = BranchGame(0).meanings
+MEANINGS = SingleGame(0).meanings
 
 
 def one_action_net(action: str) -> AtariA2C:
@@ -37,10 +38,10 @@ def saved(path: Path, net: AtariA2C) -> Path:
     return path
 
 
-def state_at_bottom(divers: int, oxygen: int, seed: int = 3) -> probe.SavedState:
+def state_at_bottom(divers: int, oxygen: int, seed: int = 3) -> SavedState:
     """The sub taken to the sea bed, then the emulator's RAM given ``divers`` aboard and ``oxygen``
     left; the state after 4 more steps (the policy input's frames)."""
-    game = BranchGame(seed)
+    game = SingleGame(seed)
     game.reset()
     for _ in range(70):  # the new sub waits at the surface until its gauge is full, then dives
         game.step(MEANINGS.index("DOWN"))
@@ -52,7 +53,7 @@ def state_at_bottom(divers: int, oxygen: int, seed: int = 3) -> probe.SavedState
         frames.append(game.frame.copy())
     last = frames[-1]
     facts = int(oxygen_levels(last)), int(divers_aboard(last)), int(sub_rows(last))
-    return probe.SavedState("00/00000000.dat", np.stack(frames), game.ale.cloneState().serialize(), *facts, 0)
+    return SavedState("00/00000000.dat", np.stack(frames), game.ale.cloneState().serialize(), *facts, 0)
 
 
 def test_the_made_states_show_what_the_ram_was_given() -> None:
@@ -101,7 +102,7 @@ def test_found_states_and_samples_round_trip_through_the_db(tmp_path: Path) -> N
     pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
     db = tmp_path / "states"
     n, m = probe.find_states(pol, db, 2, sample_every=10, max_games=3, at=lambda f: sub_rows(f) > 100)
-    states, samples = probe.load_states(db), probe.load_states(db, probe.SAMPLE_ENV)
+    states, samples = load_states(db), load_states(db, SAMPLE_ENV)
     assert n == len(states) == 2 and m == len(samples) > 0
     assert len({(s.game, s.life) for s in states}) == 2  # at most one state a life
     for s in states:
@@ -120,7 +121,7 @@ def test_a_tampered_state_file_is_skipped_with_a_warning(tmp_path: Path, capsys:
     (db / rel).unlink()
     bad = {**seg.meta, "ale_state": "zz" + seg.meta["ale_state"][2:]}
     probe._save(db, 0, seg.step, seg.frames, bad, MEANINGS)
-    states = probe.load_states(db)
+    states = load_states(db)
     assert len(states) == 1 and "not hex" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """experiments/refill_levers.py: the surface teacher's rule paid as reward, read from a real emulator's
-screen, and lives started from saved states."""
+screen."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from experiments import refill_levers as levers
-from experiments.branch import ENV_ID, BranchGame
-from experiments.probe import SavedState
+from experiments.branch import ENV_ID
 from lib.envs import VecStep
 from lib.errors import UserError
+from lib.saved_states import SingleGame
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ class OneGame:
     game, env_id, n_envs = "seaquest", ENV_ID, 1
 
     def __init__(self, divers: int, oxygen: int) -> None:
-        self.g = BranchGame(3)
+        self.g = SingleGame(3)
         self.g.reset()
         down = self.g.meanings.index("DOWN")
         for _ in range(70):  # the new sub waits at the surface until its gauge is full, then dives
@@ -46,16 +46,6 @@ class OneGame:
         obs = self.g.stack[None].copy()
         flag = np.array([lost])
         return VecStep(obs, r, r.copy(), flag, np.array([False]), np.array([over]), obs, np.array([3]))
-
-
-def saved_state(divers: int, oxygen: int) -> SavedState:
-    """The state ``OneGame`` makes, saved as experiments.probe saves one (4 frames and the emulator)."""
-    g = OneGame(divers, oxygen).g
-    frames = []
-    for _ in range(4):
-        g.step(g.meanings.index("NOOP"))
-        frames.append(g.frame.copy())
-    return SavedState("00/00000000.dat", np.stack(frames), g.ale.cloneState().serialize(), oxygen, divers, 141, 0)
 
 
 def play(env: levers.RuleRewardVec, action: str, steps: int) -> list[VecStep]:
@@ -103,42 +93,11 @@ def test_a_game_without_the_gauge_is_refused() -> None:
         levers.RuleRewardVec(other, "climb")
 
 
-def test_every_start_and_every_life_lost_jumps_to_a_saved_state_at_share_one() -> None:
-    state = saved_state(divers=1, oxygen=3)  # 3 of 63 left: it drowns within ~30 steps
-    env = levers.SavedStartsVec(2, seed=5, states=[state], share=1.0)
-    obs = env.reset()
-    assert env.jumps == 2
-    assert (env.frames == state.frames[-1]).all() and obs.shape == (2, 4, 84, 84)
-    noop = np.zeros(2, dtype=np.int64)
-    for _ in range(60):
-        st = env.step(noop)
-        if st.terminated.any():
-            break
-    assert st.terminated.all() and st.game_over.all() and env.jumps == 4  # both drowned, both jumped
-    assert (env.frames == state.frames[-1]).all()
-    assert st.true_rewards.tolist() == st.rewards.tolist()
-
-
-def test_at_share_zero_the_games_are_the_games_own() -> None:
-    state = saved_state(divers=1, oxygen=3)
-    env = levers.SavedStartsVec(1, seed=5, states=[state], share=0.0)
-    env.reset()
-    assert env.jumps == 0 and not (env.frames == state.frames[-1]).all()
-    st = env.step(np.zeros(1, dtype=np.int64))
-    assert not st.game_over.any() and st.lives.tolist() == [4]  # a new game's subs
-
-
-def test_an_empty_state_db_is_one_line() -> None:
-    with pytest.raises(UserError, match="no readable state"):
-        levers.SavedStartsVec(1, seed=0, states=[], share=0.5)
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--a2c-args", "-n x -r some.pt"], "give --pay none"),
-        (["--a2c-args", "-n x", "--start-states", "nowhere"], "--start-states nowhere"),
-        (["--a2c-args", "-n x", "--start-share", "1.5"], "--start-share"),
+        (["--a2c-args", "-n x --start-states nowhere"], "--start-states nowhere"),
         (["--a2c-args", "-n x --env PongNoFrameskip-v4", "--pay", "none"], "SeaQuest"),
         (["--a2c-args", "-n 'x"], "--a2c-args"),
         (["--a2c-args", "-n x", "--pay", "dive"], "--pay"),

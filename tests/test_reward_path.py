@@ -50,12 +50,13 @@ def test_the_figures_average_the_flagged_steps() -> None:
 
 
 def test_the_command_prints_every_path_and_refuses_a_missing_file(tmp_path: Path) -> None:
-    from experiments.branch import ENV_ID, BranchGame, BranchSettings, make_pairs
+    from experiments.branch import ENV_ID, BranchSettings, make_pairs
     from lib.checkpoints import atomic_torch_save
     from lib.model import AtariA2C, policy_checkpoint
     from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.saved_states import SingleGame
 
-    meanings = BranchGame(0).meanings
+    meanings = SingleGame(0).meanings
     torch.manual_seed(0)
     pol = tmp_path / "p.pt"
     atomic_torch_save(policy_checkpoint(AtariA2C((4, 84, 84), 18), ENV_ID, "seaquest", meanings), pol)

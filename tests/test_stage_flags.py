@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLAGS = {
     "01_a2c.py": [
-        "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "-m", "--model",
+        "-h", "--help", "-n", "--name", "--env", "--dev", "--max-steps", "--seed", "--envs", "--start-states",
+        "--start-share", "-m", "--model",
         "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--kl-target", "--gamma", "--entropy",
         "--n-steps",
         "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-reload",
