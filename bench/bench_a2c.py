@@ -12,7 +12,7 @@ itself: bench_segments.py).
 
     python -m bench.bench_a2c [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
     python -m bench.bench_a2c --book PATH/TO/Chapter19 --book-only --book-seconds 120
-    python -m bench.bench_a2c --finetune-only --steps 20000    # a fine-tune with and without --kl
+    python -m bench.bench_a2c --finetune-only --steps 20000    # a fine-tune with and without each of its settings
 """
 
 from __future__ import annotations
@@ -255,22 +255,49 @@ def make_policy(path: Path) -> None:
     torch.save(policy_checkpoint(net, GAME, "seaquest", tuple(f"A{i}" for i in range(18))), path)
 
 
+def make_states(policy: Path, db: Path, n: int = 8) -> None:
+    """A state DB for --start-states: the first frame of each life the fresh policy plays (the
+    speed of jumping does not depend on where it jumps to)."""
+    from experiments.probe import find_states
+
+    find_states(policy, db, n, max_games=20, at=lambda frame: True)
+
+
+FINETUNE_ARMS = {  # name: the flags beside -m --finetune; the arm each is compared with
+    "": ((), None),
+    "--kl 0.1": (("--kl", "0.1"), ""),
+    "--start-states": (("--start-states", "{states}"), ""),
+    "-r": (("-r", "{reward}"), None),
+    "-r --kl-target 0.1": (("-r", "{reward}", "--kl-target", "0.1"), "-r"),
+    "-r --reward-norm window --reward-clip sign": (
+        ("-r", "{reward}", "--reward-norm", "window", "--reward-clip", "sign"),
+        "-r",
+    ),
+}
+
+
 def finetune_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float, repeats: int = 2) -> None:
-    """A fine-tune (-m --finetune) with and without --kl 0.1 (the start policy's head, one more small
-    linear forward per batch), run alternately ``repeats`` times each; the median of each."""
+    """A fine-tune (-m --finetune) plain, with --kl 0.1 (the start policy's head, one more small
+    linear forward per batch) and with lives from saved states (``SavedStartsVec``: the emulators
+    stepped in Python, one thread), and on a learned reward (-r, --arch diff: --kl 1 by default)
+    plain, with --kl-target 0.1 and with the book's window-and-sign path: run alternately
+    ``repeats`` times each; the median of each, and its ratio to the arm it adds to."""
     policy = tmp / "v0.pt"
     make_policy(policy)
-    base = ("-m", str(policy), "--finetune")
-    runs: dict[str, list[float]] = {"": [], "--kl 0.1": []}
+    make_reward_model(tmp / "reward-diff.pt", "diff")
+    make_states(policy, tmp / "states")
+    fill = {"reward": str(tmp / "reward-diff.pt"), "states": str(tmp / "states")}
+    runs: dict[str, list[float]] = {name: [] for name in FINETUNE_ARMS}
     for r in range(repeats):
-        for flags in runs:
-            sps, _ = train_run(tmp, f"ft{r}{len(flags)}", args.steps, args.dev, None, (*base, *flags.split()))
-            runs[flags].append(sps)
-    plain, kl = (float(np.median(v)) for v in runs.values())
-    speed(
-        rows, "A2C fine-tune", plain, f"-m --finetune, 16 envs, {args.dev}, median of {repeats}; {share(plain, ceil)}"
-    )
-    speed(rows, "A2C fine-tune, --kl 0.1", kl, f"the same: {kl / plain:.2f}x without --kl; {share(kl, ceil)}")
+        for k, (name, (flags, _)) in enumerate(FINETUNE_ARMS.items()):
+            extra = ("-m", str(policy), "--finetune", *(f.format(**fill) for f in flags))
+            runs[name].append(train_run(tmp, f"ft{r}-{k}", args.steps, args.dev, None, extra)[0])
+    median = {name: float(np.median(v)) for name, v in runs.items()}
+    for name, (_, against) in FINETUNE_ARMS.items():
+        setting = f"-m --finetune {name}".rstrip() + f", 16 envs, {args.dev}, median of {repeats}"
+        if against is not None:
+            setting += f": {median[name] / median[against]:.2f}x {('-m --finetune ' + against).rstrip()}"
+        speed(rows, "A2C fine-tune", median[name], f"{setting}; {share(median[name], ceil)}")
 
 
 def scale_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, plain: float, threads: int) -> None:
@@ -330,7 +357,8 @@ def main() -> None:
     ap.add_argument(
         "--finetune-only",
         action="store_true",
-        help="measure a fine-tune (-m --finetune) with and without --kl 0.1, alternately, twice each",
+        help="measure a fine-tune (-m --finetune) plain and with each of its settings (--kl 0.1, --start-states, "
+        "-r, -r --kl-target 0.1, -r --reward-norm window --reward-clip sign), alternately, twice each",
     )
     ap.add_argument(
         "--book",
