@@ -27,6 +27,7 @@ LR_DECAY_STEPS = 10_000_000
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
 TERMINALS = ("life", "none")  # --terminal: what ends the learner's episode
 REWARD_NORMS = ("running", "labels", "window")  # --reward-norm: where the learned reward's statistics come from
+DEFAULT_START_SHARE = 0.5  # --start-share: half of the resets and lost lives jump to a saved state
 BOOK_NORM_WINDOW = 25  # --norm-window: the book's 100 raw frames of one env, in agent steps (frameskip 4)
 DEFAULT_REWARD_CLIP = "5"  # --reward-clip: |normalised reward| at most 5 std; "sign": ptan's np.sign, as the book
 MAX_KL_TARGET = 100.0
@@ -104,7 +105,7 @@ class A2CConfig:
         metavar="DIR",
     )
     start_share: float = setting(
-        0.5,
+        DEFAULT_START_SHARE,
         "with --start-states: the share of resets and lost lives that jump to a saved state",
         group="core",
         checks=within("--start-share", 0, 1),
@@ -317,7 +318,7 @@ class A2CConfig:
             (self.reward_norm == "window" and not self.reward, "--reward-norm window normalises a learned reward: give -r"),  # noqa: E501
             (self.reward_clip != DEFAULT_REWARD_CLIP and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
             (self.start_states is not None and rom_name(self.env) != "seaquest", f"--start-states restores SeaQuest states: --env {self.env} is another game"),  # noqa: E501
-            (self.start_share != 0.5 and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501
+            (self.start_share != DEFAULT_START_SHARE and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip

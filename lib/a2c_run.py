@@ -480,6 +480,20 @@ def env_threads(cfg: A2CConfig, dist: Dist) -> int:
     return cfg.env_threads or max(1, default_env_threads() // dist.local_world)
 
 
+def _starts(cfg: A2CConfig, dist: Dist) -> dict[str, Any]:
+    """``make_env``'s keyword for the training envs: with --start-states, ``starts=`` (the DB's
+    states, each restored once here, and --start-share); without it, none."""
+    if not cfg.start_states:
+        return {}
+    states = start_states(cfg.start_states)
+    if dist.is_main:
+        print(
+            f"{len(states)} saved states from {cfg.start_states}; {cfg.start_share:.0%} of lives start from one",
+            flush=True,
+        )  # noqa: E501
+    return {"starts": (states, cfg.start_share)}
+
+
 def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> Run:
     """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
     device=)`` makes a vector env (``lib.saved_states.vec_env``: ``AtariVec``, or with ``starts=`` for
@@ -503,15 +517,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
     rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
     threads = env_threads(cfg, dist)
     offset = dist.rank * cfg.envs
-    starts = {}
-    if cfg.start_states:
-        states = start_states(cfg.start_states)
-        starts = {"starts": (states, cfg.start_share)}
-        if dist.is_main:
-            print(
-                f"{len(states)} saved states from {cfg.start_states}; {cfg.start_share:.0%} of lives start from one",
-                flush=True,
-            )  # noqa: E501
+    starts = _starts(cfg, dist)
     base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
     net, finetune, progress = _policy(cfg, resume_ck, base_env)
     if finetune:
