@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,11 @@ PATHS = ("running", "window")
 CLIPS = ("5", "sign")
 
 
-def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BOOK_NORM_WINDOW) -> list[np.ndarray]:
-    """Per clip (T,) raw predictions -> what the learner gets for each step under ``norm`` and ``clip``."""
+def path_rewards(
+    preds: list[np.ndarray], norm: str, clip: str, window: int = BOOK_NORM_WINDOW, deadzone: float = 0.0
+) -> list[np.ndarray]:
+    """Per clip (T,) raw predictions -> what the learner gets for each step under ``norm``, the
+    ``deadzone`` (|z| <= K paid 0, ``01_a2c.py --reward-deadzone``) and ``clip``."""
     if norm == "running":
         z = normalised(np.concatenate(preds)) if preds else np.zeros(0, dtype=np.float32)
         cuts = np.cumsum([len(p) for p in preds])[:-1]
@@ -52,6 +56,8 @@ def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BO
             out.append(np.array([wn.normalise(np.array([x]))[0] for x in p], dtype=np.float64))
     else:
         raise ValueError(f"unknown norm {norm!r}")
+    if deadzone > 0:
+        out = [np.where(np.abs(z) > deadzone, z, 0.0) for z in out]
     if clip == "sign":
         return [np.sign(z) for z in out]
     bound = float(clip)
@@ -60,11 +66,19 @@ def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BO
 
 def path_figures(z: list[np.ndarray], flags: list[tuple[np.ndarray, np.ndarray]], lost: list[np.ndarray]) -> dict:
     """The pay of climbing and still low-gauge diver steps, around lost lives, and the mean step."""
-    m = diver_step_means(np.concatenate(z) if z else np.zeros(0), flags)
-    return {**m, "gap": m["diver_climb_z"] - m["diver_still_z"], **life_loss_means(z, lost)}
+    flat = np.concatenate(z) if z else np.zeros(0)
+    m = diver_step_means(flat, flags)
+    return {**m, "gap": m["diver_climb_z"] - m["diver_still_z"], **life_loss_means(z, lost), "paid": paid_share(flat)}
 
 
-def measure(reward: Path, db: Path, names: list[str], window: int, dev: str = "cpu") -> list[dict]:
+def paid_share(z: np.ndarray) -> float:
+    """The share of steps paid anything (not 0): 1 without a deadzone, the rule's few paid steps below."""
+    return float(np.mean(z != 0)) if len(z) else math.nan
+
+
+def measure(
+    reward: Path, db: Path, names: list[str], window: int, deadzone: float = 0.0, dev: str = "cpu"
+) -> list[dict]:
     rm = load_reward_model(reward, device=dev)
     p = predict_segments(rm, db, names)
     preds, flags, lost = [], [], []
@@ -81,7 +95,7 @@ def measure(reward: Path, db: Path, names: list[str], window: int, dev: str = "c
     rows = []
     for norm in PATHS:
         for clip in CLIPS:
-            fig = path_figures(path_rewards(preds, norm, clip, window), flags, lost)
+            fig = path_figures(path_rewards(preds, norm, clip, window, deadzone), flags, lost)
             rows.append({"norm": norm if norm == "running" else f"window {window}", "clip": clip, **fig})
     return rows
 
@@ -91,13 +105,13 @@ def print_rows(reward: Path, rows: list[dict]) -> None:
     print(
         "| path | clip | diver step climbing / still (steps) | climbing - still | a lost life | the 15 before", end=""
     )
-    print(" | mean step |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(" | mean step | steps paid |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['norm']} | {'±' + r['clip'] if r['clip'] != 'sign' else 'sign'} | {r['diver_climb_z']:+.2f} / "
             f"{r['diver_still_z']:+.2f} ({r['diver_climb_steps']} / {r['diver_still_steps']}) | **{r['gap']:+.2f}** "
-            f"| {r['life_loss_z']:+.2f} | {r['pre_loss_z']:+.2f} | {r['mean_z']:+.3f} |"
+            f"| {r['life_loss_z']:+.2f} | {r['pre_loss_z']:+.2f} | {r['mean_z']:+.3f} | {r['paid']:.0%} |"
         )
 
 
@@ -115,6 +129,13 @@ class RewardPathSettings:
     )
     norm_window: int = setting(
         BOOK_NORM_WINDOW, "the window path's steps per env", group="in", checks=in_range("--norm-window", 2, 1000)
+    )
+    deadzone: float = setting(
+        0.0,
+        "a normalised step within [-K, K] std is paid 0, before the clip (01_a2c.py --reward-deadzone)",
+        group="in",
+        metavar="K",
+        checks=in_range("--deadzone", 0, 1000),
     )
     out: Path | None = rows_out_setting(group="out")
 
@@ -141,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"no segment of {a.db} to pay" + (f" in {a.split}'s holdout" if a.split else ""))
     out = {}
     for reward in a.reward:
-        rows = measure(reward, a.db, names, a.norm_window)
+        rows = measure(reward, a.db, names, a.norm_window, a.deadzone)
         print_rows(reward, rows)
         out[str(reward)] = rows
     print(f"\n(±{DEFAULT_CLIP:g} is 01_a2c.py's default clip; the running path is its default normalisation)")

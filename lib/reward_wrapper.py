@@ -226,6 +226,8 @@ class RewardModelWrapper:
         scale: float = 1.0,
         norm: str = "running",
         oracle: bool = False,
+        deadzone: float = 0.0,
+        plus_score: bool = False,
     ):
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
         docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
@@ -234,7 +236,9 @@ class RewardModelWrapper:
         checkpoint, measured on its labelled clips) or "window" (each env's own last ``norm_window``
         steps, ``WindowNorm``; ``--reward-norm``); ``clip``: the bound in std, None for none, or
         "sign" for the sign of the normalised reward (``--reward-clip``); ``oracle``: send the game's
-        true score through this same path instead of the model's prediction (``--reward-oracle``)."""
+        true score through this same path instead of the model's prediction (``--reward-oracle``);
+        ``deadzone``: normalised rewards within [-deadzone, deadzone] are paid 0 (``--reward-deadzone``);
+        ``plus_score``: the game's sign-clipped score is added (``--reward-plus-score``)."""
         self.env = env
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
@@ -242,7 +246,10 @@ class RewardModelWrapper:
             raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
         if norm not in REWARD_NORMS:
             raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
+        if not (math.isfinite(deadzone) and deadzone >= 0):
+            raise UserError(f"--reward-deadzone must be a number at least 0, got {deadzone:g}")
         self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
+        self.deadzone, self.plus_score = float(deadzone), plus_score
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.norm_window = norm_window
@@ -462,6 +469,8 @@ class RewardModelWrapper:
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
         rewards = norm.normalise(raw)
+        if self.deadzone > 0:
+            rewards = np.where(np.abs(rewards) > self.deadzone, rewards, 0.0).astype(np.float32)
         clipped = 0.0
         if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
             clipped = float(np.mean(np.abs(rewards) != 1))
@@ -470,7 +479,10 @@ class RewardModelWrapper:
             clipped = float(np.mean(np.abs(rewards) > self.clip))
             rewards = np.clip(rewards, -self.clip, self.clip)
         st.pred_rewards = raw
-        st.rewards = (rewards * self.scale).astype(np.float32)
+        paid = rewards * self.scale
+        if self.plus_score:  # the score as the learner gets it without -r (lib.a2c: sign-clipped)
+            paid = paid + np.sign(np.asarray(st.true_rewards, dtype=np.float32))
+        st.rewards = paid.astype(np.float32)
         self._steps += 1
         self._last = {
             "pred_mean": float(raw.mean()),
