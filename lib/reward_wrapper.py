@@ -1,63 +1,22 @@
 """RewardModelWrapper: learn from a reward model instead of the game score (``01_a2c.py -r``).
 
-Wraps an AtariVec-like vector env. Each agent step it runs ONE batched forward pass of the reward
-model for all N envs on (the frame each env showed, the action taken on it) -- in eval mode with
-BatchNorm folded into the convolutions, under ``torch.inference_mode()`` -- while the env's C++
-threads step the games (``step_async`` starts the env step, the forward runs, ``step_wait``
-collects both). The book instead calls the model once per env per frame with batch size 1. A
-diff model (``03_reward_train.py --arch diff``) also reads the frame each step led to, so its
-forward runs in ``step_wait``, after the step (where the step ended a game, the env already shows
-the next game: ``lib.reward_model.reward_input`` lets the step's own frame stand in, as at the end of
-a recorded clip).
+Wraps an AtariVec-like vector env. Each agent step runs ONE batched forward of the reward model for
+all envs (eval mode, BatchNorm folded) while the env's C++ threads step the games; a diff model,
+which also reads the frame a step led to, runs its forward after the step (``VecStep.complete``).
 
-What the learner gets (``VecStep``):
-- ``pred_rewards``: the raw predictions (N,) float32;
-- ``rewards``: the predictions minus their MEDIAN and divided by their std over a running window
-  of the last ``norm_window`` predictions (all envs together), then CLIPPED to [-clip, clip]
-  (clip = 5 by default). Until the window holds ``norm_window // 10`` predictions the mean and
-  std the model was trained with (stored in its checkpoint) are used, so the first steps are
-  normalised too. A std near zero (< 1e-6, a constant model) is replaced by 1: rewards are then
-  only centred.
-- ``true_rewards``: the game's own score, untouched (for logging and the reward-hacking monitor).
+The learner gets ``rewards``: the raw prediction centred on the median of the last ``norm_window``
+predictions and divided by their std (the checkpoint's stored stats until the window holds a tenth),
+optionally thinned (``--reward-deadzone``), clipped to ±5 std or sign-clipped, scaled, and with
+``--reward-plus-score`` added to the sign-clipped score. ``--reward-norm window`` is the book's
+per-env window, ``labels`` fixed stats of the labelled clips. ``pred_rewards`` keep the raw
+predictions and ``true_rewards`` the game's score (logging, the reward-hacking monitor). Why the
+median and ±5 rather than the paper's mean and the book's sign: docs/reference.md ("Learning from
+it") and docs/results.md.
 
-Why the median and not the mean (the paper's zero mean): the typical step then earns 0, as in the
-game's own score. A model that has learned the score puts its reward on the rare steps that score;
-centred on the mean, every other step earns a little less than 0, and since a lost life ends the
-learner's episode, dying early becomes a way out of a stream of negative rewards (the figures:
-docs/results.md). ``--reward-norm window`` is the book's per-env mean instead, ``labels`` fixed
-statistics of the labelled clips.
-
-On CPU the overlapped forward runs on ``infer_threads`` torch threads (1 by default), leaving the
-other cores to the env's stepping threads, and torch's thread count is restored afterwards.
-
-Why clip at ±5 and not sign-clip as the book's wrapper stack does: a sign-clipped normalised
-prediction is +1 for every step above the running mean and −1 below, which throws away how much
-better a step is -- the one thing the preferences taught the model. Normalised predictions are
-already on the scale sign-clipped scores have (unit variance); the ±5 bound only stops rare
-outliers from dominating a batch (as SB3's VecNormalize clips rewards). The learner must not
-sign-clip ``rewards`` again. ``--reward-clip sign`` (with ``--reward-norm window``: the book's
-whole reward path) takes the sign instead, to measure the two side by side.
-
-Live rounds (``01_a2c.py -r PATH --reward-reload``): before each agent step the wrapper may look
-at PATH (a ``stat``: mtime_ns, size, inode, at most every ``poll_s`` = 1 s) and, when the file has
-changed and then held still for one more look (so a plain ``cp`` caught mid-copy is not read),
-loads it with the same safe loader and checks as at the start (game, action count, frame shape,
-finite weights; and the env id of the model it replaces). A good file is swapped in between two
-steps; a missing, truncated, corrupt, non-finite or wrong-game file is skipped with ONE warning
-per state of the file (a later change is looked at again) and the old model stays. A file that
-holds the very model in use (a ``touch``, the same bytes installed again:
-``RewardPredictor.same_as``) is no switch. The version is the checkpoint's ``metrics["version"]``
-(stage 3's ``--follow`` writes it), else the count of files loaded before it (0 = the one at the
-start).
-
-Normalisation across a switch: Bradley-Terry leaves a model's offset free, so a new model's raw
-predictions have their own offset and scale, and a window of the old model's predictions would
-mix the two (a new model shifted by +100 would be paid +100/std, clipped to +5, on every step
-until the window turned over). So a switch restarts the running norm from the new checkpoint's
-stored mean and std, with the usual warm-up of ``norm_window // 10`` predictions: the learner's
-reward stays centred and unit-scaled across the switch, as at the start of a run. A checkpoint
-without stored stats starts on its own window. A diff model's forward that is still pending when
-the switch happens (``VecStep.complete()``) runs on the model and norm of the step it belongs to.
+``reload``: the model file is watched (a ``stat`` at most every second) and a changed file that then
+held still is loaded with the same checks as at the start and swapped in between two steps; a bad
+file is skipped with one warning and the old model stays. A switch restarts the running norm from
+the new checkpoint's stored stats, since Bradley-Terry leaves each model's offset free.
 """
 
 from __future__ import annotations
