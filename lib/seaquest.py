@@ -1,71 +1,13 @@
-"""SeaQuest's screen, read: the oxygen gauge, and what a stretch of play did with it. Used by the
-teachers (``lib.teachers``) and, as a ``GameObserver``-side tracker, by the games played
-(``lib.behaviour``).
+"""SeaQuest's screen, read: the oxygen gauge, the player's sub, the divers aboard, and what a
+stretch of play did with them (``OxygenTracker``: refills and oxygen deaths; ``SurfaceTracker``:
+low-gauge climbs, diver climbs, rescues, idling and surfacing deaths). One reader for recorded clips
+(the teachers, ``lib.teachers``) and for games being played (``lib.behaviour``).
 
-The oxygen gauge (210x160 RGB frame, rows 170-174, columns 49-112): a bar of 63 pixels, white
-(214, 214, 214) for the oxygen left, red (163, 57, 21) for the oxygen used. When oxygen is low
-the white part blinks (4 agent steps shown, 4 hidden) while the red part stays, so the level is
-read from the red part: ``level = 63 - red pixels`` (0 when the bar is all red, which it also is
-while a sub dies). A frame without the bar (no red and no white) has no reading (-1).
-
-Events, followed step by step (``OxygenTracker``; one implementation for segments and games):
-
-- **refill**: the level rises after having been steady or falling, from a level above 0. The sub
-  surfaced with oxygen left. After a lost life (and at a game's start) the new sub waits at the
-  surface while the gauge fills from empty by itself, 2 pixels per agent step: that rise starts
-  at 0 and is not a refill. A rise already under way when the record starts is not counted either.
-- **oxygen death**: a life lost while the gauge is empty, where the last level seen before it
-  emptied was at most ``OXYGEN_EMPTY_MAX`` (it ran out). A sub hit by an enemy shows its gauge
-  jump from its level straight to empty, so that death is not an oxygen death.
-
-The player's sub (``sub_rows``): drawn in yellow (187, 187, 53), the only thing in the water that
-colour besides its own torpedo, which flies in the sub's rows (the score and the reserve subs at
-the top are a paler yellow, (210, 210, 64); checked on 16,600 agent frames and 10,000 random-play
-frames: every yellow pixel lies in rows 46-151, at most 11 rows from the topmost). Its top row is
-``SURFACE_ROW`` (46) when it floats at the surface, 57 just under it, ``BOTTOM_ROW`` (141) at the
-sea bed; it moves 4 rows per agent step (frameskip 4). At the surface the gauge stays full.
-
-What the sub does with a low gauge and at the surface, followed step by step (``SurfaceTracker``):
-
-- **low gauge**: 0 < level <= ``LOW_OXYGEN`` (16 of 63) and not above the reading before. 16 is
-  where the game itself warns (the white part starts to blink): what a person watching the clip
-  notices, and still 128 agent steps of air, five times the 24 steps a sub needs to rise from the
-  sea bed. A gauge filling after a respawn or during a refill rises, so it is not low; the first
-  reading of a record (none before it to tell filling from draining) is not judged.
-- **climb**: over a stretch of low-gauge steps (it ends when the gauge rises or a life is lost),
-  the rows between the sub's row at the stretch's first step and the highest point it reaches
-  later in the stretch, ``max(0, first row - min row)``: progress toward the surface. Diving and
-  coming back to the same depth is no progress; the new sub of the next life starts a new stretch.
-  A **low-gauge climb** (an event, once per stretch) is a climb of at least ``CLIMB_EVENT_ROWS``
-  (24 rows: 6 steps up, a quarter of the water's depth, not jitter or a dodge).
-- **idle at the surface**: the sub's top row at ``SURFACE_ROW`` with a full gauge
-  (``IDLE_LEVEL`` = 63). Neither a new sub nor a refilling one can leave the surface before its
-  gauge is full (pressing DOWN throughout, it dives the step after), so the forced waits count at
-  most one step: what is counted is a sub that could dive and does not (the book's third round
-  ended with one parked there; pressing nothing, a sub stays at the surface, its gauge full, for
-  good).
-
-Divers aboard (``divers_aboard``): drawn under the gauge, rows 178-186, in blue (24, 26, 167), 8
-columns per diver from column 58 (one diver: columns 58-65, two: 58-73, up to six). Checked
-against the emulator's RAM (index 62, divers collected) on every step of 6,000 random-play steps:
-the count read from the screen equals the RAM's on each. They matter because of the game's
-surfacing rule (its routine ``CheckForSeaquestSubSurfacing``): a sub that reaches the surface with
-oxygen below full loses a life with no diver aboard, refills its oxygen and gives up one diver
-(for no points) with 1-5 aboard, and turns the oxygen into points with 6. So heading up with a low
-gauge is progress only with a diver aboard, and the ``SurfaceTracker`` also counts:
-
-- **diver climb**: the rows of a low-gauge climb made while at least one diver is aboard (the
-  climb that ends in a refill rather than a death);
-- **rescue**: the divers aboard going up (one per diver picked up; a refill or a lost life takes
-  them down, which is no rescue);
-- **diver steps**: steps with a diver aboard, and **low diver steps**: those with a low gauge too
-  (the clips a person wants the sub to climb in);
-- **surfacing death**: a life lost where the sub was last drawn above ``SURFACED_ROW`` (at the
-  surface or on its last step up) with no diver aboard and a gauge that had not run out: the
-  surfacing rule took it. While it dies the sub is not drawn (about 20 agent steps, the gauge
-  showing empty for the last 13), so its last drawn row is where the life ended: 49 for a sub
-  that came up with no diver, the row it was hit in for a sub an enemy hit (checked on scripted
-  real games, tests/test_behaviour.py).
+The gauge is a 63-pixel bar (rows 170-174, columns 49-112 of the 210x160 frame), white for the
+oxygen left and red for the oxygen used; since the white part blinks when oxygen runs low, the
+level is read from the red part: ``63 - red pixels`` (-1 where the bar is absent). Every pixel
+position, colour and event rule, and how each was checked: docs/reference.md ("How the oxygen
+teacher reads a clip").
 """
 
 from __future__ import annotations

@@ -1,54 +1,14 @@
 """Synthetic teachers: labels without a person.
 
-A teacher looks at two segments and answers as a person would: 1 (#1 better), 2 (#2 better),
-0 (equally good) or -1 (can't tell), and says which of its rules decided (``judge_rule``; the
-oracle records it in each label as ``rule``). Three teachers:
-
-- ``score``: the higher true return wins; equal returns are a tie (the oracle of earlier versions).
-  With ``death_penalty`` P each life lost in a clip costs P points of its return, as both papers'
-  synthetic oracles replace an episode end with a penalty (Christiano et al. 2017, Ibarz et al.
-  2018): without it a clip where the sub dies (0 points) ties with one where it idles. The rule is
-  ``death`` where the penalty changed the answer the returns alone give, else ``score`` / ``tie``.
-- ``oxygen`` (SeaQuest): what the book's person taught and the score does not pay for: surface to
-  refill the oxygen before it runs out. Rules, in order, the first that decides wins:
-  1. ``oxygen_death``: fewer lives lost with an empty gauge (an oxygen death) wins;
-  2. ``refill``: more voluntary refills wins;
-  3. ``score``: the higher true return wins; equal is a ``tie``.
-- ``surface`` (SeaQuest): what the book's person taught, with the game's surfacing rule in mind
-  (``lib.seaquest``: a sub that surfaces with its gauge below full loses a life with no diver
-  aboard, and refills, giving up one diver, with 1-5 aboard). Rules, in order, the first that
-  decides wins:
-  1. ``death``: fewer lives lost wins, whatever the cause (surfacing with no diver aboard is a
-     death like a shark's or an empty gauge's);
-  2. ``refill``: more voluntary refills wins;
-  3. ``diver_climb``: with a low gauge and a diver aboard, the clip whose sub climbs more toward
-     the surface wins, when the climbs differ by at least ``CLIMB_MIN_ROWS`` (8 rows: two steps
-     up; the sub's top row jitters by a row with its animation, and a dodge is a step or two).
-     Low: 0 < level <= 16 of 63 and not filling, where the game starts to blink the gauge
-     (``lib.seaquest.LOW_OXYGEN``), with 128 agent steps of air left, five times the 24 a sub
-     needs to rise from the sea bed. The climb is the rows gained toward the surface over each
-     low-gauge stretch, counted on the steps with a diver aboard (``SurfaceCounts.diver_climb_rows``).
-     Climbing with no diver aboard is no progress (it ends in a death at the surface), so it
-     counts nothing here; a clip that is never low with a diver aboard climbs 0;
-  4. ``rescue``: more divers picked up wins (the divers aboard going up; by at least one). Divers
-     are what a refill costs, and six of them pay the oxygen out as points;
-  5. ``idle``: the clip that spends fewer steps at the surface with a full gauge wins, when the
-     counts differ by at least ``IDLE_MIN_STEPS`` (20 of a 50-step clip). A refill or a new life
-     leaves at most one such step (the sub cannot dive before its gauge is full), so 20 is a sub
-     that could dive and stays (a person sees it sit still for over a second; the book's third
-     round parked there);
-  6. ``score``: the higher true return wins; equal is a ``tie``.
-  Every rule but the last prefers what the score does not pay for within the clip.
-
-Other rule names: ``cant_tell`` (the teacher lacks what it needs: no true rewards, or no gauge for
-the oxygen teachers) and ``noise`` (a random answer, below).
-
-Options shared by all: ``noise`` P, the paper's share of uniformly random answers (with
-probability P the answer is #1 or #2 at random, whatever the segments show), and ``ties``: what
-the teacher answers when it sees no difference, ``equal`` (0) or ``skip`` (-1, can't tell: kept
-in labels.jsonl, never trained on; the rule is still ``tie``).
-
-The gauge, the sub and the events they show are read by ``lib.seaquest``.
+A teacher looks at two segments and answers as a person would: 1 (#1 better), 2 (#2 better), 0
+(equally good) or -1 (can't tell), and names the rule that decided (``judge_rule``; the oracle
+stores it in each label as ``rule``). ``score`` prefers the higher true return (``death_penalty``
+P: each lost life costs P points, as both papers' oracles penalise an episode end); ``oxygen`` and
+``surface`` (SeaQuest) first apply rules for what the score does not pay for (oxygen deaths,
+refills, low-gauge climbs with a diver aboard, rescues, idling), then the score. ``noise`` P answers
+a share P at random (the paper's model of a person); ``ties`` answers a tie with 0 or -1. Each
+rule, in order, and why its thresholds are what they are: docs/reference.md ("Synthetic
+teachers"); the screen is read by ``lib.seaquest``.
 """
 
 from __future__ import annotations
