@@ -31,7 +31,7 @@ from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.reward_eval import predict_segments
 from lib.reward_model import load_reward_model
-from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
+from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised, thinned
 from lib.segments import list_segments, read_segment
 from lib.settings import build_parser as settings_parser
 from lib.settings import check_fields, in_range, setting
@@ -56,8 +56,7 @@ def path_rewards(
             out.append(np.array([wn.normalise(np.array([x]))[0] for x in p], dtype=np.float64))
     else:
         raise ValueError(f"unknown norm {norm!r}")
-    if deadzone > 0:
-        out = [np.where(np.abs(z) > deadzone, z, 0.0) for z in out]
+    out = [thinned(z, deadzone) for z in out]
     if clip == "sign":
         return [np.sign(z) for z in out]
     bound = float(clip)

@@ -145,6 +145,11 @@ def norm_prior(model: Any) -> tuple[float, float] | None:
     return float(mean), float(std)
 
 
+def thinned(z: np.ndarray, deadzone: float) -> np.ndarray:
+    """``--reward-deadzone``: normalised rewards within [-deadzone, deadzone] paid 0, the rest as they are."""
+    return np.where(np.abs(z) > deadzone, z, 0.0).astype(z.dtype) if deadzone > 0 else z
+
+
 def normalised(x: np.ndarray) -> np.ndarray:
     """A whole series of predictions normalised as the learner does once its window holds them:
     centred on the median, divided by the std (a constant series: centred only)."""
@@ -428,8 +433,7 @@ class RewardModelWrapper:
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
         rewards = norm.normalise(raw)
-        if self.deadzone > 0:
-            rewards = np.where(np.abs(rewards) > self.deadzone, rewards, 0.0).astype(np.float32)
+        rewards = thinned(rewards, self.deadzone)
         clipped = 0.0
         if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
             clipped = float(np.mean(np.abs(rewards) != 1))
