@@ -47,7 +47,7 @@ from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.saved_states import SingleGame
-from lib.seaquest import LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
+from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.segment_writer import claim_db, save_segment, segment_relpath
 from lib.segments import Segment, list_segments, read_segment
 from lib.settings import build_parser as settings_parser
@@ -67,10 +67,15 @@ def up_actions(meanings: tuple[str, ...]) -> np.ndarray:
     return np.array(["UP" in m for m in meanings])
 
 
-def at_branch_point(frame: np.ndarray) -> bool:
-    """A low gauge (draining or not), a diver aboard, and the sub at least MIN_DEPTH rows down."""
+GAUGES = ("low", "high")  # --gauge: where a climb pair's branch point is
+
+
+def at_branch_point(frame: np.ndarray, gauge: str = "low") -> bool:
+    """A low gauge (draining or not; ``gauge="high"``: at least HIGH_OXYGEN, where the surface
+    teacher does not ask for the climb), a diver aboard, and the sub at least MIN_DEPTH rows down."""
     level, row = int(oxygen_levels(frame)), int(sub_rows(frame))
-    return 0 < level <= LOW_OXYGEN and int(divers_aboard(frame)) > 0 and row >= SURFACE_ROW + MIN_DEPTH
+    level_ok = level >= HIGH_OXYGEN if gauge == "high" else 0 < level <= LOW_OXYGEN
+    return level_ok and int(divers_aboard(frame)) > 0 and row >= SURFACE_ROW + MIN_DEPTH
 
 
 @dataclass
@@ -179,6 +184,7 @@ class BranchSettings:
     max_games: int = 0  # stop after this many games with fewer pairs (a policy that seldom gets there); 0: never
     tries: int = 8  # death pairs: replays of one state at most, to find one that dies and one that lives
     teacher: str = "surface"  # death pairs: the teacher that labels them (the climb pairs: always surface)
+    gauge: str = "low"  # climb pairs: branch points with a low gauge, or a high one (at_branch_point)
 
 
 def _player(policy: Path, db: Path, seed: int, teacher: str) -> tuple[SingleGame, Picker, Teacher, np.random.Generator]:
@@ -197,11 +203,14 @@ def make_pairs(
     policy: Path,
     db: Path,
     s: BranchSettings,
-    at: Callable[[np.ndarray], bool] = at_branch_point,
+    at: Callable[[np.ndarray], bool] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, int]:
-    """Play games until ``s.pairs`` pairs are in ``db`` (or ``s.max_games`` games are over); returns
-    how many labels each rule decided."""
+    """Play games until ``s.pairs`` pairs are in ``db`` (or ``s.max_games`` games are over), branching
+    where ``at`` holds (default: ``at_branch_point`` at ``s.gauge``); returns how many labels each
+    rule decided."""
+    if at is None:
+        at = lambda frame: at_branch_point(frame, s.gauge)  # noqa: E731
     game, pick, judge, order_rng = _player(policy, db, s.seed, "surface")
     up = up_actions(game.meanings)
     counters = [0, 0]
@@ -410,6 +419,13 @@ class BranchCommand:
         group="pairs",
         checks=[(lambda v: v >= 1, "--every must be at least 1, got {v}")],
     )
+    gauge: str = setting(
+        BranchSettings.gauge,
+        f"climb pairs: branch where the gauge is low (at most {LOW_OXYGEN} of 63), or high (at least {HIGH_OXYGEN}: "
+        "the teacher does not ask for the climb there, so the pairs show a model that the gauge decides)",
+        group="pairs",
+        choices=GAUGES,
+    )
     seed: int = seed_setting("emulator, policy sampling and #1/#2 order", group="pairs")
     max_games: int = setting(
         BranchSettings.max_games,
@@ -451,6 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         [
             (args.policy is None, "give --policy (the policy that plays) or --measure"),
             (args.kind == "climb" and args.teacher != "surface", "climb pairs are labelled by the surface teacher"),
+            (args.kind == "death" and args.gauge != "low", "--gauge is for climb pairs"),
         ]
     )
     play(args)
@@ -466,7 +483,14 @@ def play(args: BranchCommand) -> None:
     args.db.mkdir(parents=True, exist_ok=True)
     steps = args.steps or (DEATH_STEPS if args.kind == "death" else CLIMB_STEPS)
     s = BranchSettings(
-        args.pairs, steps, args.every, args.seed, max_games=args.max_games, tries=args.tries, teacher=args.teacher
+        args.pairs,
+        steps,
+        args.every,
+        args.seed,
+        max_games=args.max_games,
+        tries=args.tries,
+        teacher=args.teacher,
+        gauge=args.gauge,
     )
     try:
         rules = make_death_pairs(policy, args.db, s) if args.kind == "death" else make_pairs(policy, args.db, s)

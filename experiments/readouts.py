@@ -16,7 +16,7 @@ from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
 from lib.reward_eval import predict_segments, score, teacher_agreement
 from lib.reward_model import load_reward_model
 from lib.reward_wrapper import normalised
-from lib.seaquest import LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
+from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.segments import db_game, list_segments, read_segment
 from lib.teachers import Teacher
 
@@ -67,8 +67,9 @@ def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict
     return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
 
 
-def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard, and the step
+def diver_step_flags(frames: np.ndarray, gauge: str = "low") -> tuple[np.ndarray, np.ndarray]:
+    """One segment's (T,) masks: a low gauge (not filling) with a diver aboard (``gauge="high"``: a
+    gauge at least HIGH_OXYGEN, where the surface teacher does not ask for the climb), and the step
     climbing: the sub's top row in the frame the step led to is above the one its action was
     chosen on. That is the step a reward model pays for the climb: its action moved the sub, and
     the diff net's input is that step's frame and the next. (Until 2026-11-27 the flag was the
@@ -79,7 +80,8 @@ def diver_step_flags(frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
     draining[1:-1] = levels[1:-1] <= levels[:-2]  # not filling
     up[:-1] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
-    return draining & (levels > 0) & (levels <= LOW_OXYGEN) & (divers > 0), up
+    level_ok = (levels >= HIGH_OXYGEN) if gauge == "high" else (levels > 0) & (levels <= LOW_OXYGEN)
+    return draining & level_ok & (divers > 0), up
 
 
 def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:

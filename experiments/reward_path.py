@@ -6,7 +6,8 @@ agent's last 10,000 predictions sees them once it is full) or ``window`` (each c
 ``--norm-window`` steps, the book's per-env window: a clip is one env's consecutive steps, so its
 first steps have a shorter window than a run has), each with the ±5 clip or the sign (ptan's, after
 the book's normalisation). For each: the mean pay of a climbing and of a still low-gauge step with a
-diver aboard (``experiments.readouts.diver_step_flags``) and their difference, the steps that lose a
+diver aboard (``experiments.readouts.diver_step_flags``) and their difference, the same difference
+with a high gauge (a model that reads the gauge pays the climb there less), the steps that lose a
 life and the ``LIFE_LOSS_LEAD`` steps before them, and the mean step.
 
     python -m experiments.reward_path --reward runs/round/seed0/surface-100/r1/reward.pt \\
@@ -63,11 +64,24 @@ def path_rewards(
     return [np.clip(z, -bound, bound) for z in out]
 
 
-def path_figures(z: list[np.ndarray], flags: list[tuple[np.ndarray, np.ndarray]], lost: list[np.ndarray]) -> dict:
-    """The pay of climbing and still low-gauge diver steps, around lost lives, and the mean step."""
+Flags = list[tuple[np.ndarray, np.ndarray]]
+
+
+def path_figures(z: list[np.ndarray], flags: Flags, lost: list[np.ndarray], high: Flags | None = None) -> dict:
+    """The pay of climbing and still low-gauge diver steps, the same gap on the ``high``-gauge
+    diver steps (NaN without them), around lost lives, and the mean step."""
     flat = np.concatenate(z) if z else np.zeros(0)
     m = diver_step_means(flat, flags)
-    return {**m, "gap": m["diver_climb_z"] - m["diver_still_z"], **life_loss_means(z, lost), "paid": paid_share(flat)}
+    h = diver_step_means(flat, high) if high is not None else {}
+    high_gap = h["diver_climb_z"] - h["diver_still_z"] if h else math.nan
+    return {
+        **m,
+        "gap": m["diver_climb_z"] - m["diver_still_z"],
+        "high_gap": high_gap,
+        "high_climb_steps": h.get("diver_climb_steps", 0),
+        **life_loss_means(z, lost),
+        "paid": paid_share(flat),
+    }
 
 
 def paid_share(z: np.ndarray) -> float:
@@ -80,7 +94,7 @@ def measure(
 ) -> list[dict]:
     rm = load_reward_model(reward, device=dev)
     p = predict_segments(rm, db, names)
-    preds, flags, lost = [], [], []
+    preds, flags, high, lost = [], [], [], []
     lo = 0
     for rel in p.names:
         seg = read_segment(db, rel)
@@ -88,13 +102,14 @@ def measure(
         preds.append(np.asarray(p.pred_steps[lo : lo + n], dtype=np.float64))
         lo += n
         flags.append(diver_step_flags(seg.frames))
+        high.append(diver_step_flags(seg.frames, "high"))
         lost.append(np.zeros(n, dtype=bool) if seg.dones is None else np.asarray(seg.dones, dtype=bool))
     if lo != len(p.pred_steps):
         raise UserError(f"{reward}: {len(p.pred_steps)} predictions for {lo} steps of {db}")
     rows = []
     for norm in PATHS:
         for clip in CLIPS:
-            fig = path_figures(path_rewards(preds, norm, clip, window, deadzone), flags, lost)
+            fig = path_figures(path_rewards(preds, norm, clip, window, deadzone), flags, lost, high)
             rows.append({"norm": norm if norm == "running" else f"window {window}", "clip": clip, **fig})
     return rows
 
@@ -102,15 +117,18 @@ def measure(
 def print_rows(reward: Path, rows: list[dict]) -> None:
     print(f"\n{reward}")
     print(
-        "| path | clip | diver step climbing / still (steps) | climbing - still | a lost life | the 15 before", end=""
+        "| path | clip | diver step climbing / still (steps) | climbing - still | the same, gauge high (climbs)"
+        " | a lost life | the 15 before",
+        end="",
     )
     print(" | mean step | steps paid |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['norm']} | {'±' + r['clip'] if r['clip'] != 'sign' else 'sign'} | {r['diver_climb_z']:+.2f} / "
             f"{r['diver_still_z']:+.2f} ({r['diver_climb_steps']} / {r['diver_still_steps']}) | **{r['gap']:+.2f}** "
-            f"| {r['life_loss_z']:+.2f} | {r['pre_loss_z']:+.2f} | {r['mean_z']:+.3f} | {r['paid']:.0%} |"
+            f"| {r['high_gap']:+.2f} ({r['high_climb_steps']}) | {r['life_loss_z']:+.2f} | {r['pre_loss_z']:+.2f} "
+            f"| {r['mean_z']:+.3f} | {r['paid']:.0%} |"
         )
 
 

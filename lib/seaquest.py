@@ -30,6 +30,7 @@ SURFACE_ROW = 46  # the sub's top row when it floats at the surface
 SURFACED_ROW = 57  # last drawn above this row (57: just under the surface) when a life ends: it ended at the surface
 BOTTOM_ROW = 141  # its top row at the sea bed
 LOW_OXYGEN = 16  # a gauge at or below this (and above 0) is low: where the game starts to blink it
+HIGH_OXYGEN = 42  # a gauge at least this (two thirds full) is high: a climb there is not for air
 CLIMB_EVENT_ROWS = 24  # a low-gauge stretch whose climb reaches this many rows is a low-gauge climb
 IDLE_LEVEL = OXYGEN_FULL  # at the surface with the gauge at least this full: idle
 DIVERS_ROWS = slice(178, 187)  # the divers-aboard row under the gauge

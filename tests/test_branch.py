@@ -298,6 +298,7 @@ def _branch_cli(capsys, *args: str) -> tuple[int, list[str]]:
         (("--seed", "-1"), "--seed must be in 0.."),
         (("--seed", "99999999999"), "--seed must be in 0.."),
         (("--teacher", "score", "--kind", "death", "--policy", "{tmp}/nope.pt"), "nope.pt"),
+        (("--kind", "death", "--gauge", "high"), "--gauge is for climb pairs"),
     ],
 )
 def test_branch_mistakes_are_one_line_exit_2_and_leave_no_directory(tmp_path: Path, capsys, extra, msg) -> None:
@@ -331,3 +332,26 @@ def test_branch_db_that_is_a_file_or_measured_empty_is_one_line_exit_2(tmp_path:
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and "no segments" in err[0], err
     code, err = _branch_cli(capsys, "--db", str(tmp_path / "a-file"), *measure)
     assert code == 2 and len(err) == 1 and "not a directory" in err[0], err
+
+
+def test_a_high_gauge_branch_point_and_step_is_where_the_low_one_is_not() -> None:
+    """On real frames (CLIMB: a diver aboard from step 182, the sub at row 134, the gauge low from
+    step 416): ``--gauge high`` branches and ``diver_step_flags(.., "high")`` flags the diver steps
+    whose gauge is at least HIGH_OXYGEN, never a low-gauge one; the low branch point stays where it was."""
+    from test_seaquest import CLIMB_PLAN
+
+    from bench.dbs import play_plan
+    from experiments.branch import at_branch_point
+    from experiments.readouts import diver_step_flags
+    from lib.seaquest import HIGH_OXYGEN, divers_aboard, oxygen_levels
+
+    frames = play_plan(CLIMB_PLAN).frames
+    levels, divers = oxygen_levels(frames), divers_aboard(frames)
+    low, _ = diver_step_flags(frames)
+    high, up = diver_step_flags(frames, "high")
+    assert high.sum() >= 5 and low.sum() >= 5 and not (low & high).any()
+    assert (levels[high] >= HIGH_OXYGEN).all() and (divers[high] > 0).all()
+    assert not up[high].any()  # the sub waits at row 134 there: no climb
+    t_high, t_low = int(np.flatnonzero(high)[0]), int(np.flatnonzero(low)[0])
+    assert at_branch_point(frames[t_high], "high") and not at_branch_point(frames[t_high])
+    assert at_branch_point(frames[t_low]) and not at_branch_point(frames[t_low], "high")

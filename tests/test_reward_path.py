@@ -47,6 +47,10 @@ def test_the_figures_average_the_flagged_steps() -> None:
     assert (f["diver_climb_z"], f["diver_still_z"], f["gap"]) == (0.5, 3.5, -3.0)
     assert f["life_loss_z"] == -2.0 and f["life_losses"] == 1 and f["mean_z"] == 1.5
     assert np.isclose(f["pre_loss_z"], np.mean([-1.0, 0.0, 5.0]))  # within the clip that lost it
+    assert np.isnan(f["high_gap"]) and f["high_climb_steps"] == 0  # no high-gauge flags given
+    high = [(np.array([0, 0, 1, 1], bool), np.array([0, 0, 1, 0], bool)), (np.zeros(4, bool), np.zeros(4, bool))]
+    h = reward_path.path_figures(z, flags, lost, high)
+    assert h["high_gap"] == 3.0 - 4.0 and h["high_climb_steps"] == 1 and h["gap"] == f["gap"]
 
 
 def test_the_command_prints_every_path_and_refuses_a_missing_file(tmp_path: Path) -> None:
