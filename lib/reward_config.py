@@ -203,6 +203,12 @@ class RewardArgs:
         "the block means must learn each place from labels (in SeaQuest: the sub climbing)",
         group="model",
     )
+    diff_flow_scene: bool = setting(
+        False,
+        "--diff-flow: also each shift times each block of the frame, so that the model can pay a move by "
+        "what the screen shows (in SeaQuest: a climb by the oxygen gauge)",
+        group="model",
+    )
     ensemble: int = setting(
         1,
         "train K models on bootstrap samples; predict their mean, log their disagreement",
@@ -307,6 +313,7 @@ class TrainConfig:
     mask_rows: int = RewardArgs.mask_rows
     diff_block: tuple[int, int] = RewardArgs.diff_block
     diff_flow: bool = RewardArgs.diff_flow
+    diff_flow_scene: bool = RewardArgs.diff_flow_scene
 
     def check(self) -> None:
         """UserError with one line for the first value that cannot work: the checks of the
@@ -317,7 +324,12 @@ class TrainConfig:
             "--mask-rows": self.mask_rows != 0,
             "--diff-block": tuple(self.diff_block) != tuple(DIFF_BLOCK),
             "--diff-flow": self.diff_flow,
+            "--diff-flow-scene": self.diff_flow_scene,
         }
+        only = diff_only.items()
         check_between(
-            (given and self.arch != "diff", f"{flag} applies to --arch diff only") for flag, given in diff_only.items()
+            [
+                *((given and self.arch != "diff", f"{flag} applies to --arch diff only") for flag, given in only),
+                (self.diff_flow_scene and not self.diff_flow, "--diff-flow-scene needs --diff-flow"),
+            ]
         )

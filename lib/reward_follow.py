@@ -249,6 +249,7 @@ def check_warm_start(models: Sequence[AnyRewardModel], cfg: TrainConfig, path: P
         want["--diff-block"] = "x".join(map(str, cfg.diff_block))
         have["--mask-rows"], want["--mask-rows"] = int(m.mask_rows), cfg.mask_rows  # type: ignore[union-attr]
         have["--diff-flow"], want["--diff-flow"] = m.flow, cfg.diff_flow  # type: ignore[union-attr]
+        have["--diff-flow-scene"], want["--diff-flow-scene"] = m.flow_scene, cfg.diff_flow_scene  # type: ignore[union-attr]
     for flag in have:
         if have[flag] != want[flag]:
             raise UserError(

@@ -302,6 +302,7 @@ class DiffRewardModel(nn.Module):
         mask_rows: int = 0,
         block: Sequence[int] = DIFF_BLOCK,
         flow: bool = False,
+        flow_scene: bool = False,
     ):
         super().__init__()
         if not 0 <= mask_rows < POLICY_FRAME:
@@ -311,9 +312,13 @@ class DiffRewardModel(nn.Module):
         self.frame_shape = tuple(int(x) for x in frame_shape)
         self.downscale = 1
         self.input_shape = (2, POLICY_FRAME, POLICY_FRAME)
-        self.flow = bool(flow)
-        n = 2 * (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        if flow_scene and not flow:
+            raise ValueError("flow_scene needs flow")
+        self.flow, self.flow_scene = bool(flow), bool(flow_scene)
+        blocks = (POLICY_FRAME // self.block[0]) * (POLICY_FRAME // self.block[1])
+        n = 2 * blocks
         n += FLOW_FEATURES if self.flow else 0
+        n += FLOW_FEATURES * blocks if self.flow_scene else 0
         # buffers, so that a checkpoint's state dict carries them
         self.register_buffer("scale", torch.ones(n))
         self.register_buffer("mask_rows", torch.tensor(int(mask_rows)))
@@ -322,14 +327,19 @@ class DiffRewardModel(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
         (2 x 147 with 4x12 blocks), then with ``flow`` the scene's vertical and horizontal shift
-        (``scene_flow``), before scaling."""
+        (``scene_flow``), and with ``flow_scene`` each shift times each block mean of the frame (what
+        moved, beside what the screen shows there: 2 x 147), before scaling."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
         change = x[:, 1:] - x[:, :1]
-        parts = [F.avg_pool2d(change.abs(), self.block).flatten(1), F.avg_pool2d(x[:, :1], self.block).flatten(1)]
+        frame = F.avg_pool2d(x[:, :1], self.block).flatten(1)
+        parts = [F.avg_pool2d(change.abs(), self.block).flatten(1), frame]
         if self.flow:
-            parts.append(scene_flow(x))
+            shift = scene_flow(x)
+            parts.append(shift)
+            if self.flow_scene:
+                parts.append((shift[:, :, None] * frame[:, None, :]).flatten(1))
         return torch.cat(parts, dim=1)
 
     @torch.no_grad()
@@ -341,10 +351,10 @@ class DiffRewardModel(nn.Module):
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block, the masked rows and the flow.
+        """What ``features`` depends on besides its input: the block, the masked rows and the flows.
         ``features`` has no trained weight, so a training run computes each segment's once and keeps
         them under this key."""
-        return (self.block, int(self.mask_rows), self.flow)
+        return (self.block, int(self.mask_rows), self.flow, self.flow_scene)
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Per-step rewards (B,) from unscaled ``features`` (B, n) and the actions (B,)."""
@@ -473,13 +483,14 @@ def new_reward_model(
     mask_rows: int = 0,
     block: Sequence[int] = DIFF_BLOCK,
     flow: bool = False,
+    flow_scene: bool = False,
 ) -> AnyRewardModel:
     """A fresh reward model of ``arch`` ("book": the book's net on the colour frame, ``downscale``
-    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block`` and ``flow`` apply)."""
+    applies; "diff": ``DiffRewardModel``, ``mask_rows``, ``block``, ``flow`` and ``flow_scene`` apply)."""
     if arch == "book":
         return RewardModel(n_actions, frame_shape, downscale)
     if arch == "diff":
-        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, flow)
+        return DiffRewardModel(n_actions, frame_shape, mask_rows, block, flow, flow_scene)
     raise ValueError(f"unknown reward model arch {arch!r} (known: {', '.join(ARCHS)})")
 
 
@@ -487,7 +498,9 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
     """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
     a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
     if isinstance(model, DiffRewardModel):
-        twin = DiffRewardModel(model.n_actions, model.frame_shape, block=model.block, flow=model.flow)
+        twin = DiffRewardModel(
+            model.n_actions, model.frame_shape, block=model.block, flow=model.flow, flow_scene=model.flow_scene
+        )
         twin.load_state_dict(model.state_dict())
         return twin.eval().requires_grad_(False).to(model.scale.device)
     return LeanRewardNet(model)
@@ -637,7 +650,11 @@ def reward_checkpoint(
         "version": REWARD_VERSION,
         "arch": first.arch,
         "needs_next_frames": first.needs_next,
-        **({"diff_block": list(first.block), "diff_flow": first.flow} if isinstance(first, DiffRewardModel) else {}),
+        **(
+            {"diff_block": list(first.block), "diff_flow": first.flow, "diff_flow_scene": first.flow_scene}
+            if isinstance(first, DiffRewardModel)
+            else {}
+        ),
         "state_dicts": [{k: v.detach().cpu().clone() for k, v in m.state_dict().items()} for m in models],
         "frame_shape": list(first.frame_shape),
         "downscale": first.downscale,
@@ -673,6 +690,7 @@ REWARD_FIELDS: dict[str, tuple[Any, bool]] = {
     "diff_block": (_check_block_field, False),
     "diff_signed": (is_bool, False),  # retired: true is refused (``_refuse_retired``), false loads
     "diff_flow": (is_bool, False),
+    "diff_flow_scene": (is_bool, False),
     "state_dicts": (list_of(is_dict, 1, MAX_ENSEMBLE), True),
     "frame_shape": (list_of(int_in(1, MAX_FRAME_SIDE), 3, 3), True),
     "downscale": (int_in(1, MAX_DOWNSCALE), False),
@@ -755,6 +773,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} has an unknown network {str(arch)[:40]!r}: made by a newer version?")
         block = ck.get("diff_block", OLD_DIFF_BLOCK)  # diff checkpoints made before the field: 12x12
         flow = ck.get("diff_flow", False)  # made before the field: no scene flow
+        scene = ck.get("diff_flow_scene", False)
         _refuse_retired(ck, path)
     elif checkpoint_kind(ck) == "bare reward":
         check_state_dict(ck, f"reward model {path}")
@@ -765,7 +784,7 @@ def load_reward_models(
             raise UserError(f"reward model {path} is a bare state dict that does not fit a full-resolution frame")
         states = [ck]
         ck = {"state_dict_only": True}
-        arch, block, flow = "book", DIFF_BLOCK, False
+        arch, block, flow, scene = "book", DIFF_BLOCK, False, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
     ck_game = ck.get("game")
@@ -779,7 +798,7 @@ def load_reward_models(
     models = []
     for sd in states:
         try:
-            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, flow=flow)
+            m = new_reward_model(arch, ck_actions, frame_shape, downscale, block=block, flow=flow, flow_scene=scene)
         except ValueError as e:
             raise UserError(f"reward model {path}: {e}") from None
         try:

@@ -265,6 +265,7 @@ def _build_fit(
             mask_rows=cfg.mask_rows,
             block=cfg.diff_block,
             flow=cfg.diff_flow,
+            flow_scene=cfg.diff_flow_scene,
         )
         for _ in range(cfg.ensemble)
     ]

@@ -519,3 +519,5 @@ def test_a_warm_start_from_a_model_with_another_diff_flow_or_a_retired_input_is_
     for have, want in ((True, False), (False, True)):
         with pytest.raises(UserError, match=f"trained with --diff-flow {have}, this run has --diff-flow {want}"):
             check_warm_start([DiffRewardModel(18, flow=have)], TrainConfig(diff_flow=want), path)
+    with pytest.raises(UserError, match="trained with --diff-flow-scene False, this run has --diff-flow-scene True"):
+        check_warm_start([DiffRewardModel(18, flow=True)], TrainConfig(diff_flow=True, diff_flow_scene=True), path)

@@ -513,3 +513,38 @@ def test_a_checkpoint_made_with_the_retired_diff_signed_is_refused_with_one_line
         runpy.run_path(str(ROOT / "03_reward_train.py"), run_name="__main__")
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "--diff-signed" in err[0], err
+
+
+def test_the_scene_flow_times_the_frame_pays_a_move_by_what_the_screen_shows(tmp_path):
+    """``--diff-flow-scene``: after the two shifts, each shift times each block mean of the frame the
+    step starts on (2 x 147 more features): the same climb reads differently where another part of
+    the screen (in SeaQuest: the gauge) is bright or dark, and a still frame reads 0 there. The flag
+    is kept in the checkpoint; without --diff-flow it is refused."""
+    rng = np.random.default_rng(1)
+    sprite = torch.from_numpy(np.kron(rng.random((8, 12)) * 200 + 30, np.ones((2, 2))).astype(np.float32))
+
+    def climb(lamp: float) -> torch.Tensor:
+        x = torch.zeros(1, 2, 84, 84)
+        x[0, 0, 30:46, 30:54] = sprite
+        x[0, 1, 28:44, 30:54] = sprite
+        x[0, :, 68:72, 12:24] = lamp  # one block, the same in both frames: lit or dark
+        return x.to(torch.uint8)
+
+    scene, flow = DiffRewardModel(18, flow=True, flow_scene=True), DiffRewardModel(18, flow=True)
+    cells = 21 * 7
+    assert scene.scale.numel() == 2 * cells + FLOW_FEATURES + FLOW_FEATURES * cells
+    lit, dark = scene.features(climb(255.0))[0], scene.features(climb(0.0))[0]
+    base = 2 * cells + FLOW_FEATURES
+    torch.testing.assert_close(lit[:base], flow.features(climb(255.0))[0])  # the features before unchanged
+    shift, frame = lit[2 * cells : base], lit[cells : 2 * cells]
+    torch.testing.assert_close(lit[base:], (shift[:, None] * frame[None, :]).flatten())
+    lamp = 17 * 7 + 1  # the lamp's block: rows 68-71, columns 12-23
+    assert lit[base + lamp] < -0.3 and abs(float(dark[base + lamp])) < 1e-6  # up (-rows) times lit
+    still = torch.zeros(1, 2, 84, 84, dtype=torch.uint8)
+    still[0, :, 68:72, 12:24] = 255
+    assert float(scene.features(still)[0][base:].abs().max()) == 0.0
+    assert scene.feature_key() != flow.feature_key()
+    ck = _saved_and_reloaded(tmp_path, scene, seed=3)
+    assert ck["diff_flow_scene"] is True and load_reward_models(tmp_path / "r.pt")[0][0].flow_scene is True
+    with pytest.raises(ValueError, match="flow_scene needs flow"):
+        DiffRewardModel(18, flow_scene=True)

@@ -268,6 +268,14 @@ def test_diff_flow_trains_a_net_on_the_scene_flow_too(square_db, tmp_path):
         assert load_reward_model(out).nets[0].flow is flow  # the lean twin that predicts
     with pytest.raises(UserError, match="--diff-flow applies to --arch diff only"):
         train_reward_model(data, TrainConfig(epochs=1, arch="book", diff_flow=True), tmp_path / "b.pt", log=_quiet)
+    out = tmp_path / "r-scene.pt"
+    train_reward_model(
+        data, TrainConfig(epochs=1, diff_flow=True, diff_flow_scene=True), out, progress=False, log=_quiet
+    )
+    assert torch.load(out, weights_only=True)["state_dicts"][0]["scale"].numel() == (2 + FLOW_FEATURES) * 21 * 7 + 2
+    assert load_reward_model(out).nets[0].flow_scene is True  # the lean twin that predicts
+    with pytest.raises(UserError, match="--diff-flow-scene needs --diff-flow"):
+        train_reward_model(data, TrainConfig(epochs=1, diff_flow_scene=True), tmp_path / "c.pt", log=_quiet)
 
 
 def test_ensemble_trains_and_predicts_the_mean(square_db, tmp_path):
@@ -464,11 +472,13 @@ def test_the_flags_defaults_are_the_configs():
     assert config_from_args(args, "cpu") == TrainConfig()
     flags = ["--epochs", "7", "--batch", "3", "--lr", "0.01", "--seed", "5", "--test-ratio", "0.5"]
     flags += ["--patience", "2", "--noise", "--ensemble", "4", "--micro-frames", "60", "--arch", "book"]
-    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--diff-flow", "--input", "full", "--dev", "cuda"]
+    flags += ["--mask-rows", "9", "--diff-block", "6x12", "--diff-flow", "--diff-flow-scene", "--input", "full"]
+    flags += ["--dev", "cuda"]
     got = config_from_args(build_parser().parse_args([*flags, "db"]), "cuda:0")
     want = TrainConfig(
         epochs=7, batch=3, lr=0.01, seed=5, test_ratio=0.5, patience=2, noise=True, ensemble=4, micro_frames=60,
         device="cuda:0", arch="book", mask_rows=9, diff_block=(6, 12), diff_flow=True,
+        diff_flow_scene=True,
     )  # fmt: skip
     assert got == want
 

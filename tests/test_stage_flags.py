@@ -34,7 +34,7 @@ FLAGS = {
     "03_reward_train.py": [
         "-h", "--help", "--evaluate", "--teacher", "--death-penalty", "--dev", "--epochs", "--batch", "--lr",
         "--seed", "--test-ratio",
-        "--patience", "--micro-frames", "--diff-block", "--diff-flow", "--arch", "--ensemble",
+        "--patience", "--micro-frames", "--diff-block", "--diff-flow", "--diff-flow-scene", "--arch", "--ensemble",
         "--noise", "--env",
         "-n", "--name", "-o", "--out", "--runs-dir", "--no-progress", "--mask-rows", "--input", "--follow",
         "--retrain-every", "--poll",
