@@ -47,7 +47,7 @@ from lib.labels import Label, append_labels
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.oracle import label_extra
 from lib.saved_states import SingleGame
-from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, SURFACE_ROW, divers_aboard, oxygen_levels, sub_rows
+from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, SURFACE_ROW, divers_aboard, in_gauge_band, oxygen_levels, sub_rows
 from lib.segment_writer import claim_db, save_segment, segment_relpath
 from lib.segments import Segment, list_segments, read_segment
 from lib.settings import build_parser as settings_parser
@@ -74,8 +74,7 @@ def at_branch_point(frame: np.ndarray, gauge: str = "low") -> bool:
     """A low gauge (draining or not; ``gauge="high"``: at least HIGH_OXYGEN, where the surface
     teacher does not ask for the climb), a diver aboard, and the sub at least MIN_DEPTH rows down."""
     level, row = int(oxygen_levels(frame)), int(sub_rows(frame))
-    level_ok = level >= HIGH_OXYGEN if gauge == "high" else 0 < level <= LOW_OXYGEN
-    return level_ok and int(divers_aboard(frame)) > 0 and row >= SURFACE_ROW + MIN_DEPTH
+    return bool(in_gauge_band(level, gauge)) and int(divers_aboard(frame)) > 0 and row >= SURFACE_ROW + MIN_DEPTH
 
 
 @dataclass

@@ -16,7 +16,7 @@ from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
 from lib.reward_eval import predict_segments, score, teacher_agreement
 from lib.reward_model import load_reward_model
 from lib.reward_wrapper import normalised
-from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, divers_aboard, oxygen_levels, shows_gauge, sub_rows
+from lib.seaquest import divers_aboard, in_gauge_band, oxygen_levels, shows_gauge, sub_rows
 from lib.segments import db_game, list_segments, read_segment
 from lib.teachers import Teacher
 
@@ -80,8 +80,7 @@ def diver_step_flags(frames: np.ndarray, gauge: str = "low") -> tuple[np.ndarray
     draining, up = np.zeros(len(frames), dtype=bool), np.zeros(len(frames), dtype=bool)
     draining[1:-1] = levels[1:-1] <= levels[:-2]  # not filling
     up[:-1] = (rows[1:] >= 0) & (rows[:-1] >= 0) & (rows[1:] < rows[:-1])
-    level_ok = (levels >= HIGH_OXYGEN) if gauge == "high" else (levels > 0) & (levels <= LOW_OXYGEN)
-    return draining & level_ok & (divers > 0), up
+    return draining & in_gauge_band(levels, gauge) & (divers > 0), up
 
 
 def _diver_step_figures(pred_steps: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:

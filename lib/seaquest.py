@@ -59,11 +59,17 @@ def oxygen_levels(frames: np.ndarray) -> np.ndarray:
     return np.where((red + white) > 0, level, -1).astype(np.int16)
 
 
+def in_gauge_band(levels: np.ndarray | int, gauge: str) -> np.ndarray | bool:
+    """Gauge levels (``oxygen_levels``) in the ``gauge`` band: "low" (0 < level <= LOW_OXYGEN) or
+    "high" (at least HIGH_OXYGEN)."""
+    levels = np.asarray(levels)
+    return levels >= HIGH_OXYGEN if gauge == "high" else (levels > 0) & (levels <= LOW_OXYGEN)
+
+
 def low_gauge(frames: np.ndarray) -> np.ndarray:
     """(N, 210, 160, 3) frames -> (N,) bool: the gauge shows 0 < level <= LOW_OXYGEN (draining or
     filling alike: one frame cannot tell)."""
-    level = oxygen_levels(frames)
-    return (level > 0) & (level <= LOW_OXYGEN)
+    return in_gauge_band(oxygen_levels(frames), "low")
 
 
 @dataclass
