@@ -32,7 +32,7 @@ from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.reward_eval import predict_segments
 from lib.reward_model import load_reward_model
-from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised, thinned
+from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
 from lib.segments import list_segments, read_segment
 from lib.settings import build_parser as settings_parser
 from lib.settings import check_fields, in_range, setting
@@ -41,11 +41,8 @@ PATHS = ("running", "window")
 CLIPS = ("5", "sign")
 
 
-def path_rewards(
-    preds: list[np.ndarray], norm: str, clip: str, window: int = BOOK_NORM_WINDOW, deadzone: float = 0.0
-) -> list[np.ndarray]:
-    """Per clip (T,) raw predictions -> what the learner gets for each step under ``norm``, the
-    ``deadzone`` (|z| <= K paid 0, ``01_a2c.py --reward-deadzone``) and ``clip``."""
+def path_rewards(preds: list[np.ndarray], norm: str, clip: str, window: int = BOOK_NORM_WINDOW) -> list[np.ndarray]:
+    """Per clip (T,) raw predictions -> what the learner gets for each step under ``norm`` and ``clip``."""
     if norm == "running":
         z = normalised(np.concatenate(preds)) if preds else np.zeros(0, dtype=np.float32)
         cuts = np.cumsum([len(p) for p in preds])[:-1]
@@ -57,7 +54,6 @@ def path_rewards(
             out.append(np.array([wn.normalise(np.array([x]))[0] for x in p], dtype=np.float64))
     else:
         raise ValueError(f"unknown norm {norm!r}")
-    out = [thinned(z, deadzone) for z in out]
     if clip == "sign":
         return [np.sign(z) for z in out]
     bound = float(clip)
@@ -85,13 +81,11 @@ def path_figures(z: list[np.ndarray], flags: Flags, lost: list[np.ndarray], high
 
 
 def paid_share(z: np.ndarray) -> float:
-    """The share of steps paid anything (not 0): 1 without a deadzone, the rule's few paid steps below."""
+    """The share of steps paid anything (not 0): the rule pays a few steps, a learned reward nearly all."""
     return float(np.mean(z != 0)) if len(z) else math.nan
 
 
-def measure(
-    reward: Path, db: Path, names: list[str], window: int, deadzone: float = 0.0, dev: str = "cpu"
-) -> list[dict]:
+def measure(reward: Path, db: Path, names: list[str], window: int, dev: str = "cpu") -> list[dict]:
     rm = load_reward_model(reward, device=dev)
     p = predict_segments(rm, db, names)
     preds, flags, high, lost = [], [], [], []
@@ -109,7 +103,7 @@ def measure(
     rows = []
     for norm in PATHS:
         for clip in CLIPS:
-            fig = path_figures(path_rewards(preds, norm, clip, window, deadzone), flags, lost, high)
+            fig = path_figures(path_rewards(preds, norm, clip, window), flags, lost, high)
             rows.append({"norm": norm if norm == "running" else f"window {window}", "clip": clip, **fig})
     return rows
 
@@ -147,13 +141,6 @@ class RewardPathSettings:
     norm_window: int = setting(
         BOOK_NORM_WINDOW, "the window path's steps per env", group="in", checks=in_range("--norm-window", 2, 1000)
     )
-    deadzone: float = setting(
-        0.0,
-        "a normalised step within [-K, K] std is paid 0, before the clip (01_a2c.py --reward-deadzone)",
-        group="in",
-        metavar="K",
-        checks=in_range("--deadzone", 0, 1000),
-    )
     out: Path | None = rows_out_setting(group="out")
 
 
@@ -179,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"no segment of {a.db} to pay" + (f" in {a.split}'s holdout" if a.split else ""))
     out = {}
     for reward in a.reward:
-        rows = measure(reward, a.db, names, a.norm_window, a.deadzone)
+        rows = measure(reward, a.db, names, a.norm_window)
         print_rows(reward, rows)
         out[str(reward)] = rows
     print(f"\n(±{DEFAULT_CLIP:g} is 01_a2c.py's default clip; the running path is its default normalisation)")

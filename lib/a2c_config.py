@@ -237,18 +237,10 @@ class A2CConfig:
             )
         ],  # noqa: E501
     )
-    reward_deadzone: float = setting(
-        0.0,
-        "-r: a normalised reward within [-K, K] std is paid 0, before the clip: only the steps the model rates "
-        "well above or below its typical step are paid (0: off)",
-        group="labels",
-        metavar="K",
-        checks=within("--reward-deadzone", 0, 1000),
-    )
     reward_plus_score: bool = setting(
         False,
         "-r: the learner gets the game's sign-clipped score plus the learned reward (after its norm, "
-        "deadzone, clip and --reward-scale) instead of the learned reward alone",
+        "clip and --reward-scale) instead of the learned reward alone",
         group="labels",
     )
     reward_oracle: bool = setting(
@@ -331,7 +323,6 @@ class A2CConfig:
             (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501
             (self.reward_norm == "window" and not self.reward, "--reward-norm window normalises a learned reward: give -r"),  # noqa: E501
             (self.reward_clip != DEFAULT_REWARD_CLIP and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
-            (self.reward_deadzone > 0 and not self.reward, "--reward-deadzone thins a learned reward: give -r"),  # noqa: E501
             (self.reward_plus_score and not self.reward, "--reward-plus-score adds a learned reward to the score: give -r"),  # noqa: E501
             (self.start_states is not None and rom_name(self.env) != "seaquest", f"--start-states restores SeaQuest states: --env {self.env} is another game"),  # noqa: E501
             (self.start_share != DEFAULT_START_SHARE and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501

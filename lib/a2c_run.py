@@ -363,7 +363,6 @@ def make_env_stack(
             norm_window=cfg.norm_window if cfg.reward_norm == "window" else DEFAULT_NORM_WINDOW,
             clip=SIGN if cfg.reward_clip == SIGN else reward_clip_value(cfg.reward_clip),
             oracle=cfg.reward_oracle,
-            deadzone=cfg.reward_deadzone,
             plus_score=cfg.reward_plus_score,
         )
     if cfg.db_path:

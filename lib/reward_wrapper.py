@@ -6,7 +6,7 @@ which also reads the frame a step led to, runs its forward after the step (``Vec
 
 The learner gets ``rewards``: the raw prediction centred on the median of the last ``norm_window``
 predictions and divided by their std (the checkpoint's stored stats until the window holds a tenth),
-optionally thinned (``--reward-deadzone``), clipped to ±5 std or sign-clipped, scaled, and with
+clipped to ±5 std or sign-clipped, scaled, and with
 ``--reward-plus-score`` added to the sign-clipped score. ``--reward-norm window`` is the book's
 per-env window, ``labels`` fixed stats of the labelled clips. ``pred_rewards`` keep the raw
 predictions and ``true_rewards`` the game's score (logging, the reward-hacking monitor). Why the
@@ -145,11 +145,6 @@ def norm_prior(model: Any) -> tuple[float, float] | None:
     return float(mean), float(std)
 
 
-def thinned(z: np.ndarray, deadzone: float) -> np.ndarray:
-    """``--reward-deadzone``: normalised rewards within [-deadzone, deadzone] paid 0, the rest as they are."""
-    return np.where(np.abs(z) > deadzone, z, 0.0).astype(z.dtype) if deadzone > 0 else z
-
-
 def normalised(x: np.ndarray) -> np.ndarray:
     """A whole series of predictions normalised as the learner does once its window holds them:
     centred on the median, divided by the std (a constant series: centred only)."""
@@ -190,7 +185,6 @@ class RewardModelWrapper:
         scale: float = 1.0,
         norm: str = "running",
         oracle: bool = False,
-        deadzone: float = 0.0,
         plus_score: bool = False,
     ):
         """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
@@ -201,7 +195,6 @@ class RewardModelWrapper:
         steps, ``WindowNorm``; ``--reward-norm``); ``clip``: the bound in std, None for none, or
         "sign" for the sign of the normalised reward (``--reward-clip``); ``oracle``: send the game's
         true score through this same path instead of the model's prediction (``--reward-oracle``);
-        ``deadzone``: normalised rewards within [-deadzone, deadzone] are paid 0 (``--reward-deadzone``);
         ``plus_score``: the game's sign-clipped score is added (``--reward-plus-score``)."""
         self.env = env
         if norm_window < 1:
@@ -210,10 +203,8 @@ class RewardModelWrapper:
             raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
         if norm not in REWARD_NORMS:
             raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
-        if not (math.isfinite(deadzone) and deadzone >= 0):
-            raise UserError(f"--reward-deadzone must be a number at least 0, got {deadzone:g}")
         self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
-        self.deadzone, self.plus_score = float(deadzone), plus_score
+        self.plus_score = plus_score
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.norm_window = norm_window
@@ -433,7 +424,6 @@ class RewardModelWrapper:
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
         rewards = norm.normalise(raw)
-        rewards = thinned(rewards, self.deadzone)
         clipped = 0.0
         if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
             clipped = float(np.mean(np.abs(rewards) != 1))

@@ -317,7 +317,7 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
         lr_decay_steps=99, runs_dir="tb", precision="bf16", threads=2, env_threads=1, reward_scale=0.2,
         reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="none", kl=0.5,
         gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5, kl_target=0.05, norm_window=10, reward_clip="sign",
-        reward_deadzone=1.5, reward_plus_score=True,
+        reward_plus_score=True,
     )  # fmt: skip
     at_default = {f.name for f in fields(A2CConfig) if getattr(every, f.name) == getattr(A2CConfig, f.name, None)}
     assert at_default == {"resume", "start_states", "start_share"}  # --resume excludes --force and -m
@@ -336,6 +336,7 @@ RETIRED = [  # (what a user gives, the words the line starts with, what the last
     pytest.param(["--reward-penalty=1"], "--reward-penalty", "reward_penalty", id="reward-penalty"),
     pytest.param(["--terminal", "game"], "--terminal game", '("life", "game", "none")', id="terminal-game"),
     pytest.param(["--bf16"], "--bf16", "bf16: bool = setting(", id="bf16"),
+    pytest.param(["--reward-deadzone", "1"], "--reward-deadzone", "reward_deadzone: float", id="reward-deadzone"),
 ]
 
 

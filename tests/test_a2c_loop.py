@@ -235,10 +235,10 @@ def test_a_crafted_last_pt_is_one_line(tmp_path, change, message):
 
 def test_a_last_pt_naming_retired_levers_still_resumes(tmp_path):
     """A last.pt carrying fields of the retired levers (--reward-alive, --reward-penalty, --terminal
-    game) resumes as one without them: those fields are not read (a run resumed with the flag given
+    game, --reward-deadzone) resumes as one without them: those fields are not read (a run resumed with the flag given
     again is refused in one line by 01_a2c.py: tests/test_a2c_cli.py)."""
     path, ck = _last(tmp_path)
-    ck.update(reward_alive=0.1, reward_penalty=1.0, terminal="game")
+    ck.update(reward_alive=0.1, reward_penalty=1.0, terminal="game", reward_deadzone=1.0)
     torch.save(ck, path)
     assert a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec) == 0
     assert torch.load(path, weights_only=True)["progress"]["step"] == 400

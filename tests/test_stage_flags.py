@@ -19,7 +19,7 @@ FLAGS = {
         "--finetune", "--lr", "--lr-decay-steps", "--terminal", "--kl", "--kl-target", "--gamma", "--entropy",
         "--n-steps",
         "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-reload",
-        "--reward-scale", "--reward-norm", "--norm-window", "--reward-clip", "--reward-deadzone",
+        "--reward-scale", "--reward-norm", "--norm-window", "--reward-clip",
         "--reward-plus-score", "--reward-oracle",
         "--db-path", "--record-prob",
         "--segment-steps",
