@@ -5,10 +5,10 @@ The ceiling is ale-py's vector env alone, with the grey 84x84 4-stack made in C+
 envs and threads as training: no learner, no Python per env. Every training row is also given as a
 share of it. Rows: the machine (cores this process may use, CPU), the ceiling, our env alone (RGB
 out, the 84x84 stack made here), gymnasium's SyncVectorEnv for comparison, training plain / with a
-reward model (-r) / in bf16 / recording, torchrun with 2 ranks, --dev cuda rows when a GPU is
-there, and with --book DIR the book's own chapter 19 01_a2c.py (sync, its default) alternating with
-ours (fp32 and --precision auto) on the same machine, --book-repeats rounds (the segment format
-itself: bench_segments.py).
+reward model (-r) / in fp32 where the default runs bf16 / recording, torchrun with 2 ranks, --dev
+cuda rows when a GPU is there, and with --book DIR the book's own chapter 19 01_a2c.py (sync, its
+default) alternating with ours (fp32 and --precision auto) on the same machine, --book-repeats
+rounds (the segment format itself: bench_segments.py).
 
     python -m bench.bench_a2c [--steps 40000] [--dev cpu] [--book PATH/TO/Chapter19]
     python -m bench.bench_a2c --book PATH/TO/Chapter19 --book-only --book-seconds 120
@@ -215,10 +215,12 @@ def machine_rows(rows: list[Row], threads: int, envs: int, steps: int) -> float:
 
 
 def training_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: float) -> float:
-    """Plain, -r with each reward model kind, bf16, and recording; returns the plain speed."""
+    """Plain (the default precision), -r with each reward model kind, fp32 where the default is bf16,
+    and recording; returns the plain speed."""
     dev, steps = args.dev, args.steps
+    auto = "bf16" if dev != "cpu" or cpu_has_native_bf16() else "fp32"  # what --precision auto runs here
     plain, peak = train_run(tmp, "plain", steps, dev)
-    speed(rows, "A2C training", plain, f"16 envs, no recording, {dev}; {share(plain, ceil)}")
+    speed(rows, "A2C training", plain, f"16 envs, no recording, {dev}, --precision auto ({auto}); {share(plain, ceil)}")
     rows.append(("A2C peak memory", f"{peak:,.0f}", "MB RSS", "no recording"))
     for arch, what in (("diff", "--arch diff (default)"), ("book", "--arch book, full res")):
         make_reward_model(tmp / f"reward-{arch}.pt", arch)
@@ -227,13 +229,12 @@ def training_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
         speed(rows, "A2C training, -r reward model", sps, setting)
     if args.reward_only:
         return plain
-    if dev != "cpu" or cpu_has_native_bf16():
-        sps, _ = train_run(tmp, "bf16", steps, dev, None, ("--precision", "bf16"))
-        speed(rows, "A2C training", sps, f"16 envs, no recording, {dev}, --precision bf16; {share(sps, ceil)}")
+    if auto == "bf16":
+        sps, _ = train_run(tmp, "fp32", steps, dev, None, ("--precision", "fp32"))
+        setting = f"16 envs, no recording, {dev}, --precision fp32: {plain / sps:.2f}x it at auto; {share(sps, ceil)}"
+        speed(rows, "A2C training", sps, setting)
     else:
-        rows.append(
-            ("A2C training, --precision bf16", "skipped", "", "this CPU has no AVX512-BF16/AMX: bf16 is emulated, slow")
-        )
+        rows.append(("A2C training, --precision bf16", "skipped", "", "no AVX512-BF16/AMX: auto is fp32 here"))
     sps, _ = train_run(tmp, "rec", steps, dev, DEFAULT_RECORD_PROB)
     speed(rows, "A2C training + recording", sps, f"p={DEFAULT_RECORD_PROB} (default); {share(sps, ceil)}")
     p100 = DEFAULT_RECORD_PROB * 100

@@ -284,10 +284,10 @@ class A2CConfig:
     runs_dir: str = setting("runs", "TensorBoard log root", group="output")
     # speed
     precision: str = setting(
-        "fp32",
-        "the networks' forward passes: fp32, bf16 (bfloat16 autocast; weights and loss stay float32) or "
-        "auto (bf16 where the CPU has it natively, AVX512-BF16 or AMX, or on a GPU that has it; else "
-        "fp32). bf16 on a CPU without it is emulated and slow",
+        "auto",
+        "the networks' forward passes: auto (bf16 where the CPU has it natively, AVX512-BF16 or AMX, or "
+        "on a GPU that has it; else fp32), fp32, or bf16 (bfloat16 autocast; weights and loss stay "
+        "float32; on a CPU without it emulated and slow). Recorded in each checkpoint",
         group="speed",
         choices=PRECISIONS,
     )
