@@ -1,12 +1,8 @@
-"""A2C on Atari (the book's settings), optionally recording segments or learning a reward model.
-
-Reads top to bottom, as CleanRL's files read: the loss, one learner step (``Learner``), the
-progress log, and ``train``: the loop. SB3's names mean other things here: ``train`` is the whole
-loop (SB3's ``learn``), ``Learner.learn`` is one gradient step (SB3's ``train``) and ``act_step``
-acts in every env (a step of SB3's ``collect_rollouts``). The settings (``A2CConfig``) are in
-``lib/a2c_config.py``, the command line in ``lib/a2c_cli.py``, and the run's state and files
-(checks, building, game statistics, evaluation, checkpoints) in ``lib/a2c_run.py``.
-"""
+"""A2C on Atari (the book's settings), optionally recording segments or learning from a reward
+model. Reads top to bottom: the loss, one learner step (``Learner``), the progress log, and
+``train``, the loop. Unlike SB3, ``train`` is the whole loop and ``Learner.learn`` one gradient
+step. Settings: ``lib/a2c_config.py``; command line: ``lib/a2c_cli.py``; the run's state and files:
+``lib/a2c_run.py``."""
 
 from __future__ import annotations
 
@@ -56,14 +52,11 @@ def a2c_loss(
     start: StartPolicy | None = None,
     kl_beta: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """A2C loss on a batch of n-step transitions.
-
-    target = returns + discount * V(s_boot) (boot_values are 0 where the episode terminated);
-    boot_values: (B,) float32, computed without gradient. ``weight`` scales the returned loss (not
-    the metrics): with K ranks, B / (all ranks' B), so the summed gradients are those of the mean
-    over every rank's transitions. ``start``: the policy a fine-tune started from; its KL is
-    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``).
-    """
+    """A2C loss on a batch of n-step transitions: target = returns + discount * V(s_boot), with
+    ``boot_values`` (B,) float32 computed without gradient (0 where the episode terminated).
+    ``weight`` scales the returned loss, not the metrics: with K ranks B / (all ranks' B), so the
+    summed gradients are those of the global mean. ``start``: a fine-tune's start policy; its KL is
+    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``)."""
     states = torch.from_numpy(batch.obs).to(device)
     actions = torch.from_numpy(batch.actions).to(device)
     target = torch.from_numpy(batch.returns + batch.discount * boot_values).to(device)
@@ -110,10 +103,9 @@ KL_HORIZON = 10_000  # samples over which the controller may move the coefficien
 
 
 def adapt_kl_coef(coef: float, kl: float, target: float, samples: int, horizon: int = KL_HORIZON) -> float:
-    """``--kl-target``: Ziegler et al. 2019's proportional controller (as TRL's AdaptiveKLController):
-    the error clip(KL / target - 1, -0.2, 0.2), the coefficient times 1 + error * samples / horizon.
-    A KL above the target raises the coefficient, one below lowers it; a batch of 128 moves it by at
-    most 0.26%, ~270 batches (35k agent steps) to double it."""
+    """``--kl-target``: Ziegler et al. 2019's proportional controller (as TRL's
+    AdaptiveKLController): error = clip(KL / target - 1, -0.2, 0.2), coefficient times 1 + error *
+    samples / horizon. A KL above the target raises the coefficient, one below lowers it."""
     error = min(max(kl / target - 1.0, -0.2), 0.2)
     return coef * (1.0 + error * samples / horizon)
 
@@ -121,11 +113,9 @@ def adapt_kl_coef(coef: float, kl: float, target: float, samples: int, horizon: 
 def act(
     net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool, uniforms: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One batched forward for all envs: (actions sampled from the policy, V(obs)).
-
-    ``uniforms`` (N,) in [0, 1), one per env (``env_uniforms``): the action is the first whose
-    cumulative probability exceeds it (inverse-CDF sampling). Actions and values come back to the
-    host together: one device synchronisation per vector step."""
+    """One batched forward for all envs: (actions sampled from the policy, V(obs)). ``uniforms``
+    (N,) in [0, 1), one per env (``env_uniforms``), pick each action by inverse CDF. Actions and
+    values come back together: one device synchronisation per vector step."""
     with torch.no_grad(), autocast(device, bf16):
         logits, values = net(torch.from_numpy(obs).to(device, non_blocking=True))
         cum = F.softmax(logits.float(), dim=1).cumsum(dim=1)
@@ -145,8 +135,7 @@ def _values(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool = F
 
 class MeanTracker:
     """Averages noisy per-train-step scalars over ``every`` values before writing them to
-    TensorBoard; ``flush()`` writes what is left (ptan's TBMeanTracker cannot, so a short run
-    would log no loss at all)."""
+    TensorBoard; ``flush()`` writes what is left, so a short run still logs its losses."""
 
     def __init__(self, writer: Any, every: int = LOSS_MEAN_OF):
         self.writer, self.every = writer, every
@@ -169,15 +158,11 @@ class MeanTracker:
 
 
 class Learner:
-    """Turns transitions into A2C updates, one per BATCH_SIZE transitions (over all ranks).
-
-    The transitions a vector step completes bootstrap from V(obs after that step). The acting
-    forward pass of the next step computes exactly those values, so ``learn`` takes them from
-    there (``values``): the learner does one forward + backward per batch, not two forwards.
-
-    Under torchrun each rank keeps its own transitions; one small all-reduce per vector step sums
-    the ranks' counts (and their stop requests), so all ranks update on the same step, and the
-    gradients are summed before the optimiser step (``Dist.sum_grads``)."""
+    """Turns transitions into A2C updates, one per BATCH_SIZE transitions over all ranks. The next
+    step's acting forward computes the V(obs) the completed transitions bootstrap from, so ``learn``
+    takes them from there: one forward + backward per batch, not two forwards. Under torchrun one
+    small all-reduce per vector step sums the ranks' counts and stop requests, so all ranks update
+    on the same step; gradients are summed before the optimiser step."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -306,12 +291,9 @@ class ProgressLog:
 
 def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> int:
     """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
-
-    The env steps in its C++ threads while this thread works: as soon as a step's results are in
-    (``step_wait``), the next actions are chosen and sent (``step_async``), and the n-step
-    bookkeeping and the learner's update run while the env steps. The computations are those of
-    act -> learn -> step in that order: the actions of a step are chosen before the update that
-    its stepping overlaps, and the update bootstraps from the values of that same forward pass."""
+    The env steps in its C++ threads while this thread works: once a step's results are in, the next
+    actions are chosen and sent, and the bookkeeping and update run while the env steps. The result
+    is that of act -> learn -> step in order: the update bootstraps from that same forward pass."""
     run = build_run(cfg, make_env, dist)
     if run.dist.is_main:
         announce(run)
@@ -380,12 +362,11 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
 
 
 def learner_terminal(st: VecStep, terminal: str) -> np.ndarray:
-    """(N,) bool: where the learner's episode ends (``--terminal``), no bootstrap past it. The game
-    resets as always; ``life``: at every lost life (DeepMind's); ``none``: never, one continuous
-    episode whose n-step returns run across a reset (Christiano et al. 2017 and Ibarz et al. 2018
-    send no life-loss or episode-end signal under a learned reward: with a terminal and a centred
-    reward, a stretch paid below the centre makes dying the way out).
-    A time-limit cut is a truncation in every mode (``st.truncated``, bootstrapped)."""
+    """(N,) bool: where the learner's episode ends (``--terminal``), no bootstrap past it; the game
+    resets as always. ``life``: at every lost life (DeepMind's); ``none``: never, one continuous
+    episode, as Christiano et al. 2017 and Ibarz et al. 2018 give a learned reward (with a terminal
+    and a centred reward, dying can be the way out of a stretch paid below the centre). A time-limit
+    cut is a truncation in every mode."""
     if terminal == "life":
         return st.terminated
     if terminal == "none":

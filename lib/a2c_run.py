@@ -1,8 +1,6 @@
-"""A run of stage 1 and its files: the checks before anything is written (``check_run``), the
-run's state (``Run``: envs with the wrapper stack in one place, nets, optimiser, resume, built by
-``build_run``), game statistics (``GameStats``), evaluation and the checkpoints it saves. The
-algorithm that uses it, the loss, the learner and the loop, is ``lib/a2c.py``.
-"""
+"""A run of stage 1 and its files: the checks before anything is written (``check_run``), the run's
+state (``Run``, built by ``build_run``), game statistics, evaluation and checkpoints. The loss,
+learner and loop that use it are in ``lib/a2c.py``."""
 
 from __future__ import annotations
 
@@ -81,8 +79,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a CPU 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether the CPU computes bfloat16 in hardware (AVX512-BF16 or AMX), from ``/proc/cpuinfo``'s
-    flags (``cpuinfo``: that text; None reads it). Without them torch emulates bf16, slowly; a system
-    with no ``/proc/cpuinfo`` counts as without."""
+    flags (``cpuinfo``: that text; None reads it; no file counts as no). Else torch emulates bf16."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -131,8 +128,8 @@ def _make_dir(path: Path, what: str) -> None:
 
 def _make_dirs(dirs: list[tuple[Path, str]]) -> None:
     """Make each directory in order. Where one cannot be made (a path the writable check passes,
-    such as one under /proc), remove the ones this call made and raise: a run that fails leaves no
-    directory behind."""
+    such as one under /proc), remove the ones this call made and raise: a failed run leaves none
+    behind."""
     made: list[Path] = []
     try:
         for path, what in dirs:
@@ -394,11 +391,9 @@ def make_env_stack(
 
 
 def note_reward_versions(reward_env: Any, writer: Any, progress: Progress, recorder: Any | None) -> None:
-    """Which reward model version the learner uses, from now on and at each switch (-r, and
-    --reward-reload's switches): the scalar ``reward_model/version`` at this step and at each switch
-    (``ProgressLog`` adds it at each log point too), a ``reward_model/switches`` text line per
-    switch, and ``reward_version`` in the ``meta`` of each segment recorded from then on (the
-    version in use when the segment's last step was taken)."""
+    """Note which reward model version the learner uses, now and at each --reward-reload switch: the
+    scalar ``reward_model/version``, a ``reward_model/switches`` text line per switch, and
+    ``reward_version`` in the ``meta`` of each segment recorded from then on."""
 
     def note(version: int, path: str | None) -> None:
         writer.add_scalar("reward_model/version", version, progress.step)
@@ -497,8 +492,7 @@ def _starts(cfg: A2CConfig, dist: Dist) -> dict[str, Any]:
 
 def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> Run:
     """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
-    device=)`` makes a vector env (``lib.saved_states.vec_env``: ``AtariVec``, or with ``starts=`` for
-    --start-states a ``SavedStartsVec``; tests pass a small fake). Under torchrun (``dist``)
+    device=)`` makes a vector env (``lib.saved_states.vec_env``; tests pass a fake). Under torchrun
     this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
     writes checkpoints and TensorBoard."""
     dist = dist or Dist()
@@ -525,9 +519,8 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
         net.freeze_conv()
     net.to(device)
     if device.type == "cpu":
-        # oneDNN's convolutions run faster on NHWC: the learner's forward + backward + Adam on 128
-        # states took 68 -> 53 ms on 2 cores (Intel, AVX-512). Same values, other strides; the
-        # checkpoints load either way.
+        # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
+        # either way.
         net.conv.to(memory_format=torch.channels_last)
     dist.broadcast_module(net)
     start = _start_policy(cfg, net, resume_ck)

@@ -1,15 +1,7 @@
-"""What a game showed beyond its score, counted by observers that ``lib.games.play_games`` is
-given.
-
-SeaQuest: voluntary refills, lives lost and lives lost to oxygen per game, read from the oxygen
-gauge of the frames the actions were chosen on, and what the sub did with a low gauge and at the
-surface (low-gauge climbs, steps at the surface, lives lost by coming up with no diver aboard),
-read from its row, and the divers it rescued (picked up) and the share of steps with a diver
-aboard, read from the row under the gauge (``lib.seaquest``: the same trackers the teachers use on
-segments). ``behaviour_observers(venv)`` gives the observers a venv's game has (none for games this
-module does not know, or frames not at full resolution), first in the list a caller hands to
-``play_games``, so that later observers (04_play.py's console line) see the counts.
-"""
+"""What a game showed beyond its score, counted by observers ``lib.games.play_games`` is given: for
+SeaQuest, refills, lives lost (to oxygen, surfacing), low-gauge climbs, rescues and time with a
+diver aboard, read by the trackers the teachers use (``lib.seaquest``). ``behaviour_observers`` goes
+first in a caller's list, so later observers see the counts."""
 
 from __future__ import annotations
 
@@ -55,10 +47,9 @@ def behaviour_observers(venv: Any) -> list[GameObserver]:
 
 
 def behaviour_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Voluntary refills and lives lost per game, the share of lost lives lost to oxygen (0 when
-    no life was lost), low-gauge climbs and divers rescued per game, the share of steps at the
-    surface and the share with a diver aboard, the share of lost lives lost surfacing with no diver; empty
-    unless every game was tracked (SeaQuest)."""
+    """Refills and lives lost per game, the shares of lost lives lost to oxygen and surfacing with
+    no diver, low-gauge climbs and rescues per game, the shares of steps at the surface and with a
+    diver aboard; empty unless every game was tracked (SeaQuest)."""
     counts = [r.oxygen for r in results]
     if not counts or any(c is None for c in counts):
         return {}

@@ -1,11 +1,7 @@
 """Checkpoint files, policy and reward model alike: the one reader of untrusted checkpoint bytes
-(``read_checkpoint``: bounded before ``torch.load(..., weights_only=True)`` allocates anything),
-the checks of a checkpoint's fields (``check_ck_fields`` with ``int_in``, ``text``, ``list_of`` ...)
-and state dicts, which kind a checkpoint is (``checkpoint_kind``), and the atomic save.
-
-The networks and what their checkpoints must hold live with them: ``lib/model.py`` (policies) and
-``lib/reward_model.py`` (reward models); both read and check through this module.
-"""
+(``read_checkpoint``), the checks of a checkpoint's fields (``check_ck_fields``) and state dicts,
+which kind a checkpoint is, and the atomic save. What each network's checkpoint holds lives in
+``lib/model.py`` and ``lib/reward_model.py``."""
 
 from __future__ import annotations
 
@@ -62,18 +58,17 @@ _CLEANED: set[str] = set()  # paths whose stale temp files this process has remo
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
-    """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint,
-    and two runs saving at once never share a temp file. A failed write (disk full) is a
-    UserError naming the path and saying that what was there is kept. The first save of a path
-    in a process also removes the temp files a killed earlier run left beside it."""
+    """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint, and
+    two runs saving at once never share a temp file. A failed write (disk full) is a UserError
+    naming the path; what was there is kept. The first save of a path in a process also removes the
+    temp files a killed run left beside it."""
     install(stage_torch_save(obj, path, what), path)
 
 
 def stage_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> str:
-    """The first half of ``atomic_torch_save``: ``obj`` saved to a new temp file beside ``path``,
-    flushed and fsynced; returns its name, for ``lib.files.install`` (a rename: it needs no space)
-    once whatever must go with it is written too. A failed write is a UserError, nothing is left:
-    a full disk makes ``torch.save`` raise RuntimeError ("file write failed"), not OSError."""
+    """The first half of ``atomic_torch_save``: ``obj`` saved and fsynced to a new temp file beside
+    ``path``; returns its name for ``lib.files.install`` once what goes with it is written. A failed
+    write is a UserError, nothing left (a full disk makes ``torch.save`` raise RuntimeError)."""
     key = os.path.abspath(path)
     if key not in _CLEANED:
         _CLEANED.add(key)
@@ -160,13 +155,11 @@ def _tensor_bytes(obj: Any, path: Path, what: str) -> int:
 
 
 def read_checkpoint(path: str | os.PathLike, what: str = "model", max_bytes: int | None = None) -> dict[str, Any]:
-    """Load a checkpoint dict safely; UserError with one line on any problem.
-
-    The one way every stage reads a ``.pt`` it is handed (policy, reward model, ``last.pt``): a
-    regular file (a FIFO or device is refused by fstat, never opened for a blocking read) of at
-    most ``max_bytes``, a zip whose entries unpack to at most ``max_bytes``, loaded with
-    ``weights_only`` (no code runs) from the very file that was checked. The fields are the
-    caller's to check (``check_ck_fields``, ``check_state_dict``)."""
+    """Load a checkpoint dict safely; UserError with one line on any problem. The one way every
+    stage reads a ``.pt`` it is handed: a regular file (checked by fstat, never opened for a
+    blocking read) of at most ``max_bytes``, a zip whose entries unpack to at most ``max_bytes``,
+    loaded with ``weights_only`` (no code runs) from the very file that was checked. The fields are
+    the caller's to check."""
     path = Path(path)
     max_bytes = MAX_CHECKPOINT_BYTES if max_bytes is None else max_bytes
     with _open_checkpoint(path, what, max_bytes) as f:
@@ -174,9 +167,8 @@ def read_checkpoint(path: str | os.PathLike, what: str = "model", max_bytes: int
         try:
             ck = torch.load(f, map_location="cpu", weights_only=True)
         except Exception:
-            # Whatever a broken or foreign file makes torch.load raise (UnpicklingError also covers
-            # a file that weights_only refuses to load because it would run code; a text file can
-            # give KeyError), it is the same message.
+            # Whatever a broken or foreign file makes torch.load raise (UnpicklingError for what
+            # weights_only refuses, KeyError for a text file), the message is the same.
             raise UserError(f"{what} {path} is corrupt or not a PyTorch checkpoint") from None
     if not isinstance(ck, dict):
         raise UserError(f"{what} {path} is not a checkpoint dict")
@@ -283,12 +275,9 @@ def _show(v: Any) -> str:
 
 
 def check_ck_fields(ck: dict[str, Any], spec: dict[str, tuple[Check, bool]], where: str) -> None:
-    """Check a checkpoint's fields against ``spec``: ``{name: (check, required)}``. A missing
-    required field, or a field whose check raises ValueError, is a UserError with one line
-    naming ``where`` (e.g. "model saves/x.pt") and the field. Fields not in ``spec`` are
-    ignored. Example: ``check_ck_fields(ck, {"lr": (float_in(0, 1, lo_open=True), True),
-    "optimizer": (is_dict, True), "env_steps": (optional(list_of(int_in(0, 10**12))), False)},
-    f"checkpoint {path}")``."""
+    """Check a checkpoint's fields against ``spec``, ``{name: (check, required)}``: a missing
+    required field, or a check's ValueError, is a UserError with one line naming ``where`` (e.g.
+    "model saves/x.pt") and the field. Fields not in ``spec`` are ignored."""
     for name, (check, required) in spec.items():
         if name not in ck:
             if required:

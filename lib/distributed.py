@@ -1,23 +1,10 @@
-"""Synchronous data-parallel A2C over ``torch.distributed`` (``torchrun``), as CleanRL's multi-GPU
-PPO and RLlib's learners do it: every rank steps its own envs and computes the loss on its own
-transitions, the gradients are summed across ranks before each optimiser step, so every rank takes
-the same step and the weights never drift apart. gloo on CPU, NCCL on CUDA.
-
-A run started without ``torchrun`` (no ``WORLD_SIZE`` in the environment, or 1) is a world of one:
-``Dist()``, every collective a no-op, nothing of ``torch.distributed`` initialised.
-
-How the work is split (see ``lib.a2c``): ``--envs`` is per rank; rank r plays the global envs
-r*E .. r*E+E-1 with the seeds a single process of K*E envs would give them (ALE seeds env i with
-seed + i), records them under those env indices, and samples their actions from per-env random
-streams, so K ranks of E envs take the same first update as one process of K*E envs.
-
-How the ranks meet (``join``): under torchrun its agent holds the key-value store; in a world set by
-hand (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` for each process)
-rank 0 holds it, listening at ``MASTER_ADDR`` only, and every rank says that it waits for the others
-and for how long (``RLHF_DIST_WAIT`` seconds, default 300): then one line, or Ctrl-C. Each rank
-leaves its machine and process id there, so that when a rank dies mid-run the others can say which
-(``RankLost``) instead of ending in a gloo traceback.
-"""
+"""Synchronous data-parallel A2C over ``torch.distributed`` (``torchrun``): every rank steps its own
+envs and computes the loss on its own transitions; the gradients are summed across ranks before each
+optimiser step, so the weights never drift apart (gloo on CPU, NCCL on CUDA). Without torchrun a run
+is a world of one (``Dist()``, every collective a no-op). Rank r plays the global envs r*E ..
+r*E+E-1 with the seeds and action streams one process of K*E envs would give them. Each rank leaves
+its machine and process id in the store, so when one dies the others say which (``RankLost``)
+instead of ending in a gloo traceback."""
 
 from __future__ import annotations
 
@@ -61,8 +48,8 @@ class Dist:
         return self.rank == 0
 
     def all_sum(self, values: list[float]) -> list[float]:
-        """The element-wise sum of ``values`` over all ranks (float64 on the host; one small
-        collective, a few hundred microseconds with gloo on one machine)."""
+        """The element-wise sum of ``values`` over all ranks (float64 on the host, one small
+        collective)."""
         if not self.active:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64)
@@ -118,9 +105,8 @@ class Dist:
 
 def init_dist(dev: str) -> tuple[Dist, str]:
     """Join the process group torchrun or a person set up (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``/``MASTER_PORT`` in the environment, checked by ``dist_env`` and ``join``), or a
-    world of one without it. Returns the Dist and the device string this rank uses: with
-    ``--dev cuda`` each rank takes the GPU of its local rank (``cuda:LOCAL_RANK``)."""
+    ``MASTER_ADDR``/``MASTER_PORT``), or a world of one without it. Returns the Dist and this rank's
+    device string: with ``--dev cuda`` each rank takes ``cuda:LOCAL_RANK``."""
     env = dist_env()
     if env is None:
         return Dist(), dev
@@ -173,9 +159,9 @@ def dist_env() -> DistEnv | None:
 
 
 def join(env: DistEnv, backend: str) -> Dist:
-    """Meet the other ranks at MASTER_ADDR:MASTER_PORT and start the process group. Waits up to
-    ``RLHF_DIST_WAIT`` seconds (saying so, unless torchrun started the ranks together), Ctrl-C ends
-    the wait, and either way the end is one line."""
+    """Meet the other ranks at MASTER_ADDR:MASTER_PORT and start the process group, waiting up to
+    ``RLHF_DIST_WAIT`` seconds (saying so unless torchrun started the ranks). A timeout or Ctrl-C
+    ends the wait in one line."""
     addr, port = _master()
     wait, agent = _wait_s(), os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     where = f"{addr}:{port}"
@@ -223,9 +209,9 @@ def _wait_s() -> float:
 
 
 def _store(env: DistEnv, addr: str, port: int, wait: float, fd: int | None, deadline: float) -> Any:
-    """The run's key-value store. Rank 0 of a world set by hand holds it, on the socket ``fd`` that
-    listens at MASTER_ADDR (TCPStore on its own would listen on every interface); the other ranks, and
-    under torchrun all of them (its agent holds it), connect once it answers."""
+    """The run's key-value store. Rank 0 of a world set by hand holds it on the socket ``fd``, which
+    listens at MASTER_ADDR only (TCPStore alone would listen on every interface); the other ranks,
+    and all of them under torchrun, connect once it answers."""
     timeout = timedelta(seconds=wait)
     if fd is not None:
         return torch.distributed.TCPStore(addr, port, env.world, True, timeout, False, master_listen_fd=fd)
@@ -358,9 +344,8 @@ _LOST = [False]  # a collective failed: this rank is saving last.pt and saying w
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM outside the training loop's own handler: the process ends, as by default, except
-    after a lost rank, when torchrun's SIGTERM to the survivors must not cut short the saving of
-    last.pt and the line that says what happened."""
+    """SIGTERM outside the training loop's handler ends the process as by default, except after a
+    lost rank: then torchrun's SIGTERM must not cut short saving last.pt and the line that says why."""
     if _LOST[0]:
         return
     signal.signal(signum, signal.SIG_DFL)
@@ -403,9 +388,8 @@ class NullWriter:
 
 
 def env_uniforms(seed: int, env_ids: np.ndarray, t: int) -> np.ndarray:
-    """(N,) uniforms in [0, 1), one per env, a pure function of (seed, global env index, step t):
-    counter-based (SplitMix64 of the three), so an env's action samples do not depend on how many
-    envs share its process, nor on anything drawn before."""
+    """(N,) uniforms in [0, 1), one per env, a pure function of (seed, global env index, step t) by
+    SplitMix64, so an env's action samples do not depend on how many envs share its process."""
     with np.errstate(over="ignore"):
         x = (
             np.uint64(seed & 0xFFFFFFFF) * np.uint64(0x9E3779B97F4A7C15)

@@ -1,24 +1,10 @@
-"""Atari environments: ale-py's threaded C++ vector env plus the DeepMind policy input.
-
-Why ``ale_py.AtariVectorEnv`` and not gymnasium's SyncVectorEnv with Python wrappers: its C++
-threads step the games about twice as fast and scale with cores (``bench/bench_a2c.py``; the
-figures are in docs/results.md).
-
-One env step = one agent step = 4 emulator frames (frame skip 4, max over the last two, done in
-C++). The env returns the full-resolution RGB frame (210x160x3) -- what the segment recorder
-keeps and a person wants to see -- and ``AtariVec`` turns it into the DeepMind policy input
-here: grey, 84x84 (INTER_AREA), a stack of the last 4.
-
-Settings are chosen deliberately (ale-py's defaults differ from the DeepMind set-up):
-- ``noop_max=30`` random no-ops at reset, fire on reset for games that need it,
-- ``life_loss_info=True``: ``terminated`` on a life loss while the game goes on (DeepMind's
-  EpisodicLife semantics; ale-py's ``episodic_life=True`` would reset the whole game instead),
-- ``reward_clipping=False``: the true score comes out; the learner clips,
-- ``autoreset_mode="SameStep"``: when a game ends the returned obs is already the next game's
-  first frame and the last frame is in ``info["final_obs"]`` (gymnasium 1.x's default NextStep
-  would insert one bogus step per game),
-- games are cut at ALE's usual 108,000 emulator frames (``truncated``).
-"""
+"""Atari environments: ale-py's threaded C++ vector env (faster than gymnasium's Python wrappers,
+and it scales with cores; figures in docs/results.md) and the DeepMind policy input. One env step is
+4 emulator frames (max over the last two). The env returns the full RGB frame, which the recorder
+keeps and people watch; ``AtariVec`` makes the policy input from it (grey 84x84 INTER_AREA, a stack
+of 4). Settings follow DeepMind, not ale-py's defaults: 30 random no-ops, a lost life ``terminated``
+while the game goes on, the true score unclipped, SameStep autoreset (no bogus step per game), games
+cut at 108,000 frames."""
 
 from __future__ import annotations
 
@@ -80,14 +66,10 @@ def default_env_threads() -> int:
 
 
 def grey84(frames: np.ndarray) -> np.ndarray:
-    """(N, H, W, 3) uint8 RGB -> (N, 84, 84) uint8 grey, as the DeepMind preprocessing (grey, then
-    INTER_AREA down to 84x84), in two OpenCV calls for the whole batch instead of two per frame.
-
-    The frames are stacked on top of each other into one (N*H, W) image and resized to
-    (N*84, 84): output row 84k starts at input row 84k * H/84 = kH, so each 84-row band of the
-    output is made of exactly one frame, and for ALE's 210 rows (2.5 input rows per output row,
-    exact in floating point) the result is byte-identical to one resize per frame
-    (tests/test_envs.py checks it on real frames)."""
+    """(N, H, W, 3) uint8 RGB -> (N, 84, 84) uint8 grey (grey, then INTER_AREA), in two OpenCV calls
+    for the whole batch. The frames are stacked into one (N*H, W) image and resized to (N*84, 84):
+    each 84-row band of the output comes from exactly one frame, and for ALE's 210 rows the result
+    is byte-identical to one resize per frame."""
     n, h, w = frames.shape[:3]
     if n == 0:
         return np.empty((0, POLICY_FRAME, POLICY_FRAME), dtype=np.uint8)
@@ -109,9 +91,9 @@ def area_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 class TorchGrey84:
-    """``grey84`` as two matrix products on a torch device (the GPU path: frames go up once,
-    no per-env work on the host). Within 1 grey level of ``grey84`` (tests/test_envs.py pins it):
-    OpenCV rounds the grey image to integers before resizing, this keeps it in float."""
+    """``grey84`` as two matrix products on a torch device (frames go up once, no per-env host
+    work). Within 1 grey level of ``grey84``: OpenCV rounds the grey image before resizing, this
+    keeps float."""
 
     def __init__(self, height: int, width: int, device: Any) -> None:
         import torch
@@ -134,17 +116,16 @@ class VecStep:
     """What one step of a vector env gives back (N envs).
 
     obs:          (N, 4, 84, 84) uint8  policy input after the step (a new game's where one ended)
-    rewards:      (N,) float32          reward to learn from (the true score unless a wrapper
-                                        such as RewardModelWrapper replaced it); not clipped
+    rewards:      (N,) float32          reward to learn from, unclipped: the score unless a wrapper
+                                        (RewardModelWrapper) replaced it
     true_rewards: (N,) float32          the game's own score change, unclipped
     terminated:   (N,) bool             life lost or game over: no bootstrap past this step
     truncated:    (N,) bool             game cut at the frame limit: bootstrap from final_obs
     game_over:    (N,) bool             the whole game ended here and the env was reset
-    final_obs:    (N, 4, 84, 84) uint8  last obs of the ended episode where terminated|truncated,
-                                        else the same as obs
+    final_obs:    (N, 4, 84, 84) uint8  last obs of the episode where terminated|truncated, else obs
     lives:        (N,) int32            lives after the step
     pred_rewards: (N,) float32 | None   raw reward-model prediction, when a reward model is used
-    pending:      work a wrapper deferred until ``complete()`` (see there)
+    pending:      work a wrapper deferred until ``complete()``
     """
 
     obs: np.ndarray
@@ -168,16 +149,11 @@ class VecStep:
 
 
 class AtariVec:
-    """N Atari games stepped together in ale-py's C++ threads.
-
-    ``frames`` is the full-resolution RGB frame (N, 210, 160, 3) each env shows now: the frame the
-    next action is chosen on. ``reset()`` returns the policy obs (N, 4, 84, 84).
-
-    num_threads: emulator threads (None: ``default_env_threads()``, the cores this process may
-                 use; never more than ``n_envs``). ``01_a2c.py --env-threads`` sets it.
-    device:      where the grey 84x84 policy input is made: a CUDA device makes it there
-                 (``TorchGrey84``), anything else on the host (``grey84``).
-    """
+    """N Atari games stepped together in ale-py's C++ threads. ``frames``: the RGB frame (N, 210,
+    160, 3) each env shows now, which the next action is chosen on; ``reset()`` returns the policy
+    obs (N, 4, 84, 84). ``num_threads``: emulator threads (None: ``default_env_threads()``; at most
+    ``n_envs``; ``--env-threads``). ``device``: a CUDA device makes the policy input there
+    (``TorchGrey84``), anything else on the host (``grey84``)."""
 
     def __init__(
         self,
@@ -226,8 +202,6 @@ class AtariVec:
         self._efn = np.zeros(n_envs, dtype=np.int64)
         self._seeded = False
         self._in_flight = False
-        # The policy input is made in one batched call: OpenCV on the host, or two matrix
-        # products on a GPU when the run's networks live there.
         on_gpu = device is not None and str(device).startswith("cuda")
         self._grey = TorchGrey84(210, 160, device) if on_gpu else grey84
 

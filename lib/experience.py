@@ -1,24 +1,14 @@
-"""n-step transitions from a vector env, with episode boundaries handled exactly.
-
-Why not ptan's ``VectorExperienceSourceFirstLast``: under ptan 0.8.1 it sums n+1 rewards for
-``steps_count=n`` (the book then bootstraps with gamma**n), treats a time-limit truncation like
-a game over (no bootstrap), and makes one Python object per transition. This collector keeps
-the same idea -- every transition gets the full n-step return, as in the book -- in numpy
-arrays over all envs at once, and the tests in ``tests/test_experience.py`` check it on a toy
-env whose answers are worked out by hand.
-
-A transition started at step t is emitted as soon as it has n rewards, or earlier when its
-episode ends:
+"""n-step transitions from a vector env, with episode boundaries handled exactly (ptan's experience
+source sums n+1 rewards and does not bootstrap a truncation), in numpy over all envs at once. A
+transition started at step t is emitted once it has n rewards, or when its episode ends:
 
     G = r_t + gamma r_{t+1} + ... + gamma^(k-1) r_{t+k-1}      (k <= n rewards)
     target = G + gamma^k V(s_boot)   where s_boot = s_{t+k}       (k == n, episode goes on)
                                      where s_boot = final obs     (episode truncated)
                                      and no bootstrap             (episode terminated)
 
-``discount`` in the output is gamma**k, exactly the power for the number of rewards summed.
-A transition never reaches past the step that ended its episode, so none mixes two episodes
-(with life-loss termination an "episode" is one life).
-"""
+``discount`` is gamma**k. No transition reaches past the step that ended its episode (with life-loss
+termination, its life)."""
 
 from __future__ import annotations
 
@@ -69,12 +59,9 @@ class Transitions:
 
 
 class NStepCollector:
-    """Turns a stream of vector steps into n-step transitions (see module doc).
-
-    Call ``add(obs, actions, rewards, terminated, truncated, next_obs, final_obs)`` once per vector
-    step, with ``obs`` the states the actions were taken in; it returns the transitions that are
-    complete after this step (about one per env per step once the window is full).
-    """
+    """Turns a stream of vector steps into n-step transitions (see the module docstring). Call
+    ``add`` once per vector step, ``obs`` being the states the actions were taken in; it returns the
+    transitions complete after this step."""
 
     def __init__(self, n_envs: int, obs_shape: tuple[int, ...], n_steps: int, gamma: float):
         if n_steps < 1:

@@ -1,18 +1,9 @@
-"""Files a user hands over are untrusted; files we write must survive a crash. One owner for both.
-
-- ``read_regular``: read a file only if it is a regular file of bounded size. Opened with
-  ``O_NONBLOCK`` so a FIFO never hangs the reader; ``/dev/zero`` or a FIFO is refused by ``fstat``,
-  not by its name, so a symlink to one is refused too.
-- ``inside``: whether a path, symlinks resolved, stays inside a directory (a DB).
-- ``open_append``: open a file for appending without following a symlink and only if it is a
-  regular file (``labels.jsonl``: a symlink there would let a DB write wherever it points).
-- ``file_state``: what a follower compares between two looks at a file (mtime, size, inode).
-- ``atomic_write``: write a temp file with a unique name beside the target, fsync, rename, fsync
-  the directory (``new_temp_beside`` and ``install`` are its two halves, for a writer that is
-  not a Python function, e.g. ffmpeg writing a video to the temp file's descriptor). The file
-  gets the permissions the user's umask gives (``mkstemp`` alone makes 0600 files, which another
-  account sharing a DB cannot read).
-"""
+"""Files a user hands over are untrusted; files we write must survive a crash. One owner for both:
+``read_regular`` reads only a regular file of bounded size (checked by ``fstat``, so a FIFO or a
+symlink to ``/dev/zero`` is refused, and a FIFO never hangs the reader); ``open_append`` never
+writes through a symlink; ``atomic_write`` writes a unique temp file, fsyncs and renames it, with
+the permissions the user's umask gives (``mkstemp`` alone makes 0600 files, which another account
+sharing a DB cannot read)."""
 
 from __future__ import annotations
 
@@ -92,9 +83,8 @@ def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
 
 def open_append(path: str | os.PathLike) -> BinaryIO:
     """Open ``path`` for reading and appending (created if missing, with the umask's permissions).
-
-    Refuses with UnsafeFileError when ``path`` is a symlink or not a regular file (a FIFO, a
-    device): never writes through a link. The caller closes the returned file."""
+    UnsafeFileError when it is a symlink or not a regular file: never writes through a link. The
+    caller closes the returned file."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o666)
@@ -113,9 +103,9 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
 
 
 def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
-    """What a follower compares between two looks at a file (``--reward-reload``'s checkpoint, a
-    trainer's ``labels.jsonl``): (mtime_ns, size, inode) from one ``stat``; None when it cannot be
-    stat'ed (missing). An atomic install (temp + rename) always gives a new inode."""
+    """What a follower compares between two looks at a file: (mtime_ns, size, inode) from one
+    ``stat``, None when it cannot be stat'ed. An atomic install (temp + rename) always gives a new
+    inode."""
     try:
         st = os.stat(path)
     except OSError:
@@ -124,9 +114,9 @@ def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
 
 
 def new_temp_beside(path: Path) -> tuple[int, str]:
-    """A new empty file with a unique name beside ``path`` (parents created): ``(fd, name)``,
-    opened read-write by ``mkstemp`` (``O_CREAT|O_EXCL|O_NOFOLLOW``: never a file or a link that
-    was there before), with the permissions the umask gives. The caller closes ``fd``."""
+    """A new empty file with a unique name beside ``path`` (parents created): ``(fd, name)``, made
+    by ``mkstemp`` (never a file or link that was there before), with the umask's permissions. The
+    caller closes ``fd``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -222,10 +212,9 @@ def remove_stale_temps(
     started: float | None = None,
     pattern: re.Pattern[str] | None = None,
 ) -> int:
-    """Remove the temp files a killed writer left in ``directory``: regular files (never a
-    symlink, never a directory) named ``<prefix>*<suffix>`` (and matching ``pattern`` when given)
-    last modified before ``started`` (default: this process's start). Returns how many were
-    removed; never raises."""
+    """Remove the temp files a killed writer left in ``directory``: regular files named
+    ``<prefix>*<suffix>`` (and matching ``pattern``) last modified before ``started`` (default: this
+    process's start). Returns how many; never raises."""
     started = STARTED if started is None else started
     removed = 0
     try:

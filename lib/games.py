@@ -1,12 +1,8 @@
-"""Full games side by side in a vector env: the one loop behind 01_a2c.py's evaluation and 04_play.py.
-
-A full game is every life until game over (how Atari scores are reported), or ALE's cut at
-108,000 frames ("frame limit"). ``play_games`` steps all envs with one batched policy call per
-step, starts the next game in a slot whose game ended (the env has already reset it: same-step
-autoreset), and tells the ``GameObserver``s it is given what each running game shows, which is how
-04_play.py records videos and the reward view, and how a game's behaviour beyond its score is
-counted (``lib.behaviour``: SeaQuest's oxygen), without a loop of their own.
-"""
+"""Full games side by side in a vector env: the one loop behind 01_a2c.py's evaluation and
+04_play.py. A full game is every life until game over (how Atari scores are reported), or ALE's cut
+at 108,000 frames. ``play_games`` steps all envs with one batched policy call a step and tells its
+``GameObserver``s what each game shows, which is how videos, the reward view and behaviour counts
+(``lib.behaviour``) are made without a loop of their own."""
 
 from __future__ import annotations
 
@@ -34,17 +30,12 @@ class EpisodeResult:
     steps:       agent steps played (4 emulator frames each)
     end:         "game over", "frame limit" (ALE's 108,000 frames) or "max steps" (a cut)
     video, gif:  recorded files (04_play.py -r), or None
-    reward_corr: Pearson correlation of the reward model's per-step prediction with the true
-                 reward; None without a reward model or when either is constant (no points scored)
-    oxygen:      SeaQuest's behaviour (voluntary refills, lives lost, lives lost to oxygen, as
-                 ``lib.seaquest`` reads the gauge), filled in by ``lib.behaviour``'s observer;
-                 None for other games or without it
-    surface:     SeaQuest's sub with a low gauge and at the surface (low-gauge climbs, steps at the
-                 surface, idle there with a full gauge: ``lib.seaquest.SurfaceCounts``), filled in
-                 by the same observer
-    lives:       (score, agent steps) of each life in order: a life ends on the step that loses it
-                 (``terminated``) or ends the game; the last one is cut short where the game was cut.
-                 The scores sum to ``score``, the steps to ``steps``
+    reward_corr: Pearson correlation of the per-step prediction with the true reward; None without
+                 a model or when either is constant
+    oxygen:      SeaQuest's ``OxygenCounts``, filled in by ``lib.behaviour``'s observer; else None
+    surface:     SeaQuest's ``SurfaceCounts``, filled in by the same observer; else None
+    lives:       (score, agent steps) of each life in order, summing to ``score`` and ``steps``; a
+                 life ends on the step that loses it or ends the game
     """
 
     index: int
@@ -60,8 +51,8 @@ class EpisodeResult:
 
 
 def best_life(results: Sequence[EpisodeResult]) -> tuple[float, int] | None:
-    """The (score, agent steps) of the best single life over all the games (``best_of_lives``).
-    The book reports this figure: its test env ends an episode at each lost life."""
+    """The (score, agent steps) of the best single life over all the games: the book's figure, as
+    its test env ends an episode at each lost life."""
     return best_of_lives([life for r in results for life in r.lives])
 
 
@@ -72,10 +63,10 @@ def best_of_lives(lives: Sequence[Sequence[float]]) -> tuple[float, int] | None:
 
 
 class GameObserver(Protocol):
-    """What a caller may want to see of each game (all optional to act on). ``stepped`` gets the
-    frame the action was chosen on, the step's true reward, the reward model's prediction (None
-    without one) and whether the step ended a life (or the game); ``finished`` may fill in fields
-    of the result, which later observers and the caller then see."""
+    """What a caller may want to see of each game. ``stepped`` gets the frame the action was chosen
+    on, the true reward, the model's prediction (None without one) and whether the step ended a
+    life; ``finished`` may fill in fields of the result, which later observers and the caller then
+    see."""
 
     def started(self, slot: int, index: int) -> None: ...
 
@@ -183,18 +174,15 @@ def play_games(
     stop: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[EpisodeResult] | None:
-    """Play ``episodes`` full games in ``venv`` (an ``AtariVec``-like env), results in episode order.
+    """Play ``episodes`` full games in ``venv`` (``AtariVec``-like); results in episode order.
 
-    policy:    (N, 4, 84, 84) uint8 observations -> (N,) actions, one call per step for all envs
-    predict:   (frames (K, H, W, 3), actions (K,), shown (K, H, W, 3), game_over (K,)) -> (K,)
-               per-step predictions for the running games, handed to the observer (the reward
-               view); None: no predictions. ``shown``: what the env showed after the steps,
-               ``game_over``: the steps that ended a game (``lib.reward_model.reward_input`` makes
-               the model's input of them)
-    max_steps: cut a game after this many agent steps ("max steps"); games cut in every slot
-               restart all envs with new seeds
-    stop:      polled every step; when it returns True the games are abandoned and None returned
-    observers: told of every game's start, steps and end, in this order (``GameObserver``)
+    policy:    (N, 4, 84, 84) uint8 obs -> (N,) actions, one call per step for all envs
+    predict:   (frames, actions, shown, game_over) of the running games -> (K,) per-step predictions
+               for the observers (inputs as ``reward_input`` takes them); None: no predictions
+    max_steps: cut a game after this many agent steps; when every slot is cut, all envs restart
+               with new seeds
+    stop:      polled every step; True abandons the games and returns None
+    observers: told of every game's start, steps and end (``GameObserver``)
     """
     games = _Games(venv.n_envs, episodes, observers)
     resets, vec_steps, t0 = 0, 0, time.monotonic()
@@ -234,9 +222,8 @@ def play_games(
 
 
 def score_stats(results: list[EpisodeResult]) -> dict[str, float]:
-    """Mean, std (population) and max of the scores, mean and max length, the best single life's
-    score and length (``best_life``): the ``eval/*`` figures (``lib.behaviour.behaviour_stats`` adds
-    what else the games showed)."""
+    """Mean, std (population) and max of the scores, mean and max length, and the best single life's
+    score and length: the ``eval/*`` figures."""
     scores = np.array([r.score for r in results], dtype=np.float64)
     lengths = np.array([r.steps for r in results], dtype=np.float64)
     stats = {

@@ -1,14 +1,11 @@
-"""Preference labels: ``<db>/labels.jsonl``, one JSON object a line, append-only.
+"""Preference labels: ``<db>/labels.jsonl``, one JSON object a line, append-only:
 
 ``{"sample1": "03/00012345.dat", "sample2": "11/00067890.dat", "label": 1, "time": ..., "source": "human"}``
 
-label 1: first better, 2: second better, 0: equally good, -1 (``CANT_TELL``): the person could
-not tell -- kept, so the pair is not offered again, but never trained on. The last line for a
-pair wins (editing = appending) and (a, b) and (b, a) are one pair. A line with label -2
-(``RETRACTED``, written by the label page's undo) takes a pair's answer back: the pair is
-unlabeled again. A torn last line after a
-crash is skipped with a warning. The book's ``labels.json`` (same line format) is read too.
-"""
+Label 1: first better, 2: second better, 0: equal, -1 (``CANT_TELL``): kept so the pair is not
+offered again, never trained on; -2 (``RETRACTED``, the page's undo) makes the pair unlabeled again.
+The last line for a pair wins and (a, b), (b, a) are one pair; a torn last line is skipped with a
+warning. The book's ``labels.json`` is read too."""
 
 from __future__ import annotations
 
@@ -182,18 +179,12 @@ TAIL_CHECK = 256  # LabelTail: the last bytes read, compared again before readin
 
 
 class LabelTail:
-    """A reader that follows one append-only label file (``<db>/labels.jsonl``): ``read_new``
-    parses only the whole lines appended since its last call (a line still being written is read
-    at the next), so following a file of 100,000 labels costs what the new lines cost.
-
-    It notices when the file is no longer the one it read: another inode (replaced), shorter
-    (truncated), other bytes where its last read ended (rewritten in place), or the same size with
-    another modification time (an editor that saved it in place: an append always grows it);
-    ``read_new`` then returns None and the caller reads everything again (``reset``, then
-    ``read_new`` reads the file from its start). An edit that keeps the size and lands in the same
-    tick of the file system's clock as the last look goes unseen: ``02_label_ui.py`` is the way to
-    change a label. Bad lines are named by their line in the file. Not thread-safe: one reader at a
-    time (the caller's lock)."""
+    """Follows one append-only label file: ``read_new`` parses only the whole lines appended since
+    its last call (a line still being written is read at the next). It notices when the file is no
+    longer the one it read (another inode, shorter, other bytes where its last read ended, or the
+    same size with another mtime); ``read_new`` then returns None and the caller reads everything
+    again (``reset``). An edit that keeps the size within one clock tick of the last look goes
+    unseen. Not thread-safe: one reader at a time."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -208,11 +199,10 @@ class LabelTail:
         self.seen = (-1, -1)  # the file's (size, mtime_ns) at the last read
 
     def read_new(self, warn: Warn = warn, torn_too: bool = False) -> list[Label] | None:
-        """The labels of the whole lines appended since the last call ([] when none, or when the
-        file is missing or unsafe before anything was read: said once through ``warn``); None when
-        the file is not the one read before (read everything again). ``torn_too``: a last line with
-        no newline is read too (a torn line after a crash: skipped with a warning) when no writer is
-        finishing it (``_cut_short``), else left for the next call as always."""
+        """The labels of the whole lines appended since the last call: [] when none, or when the
+        file is missing or unsafe before anything was read (said once); None when the file is not
+        the one read before. ``torn_too``: also read a last line with no newline when no writer is
+        finishing it (``_cut_short``; a torn line is skipped with a warning)."""
         fresh = self.ino is None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -263,10 +253,9 @@ class LabelTail:
 
 
 def _cut_short(fd: int, size: int) -> bool:
-    """Whether the label file open as ``fd``, read up to ``size`` bytes and ending in a line with no
-    newline, was cut short (a crash) rather than being written now: every writer appends under an
-    exclusive ``flock`` (``append_labels``), so a shared lock taken at once while the file is still
-    ``size`` bytes means no writer is finishing that line."""
+    """Whether the label file open as ``fd``, read up to ``size`` bytes and ending without a
+    newline, was cut short by a crash: writers append under an exclusive ``flock``, so a shared lock
+    taken at once while the file is still ``size`` bytes means no writer is finishing that line."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:  # BlockingIOError: an append is under way
@@ -302,11 +291,10 @@ def _winner(lab: Label) -> str | None:
 
 
 class ConsistencyTracker:
-    """Per labeler (``labeler`` field, else the source): (control answers that agree with the
-    pair's label at the time, control answers compared), fed one line at a time (``feed``), so a
-    reader that follows a growing file (the label server) keeps it current from the new lines
-    alone. A control answer is compared when it and that label both say #1, #2 or equal; an undone
-    control answer does not count."""
+    """Per labeler (``labeler`` field, else the source): (control answers that agree with the pair's
+    label at the time, control answers compared), fed one line at a time so a reader of a growing
+    file keeps it current. Compared only when both say #1, #2 or equal; an undone control answer
+    does not count."""
 
     def __init__(self) -> None:
         self.current: dict[tuple[str, str], Label] = {}
@@ -333,14 +321,10 @@ class ConsistencyTracker:
 
 
 def append_labels(db_root: str | os.PathLike, labels: Iterable[Label]) -> None:
-    """Append labels durably: one write of whole lines under a lock, fsynced -- all of them or none.
-
-    Safe with several threads (a lock) and several processes (``fcntl.flock``); a torn last
-    line left by an earlier crash is terminated first so the new line stays whole. A failed
-    write (disk full) cuts the file back to its size before: no torn line is left, and the
-    OSError names the path. UserError for a labels file that is a symlink, not a regular file,
-    or has another name (a hard link: the append would change that file too).
-    """
+    """Append labels durably: one write of whole lines under a thread lock and ``fcntl.flock``,
+    fsynced, all or none. A torn last line from an earlier crash is terminated first; a failed write
+    (disk full) cuts the file back and raises OSError naming the path. UserError for a labels file
+    that is a symlink, not a regular file, or hard-linked (the append would change the other name)."""
     root = Path(db_root)
     payload = ""
     for lab in labels:

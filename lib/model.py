@@ -1,11 +1,7 @@
-"""The A2C policy network (the book's AtariA2C), its checkpoints' fields and files, and ``--dev``.
-
-A policy checkpoint is a plain dict, read and checked through ``lib/checkpoints.py``:
-``{"format", "version", "state_dict", "env_id", "game", "obs_shape", "n_actions",
-"action_meanings", "step", "metrics", ...}``; ``last.pt`` adds the optimizer, scheduler and
-counters for ``--resume``. A bare state dict (the book's format) also loads; then env and
-shapes come from the caller.
-"""
+"""The A2C policy network (the book's AtariA2C), its checkpoints' fields and files, and ``--dev``. A
+policy checkpoint is a plain dict (``policy_checkpoint``, checked by ``POLICY_FIELDS``); ``last.pt``
+adds the optimizer, scheduler and counters for ``--resume``. The book's bare state dicts load too,
+the env and shapes then coming from the caller."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ from lib.errors import UserError
 
 
 def policy_conv(channels: int) -> nn.Sequential:
-    """The policy's 3 conv layers (Mnih et al. 2015), flattened: (B, channels, 84, 84) float in [0, 1]
-    -> (B, 3136). ``AtariA2C.conv``, and the encoder a reward model can borrow from a policy
-    (``DiffRewardModel(encoder=True)``)."""
+    """The policy's 3 conv layers (Mnih et al. 2015), flattened: (B, channels, 84, 84) float in [0,
+    1] -> (B, 3136) (``AtariA2C.conv``)."""
     return nn.Sequential(
         nn.Conv2d(channels, 32, kernel_size=8, stride=4),
         nn.ReLU(),
@@ -52,9 +47,7 @@ def policy_conv(channels: int) -> nn.Sequential:
 
 class AtariA2C(nn.Module):
     """Actor-critic: 3 conv layers shared, a 512-unit policy head and a 512-unit value head.
-
-    forward: (B, 4, 84, 84) uint8 -> logits (B, n_actions) float32, values (B,) float32
-    """
+    forward: (B, 4, 84, 84) uint8 -> logits (B, n_actions) float32, values (B,) float32."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
         super().__init__()
@@ -88,11 +81,9 @@ class AtariA2C(nn.Module):
 
 
 class StartPolicy:
-    """pi_start, the policy a fine-tune started from, frozen: what ``01_a2c.py --kl B`` pulls toward
-    and ``finetune/kl_to_start`` measures the distance to. With the conv layers frozen
-    (``--finetune``) both policies share the features, so only the policy head is kept (one small
-    linear forward per batch); otherwise the whole start net (one more forward).
-
+    """pi_start, the frozen policy a fine-tune started from: what ``01_a2c.py --kl`` pulls toward
+    and ``finetune/kl_to_start`` measures. With the conv layers frozen (``--finetune``) both
+    policies share the features, so only the policy head is kept; otherwise the whole start net.
     ``state``: a kept ``state_dict()`` (``last.pt``'s ``kl_start``, for --resume)."""
 
     def __init__(self, net: AtariA2C, state: dict[str, torch.Tensor] | None = None):
@@ -177,8 +168,8 @@ def best_checkpoint_figures(path: str | os.PathLike) -> tuple[int, float, float]
 
 
 def best_checkpoints(save_dir: str | os.PathLike) -> list[Path]:
-    """A run's best checkpoints, by the step parsed from the name (past 9 digits a name is longer,
-    and text order would put step 1,000,000,128 before 999,999,872); other best_*.pt are not ours."""
+    """A run's best checkpoints, by the step parsed from the name (past 9 digits text order is
+    wrong); other best_*.pt are not ours."""
     steps = {p: m[1] for p in Path(save_dir).glob(BEST_GLOB) if (m := BEST_NAME.fullmatch(p.name))}
     return sorted(steps, key=lambda p: (int(steps[p]), p.name))
 
@@ -242,11 +233,9 @@ def load_policy(
     n_actions: int | None = None,
     ck: dict[str, Any] | None = None,
 ) -> tuple[AtariA2C, dict[str, Any]]:
-    """Load a policy checkpoint and check it fits the env (game, obs shape, action count).
-
-    Returns (net, checkpoint dict). For a bare state dict, obs_shape and n_actions must be given.
-    ``ck``: the file's dict when the caller has read it already (``read_checkpoint``).
-    """
+    """Load a policy checkpoint and check it fits the env (game, obs shape, action count); returns
+    (net, checkpoint dict). A bare state dict needs obs_shape and n_actions. ``ck``: the file's dict
+    when the caller has read it already."""
     ck = read_checkpoint(path, "model") if ck is None else ck
     if ck.get("format") == POLICY_FORMAT:
         check_ck_fields(ck, POLICY_FIELDS, f"model {path}")

@@ -108,10 +108,9 @@ def label_extra(
 
 
 def labels_due(schedule: str, rate: float, steps: int) -> int:
-    """Labels a schedule owes by agent step ``steps`` (``--schedule``, ``--label-rate`` R per 1,000
-    agent steps): ``constant`` R/1000 * T; ``paper`` Christiano et al. 2017's rate, proportional to
-    H/(T + H) with H = ``PAPER_HORIZON`` and R per 1,000 steps at the start, so R/1000 * H * ln(1 + T/H)
-    by step T."""
+    """Labels a schedule owes by agent step T (``--schedule``; ``rate`` R per 1,000 agent steps):
+    ``constant`` R/1000 * T; ``paper`` Christiano et al. 2017's rate, proportional to H/(T + H) with
+    H = ``PAPER_HORIZON``, so R/1000 * H * ln(1 + T/H) by step T."""
     per_step = rate / 1000.0
     if schedule == "constant":
         due = per_step * steps
@@ -236,14 +235,11 @@ def oracle_label_db(
     seed: int | None = None,
     settings: OracleSettings = OracleSettings(),
 ) -> OracleSummary:
-    """Label ``n_pairs`` new pairs of a DB with a synthetic teacher, as ``settings`` say (the same
-    object ``--follow`` takes: the teacher, its noise and ties, and how pairs are picked, as the
-    label page would pick them). Each label records source
-    "oracle", the teacher, the rule that decided (``rule``: ``lib.teachers``' rule names, "noise"
-    for a random answer) and what it saw: ``returns``, and for SeaQuest ``oxygen_deaths``,
-    ``refills``, ``climb`` (rows climbed with a low gauge), ``idle`` (steps at the surface with a
-    full gauge), each a [#1, #2] pair. UserError for a DB without true rewards (the book's) or a
-    teacher that cannot read the DB's game."""
+    """Label ``n_pairs`` new pairs of a DB with a synthetic teacher, as ``settings`` say (the
+    teacher, its noise and ties, how pairs are picked). Each label has source "oracle" and records
+    the teacher, the rule that decided ("noise" for a random answer) and what it saw, as
+    ``label_extra`` writes it. UserError for a DB without true rewards or a teacher that cannot read
+    the DB's game."""
     t0 = time.time()
     root = Path(db_root)
     if not root.is_dir():
@@ -307,14 +303,12 @@ def oracle_follow(
     stop: SignalStop | None = None,
     log: Callable[[str], None] = print,
 ) -> list[OracleSummary]:
-    """``--oracle N --follow``: label new pairs of each DB as a synthetic teacher (``settings``, as
-    ``oracle_label_db``) while a recorder adds segments, at a schedule: every ``follow.poll`` s the
-    DB's new segment names are read (``SegmentWatch``: no old segment is opened again), T = its
-    ``agent_steps``, and the labels due by T (``labels_due``) less the DB's labels at start and this
-    run's are labelled, from every segment so far (or the ``recent`` newest). A DB is done at
-    ``follow.n_labels`` labels; when the schedule owes labels and no unlabelled pair is left, it
-    waits for new clips. One line per batch of labels written. Stops when every DB is done or at
-    ``stop`` (SIGINT/SIGTERM): every label is written whole before it returns."""
+    """``--oracle N --follow``: label new pairs of each DB as ``oracle_label_db`` does while a
+    recorder adds segments. Every ``follow.poll`` s it reads the DB's new segment names, takes T =
+    its ``agent_steps`` and labels what the schedule owes by T (``labels_due``) less the DB's labels
+    at start and this run's. A DB is done at ``follow.n_labels`` labels; with no unlabelled pair
+    left it waits for new clips. Stops when every DB is done or at ``stop``, every label written
+    whole."""
     t0 = time.time()
     rng = np.random.default_rng(seed)
     followers = []

@@ -1,13 +1,8 @@
-"""Play a saved policy for full games: scores, gameplay videos, and the reward model's view.
-
-A game here is a whole game (all lives), as Atari scores are reported: ``AtariVec`` ends an
-episode on a life loss only for learning (``terminated``); we play on until ``game_over``. ALE
-cuts a game at 108,000 emulator frames (30 minutes; ``truncated``), so every game ends.
-
-Several games are played side by side in one vector env with one batched forward per step (a
-weak policy's SeaQuest game runs thousands of steps). Exactly ``episodes`` games are started and
-all are played to the end, so short games are not favoured in the statistics.
-"""
+"""Play a saved policy for full games (04_play.py): scores, gameplay videos, and the reward model's
+view. A game is every life until game over, as Atari scores are reported, and ALE cuts it at 108,000
+frames, so every game ends. Several games run side by side with one batched forward per step;
+exactly ``episodes`` games are started and all are played out, so short games are not favoured in
+the statistics."""
 
 from __future__ import annotations
 
@@ -97,13 +92,10 @@ def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str)
 
 
 def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeResult]:
-    """Play ``cfg.episodes`` full games with the policy in ``cfg.model``; returns them in episode order.
-
-    With ``cfg.record`` (a directory) each game is recorded to ``<dir>/<run>_<checkpoint>_epNN.mp4``
-    (and ``.gif`` with ``cfg.gif``); with ``cfg.reward`` each video shows the reward view and each
-    result carries the correlation of predicted and true rewards. ``cfg.max_steps`` cuts a game
-    after that many agent steps (quick looks, tests). Every input is checked before the first step.
-    """
+    """Play ``cfg.episodes`` full games with the policy in ``cfg.model``; returns them in episode
+    order. With ``cfg.record`` each game is recorded to ``<dir>/<run>_<checkpoint>_epNN.mp4`` (and
+    ``.gif`` with ``cfg.gif``); with ``cfg.reward`` each video shows the reward view and each result
+    carries the predicted-vs-true reward correlation. Every input is checked before the first step."""
     cfg.check()
     model, episodes, greedy, gif, max_steps = cfg.model, cfg.episodes, cfg.greedy, cfg.gif, cfg.max_steps
     video_dir, reward, seed = cfg.record, cfg.reward, cfg.seed
@@ -133,8 +125,8 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
             log(f"reward view: {reward} ({how_norm})")
         rng = np.random.default_rng(seed)
         # One intra-op thread: forwards of <= 8 observations gain nothing from more, and the ALE
-        # threads and ffmpeg need the cores. With 2 OpenMP threads on a busy 2-core machine a
-        # forward took 45-70 ms instead of 1.5 ms (spin-waiting threads; measured).
+        # threads and ffmpeg need the cores (spin-waiting OpenMP threads slow a busy machine down
+        # badly).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -146,12 +138,10 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
 
 
 class _GameRecorder:
-    """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under the game
-    when a reward model is given), the predicted-vs-true reward correlation, a console line per game.
-
-    The reward view shows each raw prediction normalised as fine-tuning sees it (``norm``: the
-    learner's ``RunningNorm``, one window over every game side by side, as the learner's over its
-    envs); the correlation is of the raw predictions (the same figure: it ignores scale and shift)."""
+    """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under it when a
+    reward model is given), the predicted-vs-true reward correlation, a console line per game. The
+    view normalises each raw prediction as fine-tuning sees it (one ``RunningNorm`` over all games
+    side by side); the correlation is of the raw predictions (it ignores scale and shift)."""
 
     def __init__(
         self,

@@ -1,18 +1,9 @@
-"""EpisodeRecorderWrapper: records random segments of play into the segment DB.
-
-The book wraps each gym env; here the wrapper sits on the whole vector env (same interface as
-``AtariVec``: ``frames``, ``reset``, ``step``, ``step_async``/``step_wait``). In each env, on
-every agent step that is not already being recorded, recording starts with probability
-``record_prob``; the step it starts on and the following ones, ``segment_steps`` in all, become
-one segment: frame t (the full-resolution RGB frame the agent acted on), action t, the true
-game reward of step t, whether step t ended an episode / the game, and the lives before it.
-A segment may span a life loss or a game over: a person sees that happen in the clip.
-
-Segments are handed to a ``SegmentWriter`` thread that compresses and writes them atomically,
-each under a new name (an existing segment is never replaced). One recorder per DB: the wrapper
-holds an exclusive lock on ``<db>/.recorder.lock`` (``lock_db``) while it records; a second one
-ends with one line naming the holder. The lock goes with the process (close, crash or kill -9).
-"""
+"""EpisodeRecorderWrapper: records random segments of play into the segment DB. It sits on the whole
+vector env (``AtariVec``'s interface). In each env, a step not already recorded starts a recording
+with probability ``record_prob``; it and the next steps, ``segment_steps`` in all, become one
+segment (frames acted on, actions, true rewards, done and game-over flags, lives before). A segment
+may span a lost life: a person sees it in the clip. A ``SegmentWriter`` thread writes segments
+atomically under new names; the one recorder of a DB holds ``<db>/.recorder.lock``."""
 
 from __future__ import annotations
 
@@ -82,9 +73,8 @@ def lock_db(db_root: str | os.PathLike) -> int:
 
 def existing_step_counters(db_root: str | os.PathLike, n_envs: int, index_offset: int = 0) -> np.ndarray:
     """The highest step counter already used in the directories of envs ``index_offset`` ..
-    ``index_offset + n_envs - 1`` (0 when none): a new run into the same DB continues from there,
-    so it never overwrites a segment. A name beyond what a recorder writes (a counter over
-    ``MAX_ENV_STEP``, e.g. a planted ``08/999999999999.dat``) is no recorder's and moves nothing."""
+    ``index_offset + n_envs - 1`` (0 when none), so a new run never overwrites a segment. A counter
+    over ``MAX_ENV_STEP`` (a planted ``08/999999999999.dat``) is no recorder's and moves nothing."""
     out = np.zeros(n_envs, dtype=np.int64)
     for rel in list_segments(db_root, warn=None):
         env, step = rel.removesuffix(".dat").split("/")
@@ -227,9 +217,8 @@ class EpisodeRecorderWrapper:
         self.recording[i] = False
 
     def close(self) -> None:
-        """Drop unfinished segments (never half-written), wait until queued ones are on disk (or
-        counted as failed: ``writer.errors`` then holds one line saying how many and why), release
-        the DB's lock."""
+        """Drop unfinished segments, wait until queued ones are on disk (or counted as failed, with
+        one line in ``writer.errors``), release the DB's lock."""
         try:
             self.writer.close()  # then writer.errors is the one line the run's end report prints
         finally:

@@ -1,8 +1,6 @@
-"""``03_reward_train.py``'s command line: the flags, grouped (core / follow / model / labels /
-output / baselines), built from ``RewardArgs``'s fields (each declares its flag, default, help and
-checks once); and ``main``, which trains a reward model, with ``--follow`` retrains it as labels
-arrive (``lib/reward_follow.py``), or with ``--evaluate`` scores one. Imports no torch until it
-runs: ``--help`` stays fast."""
+"""``03_reward_train.py``'s command line, built from ``RewardArgs``'s fields, and ``main``: train a
+reward model, retrain it as labels arrive (``--follow``), or score one (``--evaluate``). Imports no
+torch until it runs, so ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -138,9 +136,8 @@ def _say(line: str) -> None:
 
 
 def train_once(args: RewardArgs) -> int:
-    """Train once on the DBs' labels (``follow`` retrains as labels arrive); the best model goes to
-    OUTDIR/reward-NAME.pt, logs to --runs-dir. Exit 130 when stopped by Ctrl-C: the model is
-    installed, but it is not a finished training."""
+    """Train once on the DBs' labels; the best model goes to OUTDIR/reward-NAME.pt, logs to
+    --runs-dir. Exit 130 when stopped by Ctrl-C: the model is installed, but marked as not finished."""
     from lib.model import resolve_device
     from lib.reward_data import load_preferences
     from lib.reward_train import summary_lines, train_reward_model

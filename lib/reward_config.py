@@ -14,9 +14,9 @@ from lib.settings import Check, check_between, check_fields, setting
 from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
 ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
-# The diff net averages (rows, cols) blocks of its 84x84 input. 4x12 (21 rows of 7) keeps SeaQuest's
-# reserve subs (rows 8-11) apart from the score (rows 3-6); with 12x12, the first default, a lost life
-# looked like points and the fine-tune learned to die (docs/results.md, "4x12 blocks", 2026-11-24).
+# The diff net averages (rows, cols) blocks of its 84x84 input. 4x12 keeps SeaQuest's reserve subs
+# (rows 8-11) apart from the score (rows 3-6): with 12x12 a lost life looked like points and the
+# fine-tune learned to die (docs/results.md).
 DIFF_BLOCK = (4, 12)
 INPUTS = ("full",)  # --input of the book's net: its frames as recorded (the book's)
 # Settings the measurements retired: each refused in one line that says why (lib.settings ``retired``).
@@ -25,10 +25,9 @@ RETIRED_INPUTS = {
     "agreement against the diff net's 90.8-92.5% on the same labels (docs/results.md); give full"
 }
 
-# Epochs without a better test loss before training stops, per arch. 4 is the book's. The diff net's
-# epochs cost ~nothing (cached features), and on experiments/quality.py (300 labels, 3 splits) 20 agreed
-# better on every DB and teacher measured: 86.4 -> 88.8% and 85.7 -> 88.7% (score), 83.9 -> 86.4%
-# (oxygen); 40 and 100 gave exactly 20's models (the best epoch always came before 20 more).
+# Epochs without a better test loss before training stops, per arch: the book's 4. The diff net's
+# epochs cost almost nothing (cached features), and 20 agreed better on every DB and teacher
+# measured; more gave the same models (docs/results.md).
 PATIENCE = {"diff": 20, "book": 4}
 MAX_ENSEMBLE = 64  # members of one reward model (--ensemble; a checkpoint's state_dicts)
 MAX_LR = 1.0
@@ -82,9 +81,10 @@ def _plain_name(name: str | None) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class RewardArgs:
-    """Everything ``03_reward_train.py`` is told: each field is one flag (``setting``), in ``--help`` order.
-    None for --teacher, --death-penalty, --retrain-every, --poll: not given (each applies to one mode, which
-    holds its default). ``TrainConfig`` runs the same fields' checks on a config made in code."""
+    """Everything ``03_reward_train.py`` is told: each field is one flag (``setting``), in
+    ``--help`` order. None for --teacher, --death-penalty, --retrain-every, --poll: not given (each
+    belongs to one mode, which holds its default). ``TrainConfig`` runs the same checks on a config
+    made in code."""
 
     # core: what to do, where, and the optimiser
     evaluate: str | None = setting(
@@ -113,9 +113,8 @@ class RewardArgs:
     )
     dev: str = setting("cpu", "torch device to train on: cpu or cuda", group="core")
     epochs: int = setting(100, "maximum epochs (early stopping usually ends sooner)", group="core", checks=AT_LEAST_ONE)
-    # Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: on experiments/quality.py (300 oracle labels,
-    # 3 splits) they agreed better with the true score on never-seen segments every time (+0.6 to +4.0
-    # points) at the same cost per pair.
+    # Batch 16 and lr 3e-4 replace the book's 64 and 1e-4: better agreement with the true score on
+    # never-seen segments at the same cost per pair (docs/results.md).
     batch: int = setting(16, "labeled pairs per optimiser step (the book: 64)", group="core", checks=AT_LEAST_ONE)
     lr: float = setting(
         3e-4,

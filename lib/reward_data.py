@@ -1,17 +1,8 @@
-"""The preference data stage 3 trains on: labeled pairs over compressed segments, and the networks'
-inputs made from them.
-
-Roles, one verb each:
-- ``load_preferences``: read the labels of every DB (``_read_db_pairs``), each segment once
-  (``_SegmentTable.row``), check that something is left to learn from (``_check_usable``) and
-  which game it is (``_resolve_game``). "Can't tell" and labels whose segments are missing or
-  unreadable are left out (counted). Segments stay COMPRESSED in memory (~20-50 KB instead of
-  ~5 MB decoded: 1,000 labels touch up to 2,000 segments, 10 GB decoded).
-- ``model_inputs``: a network's input for some segments (``lib.reward_model.reward_input`` of each:
-  the book's net, the frames; the diff net's, grey 84x84 frame and next frame).
-- ``step_features``: the diff net's per-step features (and actions), computed once per segment and
-  cached (they hold no trained weight).
-"""
+"""The preference data stage 3 trains on: labeled pairs over segments, and the networks' inputs made
+from them. ``load_preferences`` reads every DB's labels and each segment once, keeping it compressed
+(1,000 labels may touch 2,000 segments: 10 GB decoded). ``model_inputs`` makes a network's input
+(``lib.reward_model.reward_input``); ``step_features`` caches the diff net's per-step features,
+which hold no trained weight."""
 
 from __future__ import annotations
 
@@ -237,14 +228,11 @@ def _resolve_game(table: _SegmentTable, env: str | None, log: Log) -> tuple[str,
 def load_preferences(
     dbs: Sequence[str | os.PathLike], env: str | None = None, log: Log = print, warn: Warn = warn
 ) -> PreferenceData:
-    """Read the usable labels of every DB and their segments (kept compressed).
-
-    ``env``: the game of segments that do not name one (legacy DBs from the book); default
-    SeaQuest, the book's game. Segments that name their env must all be of one game (and of
-    ``env`` when given). Raises UserError with one line when nothing usable is left. ``warn``
-    takes the line of each bad label line or broken segment skipped (a reader that loads the
-    same DBs again and again passes one that says each only once).
-    """
+    """Read the usable labels of every DB and their segments (kept compressed). ``env``: the game of
+    segments that name none (the book's DBs; default SeaQuest); segments that name theirs must all
+    be of one game (and of ``env`` when given). UserError with one line when nothing usable is left.
+    ``warn`` takes each bad label line or broken segment skipped (a reader that loads the same DBs
+    again and again passes one that says each once)."""
     if env is not None:
         rom_name(env)  # an unknown --env fails here, before any reading
     for db in dbs:
@@ -304,10 +292,9 @@ def _read_segment(root: Path, rel: str, warn: Warn = warn) -> tuple[bytes, dict[
 
 
 def model_inputs(data: PreferenceData, ids: Sequence[int], arch: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The network input of segments ``ids`` for a model of ``arch``, one clip after another, each
-    made by ``lib.reward_model.reward_input`` (the book's net: the frames, (F, H, W, 3) uint8; the
-    diff net: (F, 2, 84, 84) uint8, frame and next frame). Returns (input, actions (F,) int64,
-    owner (F,) int64: the position in ``ids`` each step belongs to), F the total steps."""
+    """The network input of segments ``ids`` for ``arch``, clip after clip, by ``reward_input``
+    (book: (F, H, W, 3) uint8 frames; diff: (F, 2, 84, 84) uint8). Returns (input, actions (F,)
+    int64, owner (F,) int64: the position in ``ids`` of each step), F the total steps."""
     total = int(data.lengths[list(ids)].sum())
     x: np.ndarray | None = None
     actions = np.empty(total, dtype=np.int64)
@@ -332,9 +319,8 @@ def step_features(
     model: DiffRewardModel, data: PreferenceData, ids: Sequence[int], device: torch.device
 ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
     """A diff net's unscaled per-step features of segments ``ids``: (F, n) float32 on ``device``,
-    with actions and owner as ``model_inputs`` gives them. They depend on no trained weight (block
-    means), so each segment's are computed once and kept in ``data.feature_cache`` under
-    ``model.feature_key()``: epochs after the first cost nothing."""
+    with actions and owner as ``model_inputs`` gives them. Computed once per segment and cached in
+    ``data.feature_cache`` under ``model.feature_key()``, so epochs after the first cost nothing."""
     key = model.feature_key()
     cache = data.feature_cache
     missing = [i for i in dict.fromkeys(int(i) for i in ids) if (key, i) not in cache]

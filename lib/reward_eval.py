@@ -1,22 +1,9 @@
-"""How well a reward model orders segments: the trainer's figures on its held-out test pairs
-(``pair_metrics``, every epoch), and ``03_reward_train.py --evaluate MODEL DB...`` /
-``experiments/quality.py``'s figures on any DB's segments (``evaluate_model``, ``score``).
-
-Three figures per set of segments with true rewards:
-- **oracle agreement**: over pairs of segments whose true returns differ, the share whose
-  predicted returns order them the same way (``oracle_agreement``: a predicted tie is wrong);
-- **return correlation**: Pearson r of predicted and true segment returns (``lib.stats.pearson``);
-- **per-step correlation**: Pearson r of the per-step prediction and the true reward of each step.
-
-``--evaluate`` adds the **teacher agreement** (``teacher_agreement``): the same share over the pairs
-a synthetic teacher (``lib.teachers``) prefers one of, by its own rule, overall and per rule that
-decided. The score teacher with its death penalty is not the bare score: a clip with a lost life
-may score more and still lose, which is what a model trained on its labels learnt.
-
-Test pairs share segments with training pairs (a pair is held out, not its segments);
-``experiments/quality.py`` measures agreement, by the same ``oracle_agreement``, on segments never
-trained on.
-"""
+"""How well a reward model orders segments: the trainer's figures on its held-out pairs
+(``pair_metrics``) and ``03_reward_train.py --evaluate`` / ``experiments/quality.py``'s figures on
+any DB (``evaluate_model``, ``score``). On segments with true rewards: oracle agreement
+(``oracle_agreement``), return correlation and per-step correlation; ``--evaluate`` adds the
+agreement with a synthetic teacher's own answers (``teacher_agreement``). Test pairs share segments
+with training pairs; ``experiments/quality.py`` measures on segments never trained on."""
 
 from __future__ import annotations
 
@@ -40,9 +27,8 @@ from lib.teachers import TEACHER_ENTRIES, SegmentFacts, Teacher, segment_facts
 
 def oracle_agreement(pred1: np.ndarray, pred2: np.ndarray, true1: np.ndarray, true2: np.ndarray) -> tuple[float, int]:
     """(share, count) of the pairs whose true returns are known and differ that the predicted
-    returns order the same way. A predicted tie counts as wrong: the model did not order the pair.
-    Pairs whose true returns are equal or unknown (NaN: legacy segments) are left out. NaN share
-    when no pair is left. The one rule for every agreement figure (trainer, experiments)."""
+    returns order the same way; a predicted tie counts as wrong, NaN share when no pair is left. The
+    one rule for every agreement figure."""
     p1, p2, t1, t2 = (np.asarray(x, dtype=np.float64) for x in (pred1, pred2, true1, true2))
     known = np.isfinite(t1) & np.isfinite(t2) & (t1 != t2)
     n = int(known.sum())
@@ -154,10 +140,9 @@ def norm_stats(
 
 
 def true_step_stats(data: PreferenceData, segs: np.ndarray) -> tuple[float, float] | None:
-    """Mean and std of the game's true per-step score over segments ``segs``, the same clips
-    ``norm_stats`` measures the model on (``01_a2c.py --reward-oracle --reward-norm labels`` sends
-    the score through the learned reward's path with them). None where any segment has no true
-    rewards (a legacy DB)."""
+    """Mean and std of the true per-step score over ``segs``, the clips ``norm_stats`` measures the
+    model on (what ``--reward-oracle --reward-norm labels`` uses). None where a segment has no true
+    rewards."""
     if not len(segs) or not np.isfinite(data.true_returns[segs]).all():
         return None
     s1 = s2 = 0.0
@@ -274,9 +259,7 @@ def merge(parts: Sequence[SegmentPredictions]) -> SegmentPredictions:
 @dataclass
 class TeacherScores:
     """Agreement with a teacher's own answers (``teacher_agreement``); NaN where it prefers no pair.
-
-    by_rule: for each rule that decided a pair (``lib.teachers``: death, score, refill, ...), the
-             (agreement, pairs) of the pairs it decided"""
+    ``by_rule``: (agreement, pairs) of the pairs each deciding rule decided."""
 
     teacher: str
     death_penalty: float
@@ -298,10 +281,9 @@ def _pct(x: float) -> str:
 
 
 def teacher_agreement(p: SegmentPredictions, teacher: Teacher) -> TeacherScores:
-    """Over every unordered pair of the segments (``p.facts``, ``predict_segments(facts=True)``)
-    that ``teacher`` prefers one of by its own rule (``Teacher.judge_rule``, no random answers): the
-    share whose predicted returns order them as the teacher does (a predicted tie is wrong, as in
-    ``oracle_agreement``), overall and per deciding rule. Ties and can't-tell pairs are left out."""
+    """Over every unordered pair of ``p.facts`` that ``teacher`` prefers one of by its own rule (no
+    random answers): the share whose predicted returns order them as the teacher does (a predicted
+    tie is wrong), overall and per deciding rule."""
     i, j = np.triu_indices(len(p.facts), k=1)
     verdicts = [teacher.judge_rule(p.facts[a], p.facts[b]) for a, b in zip(i, j, strict=True)]
     answers = np.array([answer for answer, _ in verdicts], dtype=np.int64)

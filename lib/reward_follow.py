@@ -1,33 +1,11 @@
-"""``03_reward_train.py --follow``: retrain the reward model as labels arrive, and install each new
-version the agent should switch to (live rounds; Christiano et al. 2017 fit the reward
-model continually while the agent trains and the labels come in).
-
-The loop (``Follower.run``): every ``--poll`` seconds look at the DBs' label files (``LabelWatch``,
-re-read only when they changed); once ``--retrain-every`` K labels changed the training set since
-the last version (a new pair's answer or an edited one: "can't tell" and retractions do not count),
-train version K+1 (``Follower.train_version``):
-
-- Warm start from the installed model's weights, with the same ``TrainConfig`` every time (the
-  installed model's network must be the one the flags ask for).
-- The split is ``lib.reward_train.held_out``: a hash of the pair, so a label held out for one
-  version stays held out for every later one.
-- The candidate and the installed model are both measured on the current held-out labels, which
-  include labels that came after the installed model (its fresh evidence). The candidate is
-  installed when its held-out LOSS (Bradley-Terry cross-entropy) is not higher. Loss, not accuracy:
-  it counts ties and how sure each answer is, it moves with every label where accuracy on a few
-  dozen held-out pairs moves in steps of several percent, and it is what early stopping already
-  picks the candidate's epoch on. A model this loop did not make with the same split (a normal
-  training run's, or another --seed's) may have trained on some of these held-out labels: it is
-  compared on the held-out labels newer than it only.
-- Every candidate is kept as ``OUTDIR/reward-NAME-vK.pt`` (metrics: ``version``, its labels,
-  held-out figures, ``installed``), one line per version goes to ``OUTDIR/reward-NAME-versions.jsonl``,
-  and ``OUTDIR/reward-NAME.pt`` (what ``01_a2c.py -r ... --reward-reload`` reads) is replaced
-  atomically on install only.
-
-Ctrl-C and SIGTERM (``lib.signals.SignalStop`` with ``at_once``): a training in progress is
-abandoned (nothing of it is written), a version being written is finished first, and the run ends
-with one line naming the installed version and exit code 130.
-"""
+"""``03_reward_train.py --follow``: retrain the reward model as labels arrive and install each
+version the agent should switch to (``01_a2c.py --reward-reload`` reads it), as Christiano et al.
+2017 fit the reward model while the agent trains. ``Follower.run`` polls the DBs' label files; once
+``--retrain-every`` labels changed the training set, it trains the next version warm from the
+installed one, on a split by pair hash (a held-out label stays held out), and installs it when its
+held-out loss is not higher. Every candidate is kept as ``reward-NAME-vK.pt`` with a line in
+``reward-NAME-versions.jsonl``. Ctrl-C and SIGTERM abandon a training in progress, finish a version
+being written, and exit 130."""
 
 from __future__ import annotations
 
@@ -119,14 +97,11 @@ def has_labels(db: str) -> bool:
 
 
 class LabelWatch:
-    """The DBs' current training labels, kept in step with their label files.
-
-    ``read()`` -> {(db, first, second): (P(first better), label time or None)}: the last answer per
-    pair (``lib.labels.load_labels``), "can't tell" and retracted pairs left out. A DB whose label
-    files did not change (``lib.files.file_state``) is not read; ``labels.jsonl`` is append-only,
-    so a change reads only the whole lines appended since (``lib.labels.LabelTail``: a line still
-    being written is read next time). A file replaced, truncated or rewritten in place, and any
-    change of the legacy ``labels.json``, read everything again."""
+    """The DBs' current training labels, kept in step with their label files. ``read()`` -> {(db,
+    first, second): (P(first better), label time or None)}: the last answer per pair, "can't tell"
+    and retracted pairs left out. Unchanged files are not read; a change to the append-only
+    ``labels.jsonl`` reads only the whole lines appended since. A file replaced, truncated or
+    rewritten, or any change of the legacy ``labels.json``, reads everything again."""
 
     def __init__(self, dbs: Sequence[str], warn: Warn) -> None:
         self.dbs, self.warn = list(dbs), warn
@@ -178,9 +153,8 @@ def answers(labels: dict[LabelKey, tuple[float, float | None]]) -> dict[LabelKey
 def count_new(
     now: dict[LabelKey, float], seen: dict[LabelKey, float], usable: Callable[[LabelKey], bool] | None = None
 ) -> int:
-    """Labels of ``now`` that change the training set ``seen`` was: a new pair's answer, or an
-    edited one (a retraction or a "can't tell" removes a pair: not a label to train on); with
-    ``usable``, only those it accepts (``segments_exist``: asked of the new labels only)."""
+    """Labels of ``now`` that change the training set ``seen`` was: a new pair's answer or an edited
+    one; with ``usable``, only those it accepts (asked of the new labels only)."""
     return sum(1 for k, mu in now.items() if seen.get(k) != mu and (usable is None or usable(k)))
 
 
@@ -193,8 +167,7 @@ def segments_exist(key: LabelKey) -> bool:
 
 def shortfall(labels: Iterable[tuple[str, str, float]], cfg: TrainConfig) -> str | None:
     """Why labels ((first, second, mu) each) are too few to train a version on, or None: it needs a
-    held-out label and a training label that is not a tie (normal training's minimum, under the
-    split by pair)."""
+    held-out label and a training label that is not a tie."""
     n = n_test = n_order = 0
     for a, b, mu in labels:
         n += 1
@@ -213,15 +186,11 @@ def shortfall(labels: Iterable[tuple[str, str, float]], cfg: TrainConfig) -> str
 
 @dataclass
 class Installed:
-    """The model at ``OUTDIR/reward-NAME.pt`` and what it was made with.
-
-    version:    its metrics["version"]; None for a model this loop did not make
-    models:     its members, on the training device (a warm start copies their weights)
-    seen:       the answers it was made with (train and held-out): held-out labels not among them
-                are its fresh evidence
-    same_split: it was made by --follow with this split (seed, test ratio): it never trained on a
-                held-out label, so it is compared on all of them; otherwise on the fresh ones only
-    """
+    """The model at ``OUTDIR/reward-NAME.pt`` and what it was made with: ``version`` (None for a
+    model this loop did not make), ``models`` (on the training device), ``seen`` (the answers it was
+    made with; held-out labels not among them are its fresh evidence) and ``same_split`` (made by
+    --follow with this seed and test ratio, so it never trained on a held-out label and is compared
+    on all of them; otherwise on the fresh ones only)."""
 
     version: int | None
     models: list[AnyRewardModel]
@@ -347,10 +316,9 @@ class Follower:
     # --- start ------------------------------------------------------------------------------
 
     def claim(self) -> None:
-        """Before anything is trained or written: the versions log is a regular file or absent (it is
-        never appended through a link), and this is the only --follow trainer of the output directory
-        (an exclusive ``flock`` on the directory itself, held until the process ends: two would both
-        make "v2" and one model would be lost). UserError with one line otherwise."""
+        """Before anything is written: the versions log must be a regular file or absent, and this
+        the only --follow trainer of the output directory (an exclusive ``flock`` on it, held until
+        the process ends; two would both make "v2"). UserError with one line otherwise."""
         path = versions_log(self.out_dir, self.name)
         if path.is_symlink():
             raise UserError(f"{path} is a symlink: refusing to write through it (remove it, or give another -o)")
@@ -533,8 +501,11 @@ class Follower:
         fresh: np.ndarray,
         inst: Installed | None,
     ) -> tuple[dict[str, Any], dict[str, Any], list[AnyRewardModel]]:
-        """Train candidate ``k`` (warm from ``inst``) and decide. Returns (the version's figures and
-        decision, its checkpoint, its models)."""
+        """Train candidate ``k`` (warm from ``inst``) and decide: install it when its held-out loss
+        is not higher than the installed model's. Loss, not accuracy: it counts ties and how sure
+        each answer is, and moves with every label. A model not made with this split is compared on
+        the held-out labels newer than it only. Returns (the version's figures and decision,
+        checkpoint, models)."""
         from lib.reward_eval import pair_metrics
 
         cfg = self.cfg
@@ -587,10 +558,9 @@ class Follower:
         return rec, ck, fit.models
 
     def _write_version(self, k: int, ck: dict[str, Any] | None, record: dict[str, Any]) -> None:
-        """Version ``k``'s file, its install at ``reward-NAME.pt`` and its versions-log line: all of
-        them or none (a full disk is a UserError with the previous model still installed and no
-        trace of ``k``). The installed copy is written to a temp file first and renamed over the
-        stable file (a rename needs no space) only once the log line is written."""
+        """Version ``k``'s file, its install at ``reward-NAME.pt`` and its log line: all or none (a
+        full disk is a UserError, the previous model still installed). The install is staged to a
+        temp file and renamed over the stable file only once the log line is written."""
         vpath = version_path(self.out_dir, self.name, k)
         staged: str | None = None
         try:

@@ -1,36 +1,10 @@
-"""The reward models: what a step did (``DiffRewardModel``, the default), or the book's conv net on
-the full-colour frame the action was chosen on (``RewardModel``), each plus a one-hot action.
-
-``--arch diff`` (``DiffRewardModel``): the grey 84x84 frame and its absolute change to the frame
-the step led to, averaged over a grid of blocks (4x12 pixels), scaled per feature, then the book's head. A
-step's outcome (the score changing) shows in the NEXT frame, so every consumer hands it the frame
-each step led to: ``reward_input`` makes every caller's input, from a recorded clip or from play.
-
-``--arch book``, architecture (Lapan, ch. 19, ``lib/rlhf.py``; DESIGN "Reward model and loss"): 4 conv layers of
-16 filters (kernels 7/5/3/3, strides 3/2/1/1), each followed by BatchNorm, Dropout(0.5) and
-LeakyReLU; flatten; concatenate the one-hot action; a 64-unit hidden layer; one output -- the
-predicted reward of taking that action on that frame. The parameter names are the book's
-(``conv.0``, ``conv.1``, ..., ``out.0``, ``out.2``), so a bare state dict saved by the book's
-``03_reward_train.py`` loads too.
-
-Loss (``preference_loss``): the Bradley-Terry model of Christiano et al. 2017 (arXiv 1706.03741,
-section 2.2.3): P(σ1 ≻ σ2) = sigmoid(R1 − R2) with R the sum of the per-step predictions over a
-segment, and the cross-entropy against the label μ ∈ {1, 0, 0.5}. The book instead applies BCE to
-R1 and R2 separately, which pushes both returns of a tie to 0 instead of towards each other.
-
-Inference (``RewardPredictor``): eval-mode BatchNorm is an affine map, so it is folded into the
-convolution weights together with the 1/255 input scale (``LeanRewardNet``); dropout is the
-identity in eval; frames go in as channels-last uint8 straight from the env; everything runs
-under ``torch.inference_mode()``.
-
-Checkpoint: a plain dict, loadable with ``torch.load(..., weights_only=True)``::
-
-    {"format": "rlhf-atari-reward", "version": 1, "arch": "diff" | "book",
-     "needs_next_frames": bool, "state_dicts": [member 0, member 1, ...],
-     "frame_shape": [210, 160, 3], "downscale": 1, "input_shape": [3, 210, 160],
-     "n_actions": 18, "env_id": ..., "game": ..., "action_meanings": [...],
-     "norm_mean": float, "norm_std": float, "metrics": {...}, ...}
-"""
+"""The reward models and their checkpoints. ``DiffRewardModel`` (``--arch diff``, the default) sees
+what a step did: the grey 84x84 frame and its change to the frame the step led to, block-averaged.
+``RewardModel`` (``--arch book``) is the book's conv net on the colour frame (Lapan, ch. 19); its
+parameter names are the book's, so the book's bare state dicts load. ``preference_loss`` is the
+Bradley-Terry loss of Christiano et al. 2017. ``RewardPredictor`` runs a loaded model for inference,
+with BatchNorm folded into the convolutions. ``reward_input`` makes every caller's input, so
+training and play cannot feed the net different things. Figures: docs/results.md."""
 
 from __future__ import annotations
 
@@ -94,9 +68,8 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
 def _half_mask(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A uint8 tensor of ``shape`` with independent fair 0/1 entries, from random bytes: 8 mask
-    bits per random byte. ~30x faster than ``bernoulli_`` on CPU (which made dropout the largest
-    cost of training: 19 ns an element against 0.6 ns)."""
+    """A uint8 tensor of ``shape`` with fair 0/1 entries from random bytes: faster than
+    ``bernoulli_``."""
     n = math.prod(shape)
     shifts = _SHIFTS.get(device)
     if shifts is None:
@@ -133,13 +106,9 @@ class FastDropout(nn.Dropout):
 
 
 class RewardModel(nn.Module):
-    """The book's reward model, trainable (train mode: BatchNorm batch statistics and dropout).
-    ``downscale`` d > 1 averages d x d pixel blocks first: stage 3 trains at 1 only since ``--input
-    half`` (2) was retired; the models it made still load, and bench/bench_reward.py times one.
-
-    forward: frames (B, H, W, 3) uint8 (or float in 0..255), actions (B,) int64
-             -> per-step rewards (B,) float32
-    """
+    """The book's reward model, trainable (train mode: BatchNorm batch statistics and dropout);
+    ``downscale`` d > 1 averages d x d blocks first. forward: frames (B, H, W, 3) uint8 or float
+    0..255, actions (B,) int64 -> rewards (B,) float32."""
 
     arch = "book"
     needs_next = False
@@ -178,11 +147,10 @@ class RewardModel(nn.Module):
         if len(frames) <= INPUT_CHUNK:
             x = self.conv(self.preprocess(frames))
         else:
-            # The float input is the largest tensor (400 KB a frame). Made and convolved in
-            # chunks, no tensor exceeds glibc's 32 MB mmap limit, so freed memory is reused
-            # instead of being unmapped and page-faulted in again on every micro-batch
-            # (measured ~25% of the step at 200 frames). The first conv is per-frame, so this
-            # changes nothing; BatchNorm still sees the whole micro-batch.
+            # The float input is the largest tensor (400 KB a frame). Made and convolved in chunks,
+            # no tensor exceeds glibc's 32 MB mmap threshold, so freed memory is reused instead of
+            # being unmapped and faulted in again each micro-batch. The first conv is per-frame, so
+            # this changes nothing; BatchNorm still sees the whole micro-batch.
             first = torch.cat([self.conv[0](self.preprocess(f)) for f in frames.split(INPUT_CHUNK)])
             x = self.conv[1:](first)
         act = F.one_hot(actions.long(), self.n_actions).to(x.dtype)
@@ -212,9 +180,8 @@ def to_input(frames: torch.Tensor, downscale: int = 1) -> torch.Tensor:
 
 
 def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
-    """The frame each step led to: ``after`` (what the env showed next), except where the step
-    ended the game (the env already shows the next game's first frame): there ``before``, its own
-    frame (no change). Any per-step arrays of the same shape: RGB frames, grey frames."""
+    """The frame each step led to: ``after``, except ``before`` where the step ended the game (the
+    env already shows the next game's first frame there). Any per-step arrays: RGB or grey frames."""
     ended = np.zeros(len(before), dtype=bool) if game_over is None else np.asarray(game_over, dtype=bool)
     if not ended.any():
         return after
@@ -224,9 +191,8 @@ def step_next_frames(before: np.ndarray, after: np.ndarray, game_over: np.ndarra
 
 
 def segment_next_frames(frames: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
-    """The frame each step of a clip led to: the clip's next frame; the clip's last step (its next
-    frame was not recorded) gets its own frame, as a step that ended the game does
-    (``step_next_frames``). A ``game_over`` of another length than the clip is not used."""
+    """The frame each step of a clip led to: the clip's next frame; the last step (and a step that
+    ended the game) gets its own. A ``game_over`` of another length than the clip is ignored."""
     shown = np.concatenate([frames[1:], frames[-1:]])
     ended = game_over if game_over is not None and len(game_over) == len(frames) else None
     return step_next_frames(frames, shown, ended)
@@ -238,20 +204,12 @@ def reward_input(
     shown: np.ndarray | torch.Tensor | None = None,
     game_over: np.ndarray | None = None,
 ) -> np.ndarray | torch.Tensor:
-    """The reward model's input for B steps: the one function that training, ``--evaluate``, the
-    reward wrapper, the label page's model view and ``04_play.py --reward`` all use, so they
-    cannot feed the net different things.
-
-    arch:      the model's ``arch``: "book" or "diff"
-    frames:    (B, H, W, 3) uint8, the frame each step's action was chosen on
-    shown:     (B, H, W, 3) uint8, what the env showed after each step (play); None: ``frames`` are
-               a recorded clip's consecutive steps (``segment_next_frames``)
-    game_over: (B,) bool, the steps that ended the game (their own frame stands in for the next)
-    -> the book's net: ``frames`` as they are (it sees no next frame); the diff net: (B, 2, 84, 84)
-       uint8, each frame and the frame its step led to, both in the policy's grey 84x84
-       (``lib.envs.grey84``); the net takes their difference itself. The actions go to the net as
-       they are (it one-hot encodes them).
-    Each frame is greyed once: the rule only picks frames, so picking grey ones is the same."""
+    """The reward model's input for B steps, the one function every caller uses (training,
+    ``--evaluate``, the wrapper, the page, 04_play.py), so none feeds the net different things.
+    ``frames`` (B, H, W, 3) uint8: what each action was chosen on; ``shown``: what the env showed
+    after each step (None: ``frames`` is a clip); ``game_over`` (B,) bool: the steps that ended the
+    game. Returns ``frames`` for "book"; for "diff", (B, 2, 84, 84) uint8: each frame and the one
+    its step led to, in the policy's grey 84x84. ValueError for another arch."""
     if arch == "book":
         return frames
     if arch != "diff":
@@ -271,26 +229,14 @@ def reward_input(
 
 
 class DiffRewardModel(nn.Module):
-    """A reward model that sees what each step did. Its input: the grey 84x84 frame the action was
-    chosen on (the policy's preprocessing) and the absolute change to the frame the step led to,
-    each averaged over ``block`` blocks (default 4x12: 21 rows of 7, 294 features), scaled per
-    feature to unit std over the training segments (``scale_to``); then the book's head: the
-    one-hot action, 64 hidden units, one output. The change is where points show: in SeaQuest the
-    score changes in the frame after 98% of the rewarded steps, and the frame an action is chosen
-    on (the book's input) cannot show the outcome of that action. ``mask_rows`` > 0 blanks that
-    many top rows of both 84x84 frames (the paper's masking of the score: the model must then
-    learn from the scene).
-    ``flow``: also the scene's motion as two numbers, wherever on the screen it happens
-    (``FLOW_FEATURES``): the least-squares vertical and horizontal shift that explains the change
-    from the frames' gradients (one Lucas-Kanade window over the whole frame). A block's change
-    says "something changed here", 147 places the head must each learn from labels; the
-    flow says "the scene moved up" in one feature (in SeaQuest, where everything else swims
-    sideways, that is the sub climbing: -1.2 std on the steps it climbs, +1.2 on those it dives,
-    v0's clips).
-
-    forward: x (B, 2, 84, 84) uint8 from ``reward_input`` (frame, next frame), actions (B,) int64
-             -> per-step rewards (B,) float32
-    """
+    """A reward model that sees what each step did: the grey 84x84 frame the action was chosen on
+    and its absolute change to the next, each averaged over ``block`` blocks (default 4x12) and
+    scaled to unit std (``scale_to``), then the book's head. The change is where points show: the
+    frame an action is chosen on cannot show its outcome. ``mask_rows`` blanks that many top rows
+    (the paper's score masking). ``flow`` adds the scene's vertical and horizontal shift
+    (``scene_flow``: in SeaQuest, the sub climbing); ``flow_scene`` adds each shift times each block
+    of the frame. forward: x (B, 2, 84, 84) uint8 from ``reward_input``, actions (B,) int64 ->
+    rewards (B,) float32."""
 
     arch = "diff"
     needs_next = True
@@ -325,10 +271,8 @@ class DiffRewardModel(nn.Module):
         self.out = nn.Sequential(nn.Linear(n + self.n_actions, HIDDEN), nn.LeakyReLU(), nn.Linear(HIDDEN, 1))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, 2, 84, 84) uint8 -> (B, n) float: block means of |next - frame| and of the frame
-        (2 x 147 with 4x12 blocks), then with ``flow`` the scene's vertical and horizontal shift
-        (``scene_flow``), and with ``flow_scene`` each shift times each block mean of the frame (what
-        moved, beside what the screen shows there: 2 x 147), before scaling."""
+        """(B, 2, 84, 84) uint8 -> (B, n) float, unscaled: block means of |next - frame| and of the
+        frame, then the flow features if asked (``scene_flow``)."""
         x = x.float().mul_(1.0 / 255.0)
         if int(self.mask_rows):
             x[:, :, : int(self.mask_rows)] = 0.0
@@ -344,16 +288,13 @@ class DiffRewardModel(nn.Module):
 
     @torch.no_grad()
     def scale_to(self, f: torch.Tensor) -> None:
-        """Set the per-feature scale to 1 / std of unscaled features ``f`` (training steps), at most
-        1000. A feature that never varies there gets 0: the model learns nothing about it, so a
-        change it never saw (a masked row, a region that was always still) must not move it."""
+        """Set the per-feature scale to 1 / std of unscaled features ``f``, at most 1000. A feature
+        that never varies gets 0, so a change the model never saw cannot move its output."""
         std = f.to(self.scale.device).std(0)
         self.scale.copy_(torch.where(std > 1e-6, 1.0 / std.clamp_min(1e-3), torch.zeros_like(std)))
 
     def feature_key(self) -> tuple[Any, ...]:
-        """What ``features`` depends on besides its input: the block, the masked rows and the flows.
-        ``features`` has no trained weight, so a training run computes each segment's once and keeps
-        them under this key."""
+        """The key a training run caches ``features`` under: all they depend on besides the input."""
         return (self.block, int(self.mask_rows), self.flow, self.flow_scene)
 
     def head(self, f: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -366,10 +307,9 @@ class DiffRewardModel(nn.Module):
 
 
 def scene_flow(x: torch.Tensor) -> torch.Tensor:
-    """(B, 2, H, W) float frames (frame, next) -> (B, 2): the shift (rows, columns; in pixels, down
-    and right positive) that best explains next - frame from the spatial gradients of their mean,
-    by least squares over the whole frame (the brightness-constancy equation dI = -v . grad I of
-    Lucas and Kanade, one window). A still scene gives 0; a scene with no edges gives 0 too."""
+    """(B, 2, H, W) float (frame, next) -> (B, 2): the least-squares shift in pixels (down, right
+    positive) that explains next - frame (Lucas-Kanade, one window); 0 for a still or edgeless
+    scene."""
     change = x[:, 1] - x[:, 0]
     mean = 0.5 * (x[:, 0] + x[:, 1])
     # central differences, on the interior pixels only (an edge pixel has no gradient to add)
@@ -385,15 +325,11 @@ def scene_flow(x: torch.Tensor) -> torch.Tensor:
 def preference_loss(
     r1: torch.Tensor, r2: torch.Tensor, mu: torch.Tensor, noise: float = 0.0
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Bradley-Terry cross-entropy of predicted segment returns against preference labels.
-
-    r1, r2: (P,) predicted returns R of the first and second segment of each pair
-    mu:     (P,) P(first better) from the label: 1.0, 0.0 or 0.5 (tie)
-    noise:  ε of the paper's "ε of the answers are uniformly random": p' = (1 − ε) p + ε/2
-            (ε = 0.1 gives p' = 0.9 p + 0.05); bounds the loss and the gradient of a label the
-            model is sure is wrong.
-    Returns (mean loss, metrics): loss, accuracy on non-tie pairs (n/a -> nan), their count.
-    """
+    """Bradley-Terry cross-entropy of predicted segment returns against preference labels. r1, r2:
+    (P,) predicted returns of each pair's first and second segment; mu: (P,) P(first better): 1.0,
+    0.0 or 0.5. ``noise`` ε, the paper's share of random answers: p' = (1 − ε) p + ε/2, which bounds
+    the loss of a label the model is sure is wrong. Returns (mean loss, metrics): loss, accuracy on
+    non-tie pairs (nan if none), their count."""
     if r1.shape != r2.shape or r1.shape != mu.shape or r1.ndim != 1:
         raise ValueError(
             f"r1, r2 and mu must all have shape (P,), got {tuple(r1.shape)}, {tuple(r2.shape)}, {tuple(mu.shape)}"
@@ -417,12 +353,8 @@ def preference_loss(
 
 
 class LeanRewardNet(nn.Module):
-    """Eval-only copy of a RewardModel: BatchNorm and the 1/255 input scale folded into the
-    convolutions, dropout dropped (identity in eval), the one-hot action turned into a row lookup.
-
-    forward: frames (B, H, W, 3) uint8, actions (B,) int64 -> (B,) float32; equal to
-    ``model.eval()(frames, actions)`` up to float rounding.
-    """
+    """Eval-only copy of a RewardModel: BatchNorm and the 1/255 scale folded into the convolutions,
+    no dropout, the action a row lookup; equal to ``model.eval()``'s output up to rounding."""
 
     def __init__(self, model: RewardModel):
         super().__init__()
@@ -495,8 +427,7 @@ def new_reward_model(
 
 
 def lean_net(model: AnyRewardModel) -> nn.Module:
-    """The eval-only net of a trained model: ``LeanRewardNet`` for the book's (BatchNorm folded),
-    a frozen copy of a diff net (no BatchNorm or dropout to fold)."""
+    """Eval-only net of a trained model: ``LeanRewardNet`` (book) or a frozen copy (diff)."""
     if isinstance(model, DiffRewardModel):
         twin = DiffRewardModel(
             model.n_actions, model.frame_shape, block=model.block, flow=model.flow, flow_scene=model.flow_scene
@@ -507,13 +438,9 @@ def lean_net(model: AnyRewardModel) -> nn.Module:
 
 
 class RewardPredictor:
-    """A loaded reward model (one net or an ensemble) for inference.
-
-    ``predict(frames (B, H, W, 3) uint8, actions (B,) int) -> (B,) float32`` raw per-step rewards:
-    eval mode, inference mode, chunked so any B fits in memory. An ensemble predicts the mean of
-    its members. ``norm_mean`` / ``norm_std``: mean and std of the per-step predictions on the
-    training DB's segments (0 and 1 when the checkpoint has none, see ``has_norm_stats``).
-    """
+    """A loaded reward model (one net, or an ensemble predicting its members' mean) for inference,
+    chunked so any batch fits. ``norm_mean`` / ``norm_std``: the per-step predictions' stats on its
+    training segments (0 and 1 without them, see ``has_norm_stats``)."""
 
     def __init__(
         self,
@@ -553,9 +480,8 @@ class RewardPredictor:
         return len(self.nets)
 
     def same_as(self, other: RewardPredictor) -> bool:
-        """Whether ``other`` predicts exactly what this one does from the same stored facts: the same
-        weights (folded), norm stats, metrics and env. ``--reward-reload`` keeps its normalisation
-        when a file it looked at again holds the same model (a ``touch``, a copy of the same bytes)."""
+        """Whether ``other`` predicts exactly as this one does (weights, norm stats, metrics, env):
+        then ``--reward-reload`` keeps its normalisation."""
         facts = ("arch", "frame_shape", "n_actions", "env_id", "game", "has_norm_stats", "norm_mean", "norm_std")
         if any(getattr(self, k) != getattr(other, k) for k in (*facts, "ensemble", "metrics")):
             return False
@@ -580,10 +506,8 @@ class RewardPredictor:
         next_frames: np.ndarray | torch.Tensor | None = None,
         game_over: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """Every member's per-step rewards: (K, B) float32 tensor on the model's device.
-        ``next_frames`` (B, H, W, 3): what the env showed after each step, and ``game_over`` (B,)
-        the steps that ended the game (``reward_input``); a diff model needs them, the book's
-        ignores them."""
+        """Every member's per-step rewards, (K, B) float32 on the device. ``next_frames`` and
+        ``game_over`` as ``reward_input`` takes them; a diff model needs them (ValueError)."""
         self._check(frames, actions)
         if self.needs_next:
             if next_frames is None:
@@ -643,7 +567,8 @@ def reward_checkpoint(
     metrics: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The checkpoint dict of a reward model (a list of members; one unless an ensemble)."""
+    """The checkpoint dict of a reward model (its members): plain values that
+    ``torch.load(weights_only=True)`` reads, fields as ``REWARD_FIELDS`` checks them."""
     first = models[0]
     ck = {
         "format": REWARD_FORMAT,
@@ -726,17 +651,14 @@ def check_reward_checkpoint(ck: dict[str, Any], where: str) -> None:
 
 
 def save_reward_checkpoint(ck: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write a reward checkpoint; UserError (nothing written) when a weight, the normalisation
-    stats or a metric is not finite: a NaN model never reaches a run."""
+    """Write a reward checkpoint; UserError (nothing written) if anything in it is not finite."""
     check_reward_checkpoint(ck, f"refusing to write reward model {path}")
     atomic_torch_save(ck, path, "reward model")
 
 
 def reward_training_finished(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a reward model whose training ended by itself (early stop or
-    --epochs): what a stage that reuses its outputs by existence may keep. False when the file is
-    missing or unreadable, or records that training was stopped early by hand (Ctrl-C): retrain
-    it. Checkpoints made before the "finished" field count as finished: they cannot say."""
+    """Whether ``path`` holds a reward model whose training ended by itself, so a stage may reuse
+    it: False if missing, unreadable or stopped by Ctrl-C (older checkpoints count as finished)."""
     try:
         ck = read_checkpoint(Path(path), "reward model")
     except UserError:
@@ -747,12 +669,9 @@ def reward_training_finished(path: str | os.PathLike) -> bool:
 def load_reward_models(
     path: str | os.PathLike, game: str | None = None, n_actions: int | None = None
 ) -> tuple[list[AnyRewardModel], dict[str, Any]]:
-    """Read a reward model checkpoint into trainable RewardModels (eval mode) and its dict.
-
-    Checks it fits ``game`` (a ROM name such as 'seaquest') and ``n_actions`` when given; every
-    problem is a UserError with one line. A bare state dict in the book's format loads as a
-    full-resolution single model (its game is unknown, so it cannot be checked).
-    """
+    """Read a reward model checkpoint into trainable models (eval mode) and its dict. UserError with
+    one line for any problem, and when it does not fit ``game`` (a ROM name) or ``n_actions``, if
+    given. A bare state dict of the book's loads as a full-resolution single model (game unchecked)."""
     path = Path(path)
     ck = read_checkpoint(path, "reward model")
     if (err := wrong_kind(path, ck, "reward")) is not None:
@@ -812,11 +731,8 @@ def load_reward_models(
 
 
 def _refuse_retired(ck: dict[str, Any], path: Path) -> None:
-    """A diff checkpoint made with a retired lever cannot be used: one line saying which. The retired
-    ``--encoder`` (a policy's frozen conv features next to the grid's; at 300 labels it cost 5-8 points
-    of agreement): its weights say it (``encoder.*`` keys), or its "encoder" field. The retired
-    ``--diff-signed`` (the signed change per block; it did not make the climb pay per step): its
-    "diff_signed" field is true."""
+    """UserError for a diff checkpoint made with a retired lever: ``--encoder`` (``encoder.*``
+    weights or its "encoder" field) or ``--diff-signed`` (its "diff_signed" field is true)."""
     keys = (str(k) for sd in ck["state_dicts"] for k in sd)
     if ck.get("encoder") is True or any(k.startswith("encoder.") for k in keys):
         raise UserError(
@@ -836,7 +752,6 @@ def load_reward_model(
     n_actions: int | None = None,
     device: torch.device | str = "cpu",
 ) -> RewardPredictor:
-    """Load a reward model for inference (see RewardPredictor); UserError with one line when the
-    file is missing, corrupt, not a reward model, or made for another game / action count."""
+    """Load a reward model for inference (``RewardPredictor``); UserError as ``load_reward_models``."""
     models, ck = load_reward_models(path, game=game, n_actions=n_actions)
     return RewardPredictor(models, ck, device=resolve_device(device), path=str(path))

@@ -1,20 +1,9 @@
 """Training the reward model on the preference labels of one or more segment DBs
-(``lib/reward_data.py`` reads them; ``lib/reward_eval.py`` measures the test pairs).
-
-``train_reward_model``: Bradley-Terry training. ``_build_fit`` makes the seeded train/test split,
-the models and optimisers; ``train_epoch`` runs one epoch in micro-batches with gradient
-accumulation (activation memory is bounded by ``micro_frames``, not by ``--batch``);
-``pair_metrics`` measures the test pairs in eval mode with the BatchNorm-folded net under inference
-mode; ``_run_epochs`` stops early on test loss and writes every new best aside
-(``<stem>.partial.pt``); ``_install_best`` replaces the model at the end (the old one is kept as
-``<stem>.prev.pt``). ``held_out`` / ``split_by_pair``: ``--follow``'s split (``lib/reward_follow.py``), by a
-seeded hash of each pair, so that a held-out label stays held out as labels arrive.
-
-Metrics per epoch: train and test loss, test accuracy on non-tie labels, and where segments carry
-true rewards the oracle agreement (share of test pairs with different true returns the model
-orders the same way; a predicted tie counts as wrong) and the Pearson correlation of predicted
-with true segment returns.
-"""
+(``lib/reward_data.py`` reads them, ``lib/reward_eval.py`` measures the test pairs).
+``train_reward_model`` fits by Bradley-Terry in micro-batches with gradient accumulation, so
+activation memory is bounded by ``micro_frames``, not ``--batch``. It stops early on test loss,
+writes every new best aside (``<stem>.partial.pt``) and installs the best at the end, keeping the
+old model as ``<stem>.prev.pt``. ``held_out`` is ``--follow``'s split by pair hash."""
 
 from __future__ import annotations
 
@@ -108,10 +97,9 @@ def split_pairs(n: int, test_ratio: float, rng: np.random.Generator) -> tuple[np
 
 
 def held_out(sample1: str, sample2: str, seed: int, test_ratio: float) -> bool:
-    """Whether the pair (sample1, sample2) is a test pair of ``--follow``'s split: a seeded hash of
-    the order-free pair key below ``test_ratio``. It depends on the pair alone, so a label held out
-    for one version stays held out for every later one however many labels arrive (``split_pairs``'
-    permutation of n reshuffles when n grows). About ``test_ratio`` of the pairs, not exactly."""
+    """Whether the pair is a test pair of ``--follow``'s split: a seeded hash of the order-free pair
+    key below ``test_ratio``. It depends on the pair alone, so a held-out label stays held out
+    however many labels arrive. About ``test_ratio`` of the pairs, not exactly."""
     a, b = pair_key(sample1, sample2)
     h = hashlib.blake2b(f"{seed}\n{a}\n{b}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") < test_ratio * 2**64
@@ -170,14 +158,11 @@ def _pair_returns(
 
 
 def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory for reuse (Linux only; returns False elsewhere).
-
-    Training allocates and frees the same ~20 MB activation tensors for every micro-batch. By
-    default glibc gives such memory back to the OS and the next micro-batch page-faults it in
-    again: measured 0.5-0.9 ms of system time a frame next to ~1.1 ms of compute. With the mmap
-    threshold at its maximum (32 MB; every tensor of a 100-frame micro-batch is smaller) and no
-    trimming, freed memory is reused; the cost is that RSS stays at its peak until exit.
-    """
+    """Ask glibc to keep freed memory for reuse (Linux only; returns False elsewhere). Training
+    frees and allocates the same ~20 MB activation tensors every micro-batch; by default glibc
+    returns them to the OS and the next micro-batch page-faults them in again. With the mmap
+    threshold at its maximum (32 MB) and no trimming, freed memory is reused; RSS stays at its peak
+    until exit."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
@@ -240,8 +225,8 @@ def _build_fit(
     init: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> _Fit:
     """The models, optimisers and pairs of one training run. ``split``: its (train, test) pair
-    indices (default: ``split_pairs``' seeded permutation); ``init``: a state dict per ensemble
-    member to start from (a warm start: the diff net keeps the input scale it was trained with)."""
+    indices (default ``split_pairs``); ``init``: a state dict per member to start from (a warm start
+    keeps the diff net's input scale)."""
     from lib.model import resolve_device
 
     device = resolve_device(cfg.device)
@@ -331,9 +316,9 @@ def _check_finite_models(models: Sequence[AnyRewardModel], epoch: int) -> None:
 
 
 def train_epoch(fit: _Fit, epoch: int, progress: bool) -> tuple[float, int, float]:
-    """One pass over the training pairs in batches of ``cfg.batch``, each processed in micro-batches
-    of at most ``cfg.micro_frames`` steps whose gradients accumulate to the batch-mean loss.
-    Returns (mean train loss, pairs seen, seconds)."""
+    """One pass over the training pairs in batches of ``cfg.batch``, each in micro-batches of at
+    most ``cfg.micro_frames`` steps whose gradients accumulate to the batch-mean loss. Returns (mean
+    train loss, pairs seen, seconds)."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
@@ -380,14 +365,11 @@ def train_reward_model(
     progress: bool = True,
     log: Log = print,
 ) -> TrainResult:
-    """Fit the reward model to ``data`` and write the best checkpoint (lowest test loss) to ``out_path``.
-
-    Each optimiser step sees ``cfg.batch`` pairs. With ``cfg.ensemble`` K > 1, member k trains on
-    its own bootstrap sample of the training pairs; the ensemble predicts the members' mean.
-    Training stops after ``cfg.patience`` epochs without a better test loss, at ``cfg.epochs``, or
-    at Ctrl-C (installing the best model so far, marked ``"finished": False``: see
-    ``lib.reward_model.reward_training_finished``).
-    """
+    """Fit the reward model to ``data`` and install the best checkpoint (lowest test loss) at
+    ``out_path``. Each optimiser step sees ``cfg.batch`` pairs; with ``cfg.ensemble`` K > 1 each
+    member trains on its own bootstrap sample. Training stops after ``cfg.patience`` epochs without
+    a better test loss, at ``cfg.epochs``, or at Ctrl-C (the best so far is installed, marked
+    ``"finished": False``)."""
     fit = _build_fit(data, cfg)
     out_path, partial_path = _output_paths(out_path)
     for p in (out_path, partial_path, out_path.with_name(out_path.stem + ".prev.pt")):
@@ -494,10 +476,10 @@ def _run_epochs(
     log: Log,
     keep_on_interrupt: bool = True,
 ) -> _Progress:
-    """Train up to ``cfg.epochs`` epochs, evaluating and logging each. Every new best (lowest test
-    loss) is kept in memory and written to ``partial_path`` (unless None), never over the model
-    already installed. Stops early after ``cfg.patience`` epochs without a better test loss, and at
-    Ctrl-C; with ``keep_on_interrupt`` False the KeyboardInterrupt goes on up (the run is abandoned)."""
+    """Train up to ``cfg.epochs`` epochs, evaluating and logging each. Every new best is kept in
+    memory and written to ``partial_path`` (unless None), never over the installed model. Stops
+    after ``cfg.patience`` epochs without a better test loss, and at Ctrl-C; with
+    ``keep_on_interrupt`` False the KeyboardInterrupt goes on up."""
     cfg, run = fit.cfg, _Progress()
     try:
         for epoch in range(cfg.epochs):
@@ -574,8 +556,8 @@ def best_epoch_checkpoint(
     fit: _Fit, best: EpochMetrics, states: list[dict[str, torch.Tensor]], meta: dict[str, Any]
 ) -> tuple[dict[str, Any], float, float]:
     """Put the best weights back into ``fit.models``, measure their per-step prediction stats over
-    a sample of up to 256 labeled segments (what the wrapper and 04_play.py normalise with until
-    their own running window fills), and make the checkpoint. Returns (checkpoint, mean, std)."""
+    up to 256 labeled segments (what the wrapper normalises with until its window fills), and make
+    the checkpoint. Returns (checkpoint, mean, std)."""
     for m, sd in zip(fit.models, states, strict=True):
         m.load_state_dict(sd)
     data = fit.data

@@ -1,23 +1,11 @@
-"""RewardModelWrapper: learn from a reward model instead of the game score (``01_a2c.py -r``).
-
-Wraps an AtariVec-like vector env. Each agent step runs ONE batched forward of the reward model for
-all envs (eval mode, BatchNorm folded) while the env's C++ threads step the games; a diff model,
-which also reads the frame a step led to, runs its forward after the step (``VecStep.complete``).
-
-The learner gets ``rewards``: the raw prediction centred on the median of the last ``norm_window``
-predictions and divided by their std (the checkpoint's stored stats until the window holds a tenth),
-clipped to ±5 std or sign-clipped, scaled, and with
-``--reward-plus-score`` added to the sign-clipped score. ``--reward-norm window`` is the book's
-per-env window, ``labels`` fixed stats of the labelled clips. ``pred_rewards`` keep the raw
-predictions and ``true_rewards`` the game's score (logging, the reward-hacking monitor). Why the
-median and ±5 rather than the paper's mean and the book's sign: docs/reference.md ("Learning from
-it") and docs/results.md.
-
-``reload``: the model file is watched (a ``stat`` at most every second) and a changed file that then
-held still is loaded with the same checks as at the start and swapped in between two steps; a bad
-file is skipped with one warning and the old model stays. A switch restarts the running norm from
-the new checkpoint's stored stats, since Bradley-Terry leaves each model's offset free.
-"""
+"""RewardModelWrapper: the agent learns from a reward model instead of the game score (``01_a2c.py
+-r``). Each agent step runs one batched forward for all envs while the env's threads step the games
+(a diff model, which needs the frame a step led to, after the step). The learner's reward is the raw
+prediction normalised (``--reward-norm``), clipped (``--reward-clip``) and scaled; ``pred_rewards``
+keep the raw predictions and ``true_rewards`` the score. With ``reload`` a changed model file that
+then held still is loaded, checked and swapped in between two steps, its norm restarted from its
+stored stats, since Bradley-Terry leaves each model's offset free. Why these choices:
+docs/reference.md and docs/results.md."""
 
 from __future__ import annotations
 
@@ -90,12 +78,10 @@ class RunningNorm:
 
 
 class WindowNorm:
-    """``--reward-norm window``: the book's normalisation. Each env keeps its own last ``window``
-    predictions (the book: 100 raw frames, 25 agent steps; never reset at a lost life), and its
-    prediction is centred on their MEAN and divided by their std, the current one included. Where
-    the book lets raw values through until an env's window is full, this uses the values the env
-    has (its first step is 0): a raw prediction carries the model's arbitrary offset. Through a
-    short window a model that pays a place (being high) pays getting there (climbing)."""
+    """``--reward-norm window``, the book's normalisation: each env's prediction is centred on the
+    mean of its own last ``window`` predictions (the current one included; never reset at a lost
+    life) and divided by their std. Unlike the book, a window not yet full uses what it has (an
+    env's first step is 0): a raw prediction carries the model's arbitrary offset."""
 
     def __init__(self, window: int, n_envs: int):
         if window < 2:
@@ -134,9 +120,9 @@ class FixedNorm(RunningNorm):
 
 
 def norm_prior(model: Any) -> tuple[float, float] | None:
-    """The (mean, std) of per-step predictions a reward model was trained with (stored in its
-    checkpoint): what ``RunningNorm`` uses until its window fills. None when the model has none, or
-    none usable (not finite, std <= 0): the window's own figures are then used from the start."""
+    """The (mean, std) of per-step predictions stored in a reward model's checkpoint, which
+    ``RunningNorm`` uses until its window fills; None when it has none usable (not finite, std <=
+    0)."""
     if not getattr(model, "has_norm_stats", True):
         return None
     mean, std = getattr(model, "norm_mean", None), getattr(model, "norm_std", None)
@@ -156,20 +142,17 @@ Norm = RunningNorm | WindowNorm
 
 
 def model_version(model: RewardPredictor, loaded: int) -> int:
-    """A reward model's version: ``metrics["version"]`` of its checkpoint when that is an int >= 1
-    (``03_reward_train.py --follow`` writes it), else ``loaded - 1``, the files loaded before it: 0
-    for a file at the start that names none, so the follower's v1 is never read as the same
-    version as the model it replaces (a live round starts from round 1's unversioned model)."""
+    """A reward model's version: its checkpoint's ``metrics["version"]`` when an int >= 1
+    (``--follow`` writes it), else ``loaded - 1``: 0 for a starting file that names none, so the
+    follower's v1 is never taken for the model it replaces."""
     v = model.metrics.get("version")
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded - 1
 
 
 class RewardModelWrapper:
-    """A vector env whose ``rewards`` come from a reward model (see the module docstring).
-
-    Exposes the AtariVec interface (n_envs, game, env_id, n_actions, action_meanings, frames,
-    reset, step, step_async/step_wait); any other attribute is the inner env's.
-    """
+    """A vector env whose ``rewards`` come from a reward model. It has AtariVec's interface (n_envs,
+    game, env_id, n_actions, action_meanings, frames, reset, step, step_async/step_wait); any other
+    attribute is the inner env's."""
 
     def __init__(
         self,
@@ -187,15 +170,13 @@ class RewardModelWrapper:
         oracle: bool = False,
         plus_score: bool = False,
     ):
-        """``reload``: watch ``model_path`` and switch to each new good version of it (see the module
-        docstring), looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
-        ``scale``: the std of the reward the learner gets (``--reward-scale``); ``norm``: "running"
-        (the agent's own last ``norm_window`` predictions), "labels" (fixed: the stats stored in the
-        checkpoint, measured on its labelled clips) or "window" (each env's own last ``norm_window``
-        steps, ``WindowNorm``; ``--reward-norm``); ``clip``: the bound in std, None for none, or
-        "sign" for the sign of the normalised reward (``--reward-clip``); ``oracle``: send the game's
-        true score through this same path instead of the model's prediction (``--reward-oracle``);
-        ``plus_score``: the game's sign-clipped score is added (``--reward-plus-score``)."""
+        """``reload``: switch to each new good version of ``model_path``, looking at most every
+        ``poll_s`` seconds; ``verbose``: print each switch. ``scale``: the std of the reward the
+        learner gets (``--reward-scale``). ``norm`` (``--reward-norm``): "running" (the agent's last
+        ``norm_window`` predictions), "labels" (the checkpoint's stats over its labelled clips) or
+        "window" (``WindowNorm``). ``clip`` (``--reward-clip``): the bound in std, None, or "sign".
+        ``oracle``: send the game's score through this path instead of the prediction
+        (``--reward-oracle``); ``plus_score``: add the sign-clipped score (``--reward-plus-score``)."""
         self.env = env
         if norm_window < 1:
             raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
@@ -251,8 +232,8 @@ class RewardModelWrapper:
         return norm_prior(model)
 
     def _use(self, model: RewardPredictor) -> None:
-        """Learn from ``model`` from the next step on, its running norms started afresh from its
-        stored stats (the module docstring says why)."""
+        """Learn from ``model`` from the next step on, its norm started afresh from its stored stats
+        (a new model's offset is its own)."""
         self.model = model
         self.version = model_version(model, self.loaded)
         if self.norm_mode == "labels":
@@ -367,10 +348,9 @@ class RewardModelWrapper:
         shown: np.ndarray | None = None,
         game_over: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """``model``'s members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the env's
-        C++ threads are busy stepping, or spin-waiting for the next step, and a forward on all
-        cores would only fight them (OpenMP threads spin-wait too; measured 3-5x slower than one
-        thread)."""
+        """``model``'s members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the
+        env's C++ threads are busy stepping or spin-waiting, and a forward on all cores would only
+        fight them."""
         if self.infer_threads is None:
             return model.predict_members(frames, acts, shown, game_over)
         threads = torch.get_num_threads()
@@ -385,10 +365,9 @@ class RewardModelWrapper:
         return self.step_wait().complete()
 
     def step_wait(self) -> Any:
-        """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards`` (normalised,
-        clipped). A diff model's forward, which needs the frames the step led to, is left to
-        ``VecStep.complete()``: the training loop sends the next step first, so the forward runs
-        while the env's threads step (``step()`` completes at once)."""
+        """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards``. A diff
+        model's forward is left to ``VecStep.complete()``: the training loop sends the next step
+        first, so the forward runs while the env's threads step."""
         if self._pending is None and self._before is None:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
@@ -403,7 +382,7 @@ class RewardModelWrapper:
         frames, acts = self._before
         self._before = None
         # the env hands out new frame arrays at each step_wait, so these stay this step's while the
-        # next step runs (tests/test_reward_wrapper.py sends it before the forward)
+        # next step runs
         shown, ended = np.asarray(self.env.frames), np.array(st.game_over, dtype=bool)
         # this step's model and norm: a switch before complete() (the next step_async) is the next step's
         model, norm = self.model, self.norm
@@ -418,7 +397,7 @@ class RewardModelWrapper:
         return st
 
     def _predicted(self, st: Any, members_t: torch.Tensor | None, norm: Norm) -> None:
-        """Put the members' predictions (K, N) into ``st``: raw mean, normalised (on ``norm``) and
+        """Put the members' predictions (K, N) into ``st``: raw mean, normalised on ``norm``,
         clipped."""
         assert members_t is not None
         members = members_t.float().cpu().numpy()
@@ -445,10 +424,9 @@ class RewardModelWrapper:
         }
 
     def stats(self) -> dict[str, float]:
-        """Scalars for TensorBoard: the running normalisation mean/median/std, the last step's raw
-        prediction mean/std, the share of clipped rewards, the ensemble disagreement (std across
-        members, 0 for one model), the reward model's milliseconds per agent step, and the version
-        learned from (``version``)."""
+        """Scalars for TensorBoard: the norm's mean/median/std, the last step's raw prediction
+        mean/std, the share clipped, the ensemble disagreement (0 for one model), the model's ms per
+        agent step, and ``version``."""
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         out["version"] = self.version
         out["scale"] = self.scale

@@ -1,30 +1,11 @@
 """Which pairs to ask about: ``02_label_ui.py --sampling`` (the page and ``--oracle`` alike).
-
-- ``random``: pairs drawn uniformly from the unlabeled ones (the book, and the default);
-- ``uncertain``: from a pool of random unlabeled pairs (``--pool``, by default 10x the number
-  wanted), those whose predicted preference P(#1 better) is closest to 50/50;
-- ``disagree`` (an ensemble checkpoint): from the same kind of pool, those where the members'
-  predicted preferences vary most (Christiano et al. 2017, section 2.2.4);
-- ``exploits``: the segments whose predicted return is highest where their true return is low
-  (both standardised over the DB, rank by the difference) come first, each paired with a random
-  segment: where a fine-tuned agent fools the model. Needs a DB with true rewards.
-- ``rare`` (no model, any game): the segments that look least like the others come first, each
-  paired with a random segment, the least-labelled first. A segment's look is its mean frame,
-  averaged over ``LOOK_BLOCK`` pixel blocks (colour kept); its rarity the mean distance to its
-  ``RARE_NEIGHBOURS`` nearest looks in the DB. What a random pair seldom shows (in SeaQuest a
-  low, red gauge with divers aboard, a sub at the surface) is what a person's label on it is
-  worth most for, and random pairs spend most labels on the common case.
-
-``recent`` (``--recent N``, with any mode) draws pairs only from the N newest segments of a DB,
-newest by the step counter in the name (``NN/SSSSSSSS.dat``: the env's agent steps when the segment
-ended; ties by env index): what the agent does now, while it trains and records. The counter is in
-the name, so no file is opened or stat-ed for it, and it survives a copy of the DB (an mtime would
-not). Labels of pairs outside the window do not count against it.
-
-The predicted preference of a pair is the Bradley-Terry probability the reward model is trained
-on: P(a > b) = sigmoid(R_a - R_b), with R the sum of a member's per-step predictions over the
-segment; ``uncertain`` uses the members' mean probability.
-"""
+``random`` draws uniformly from the unlabeled pairs (the book's way, the default). ``uncertain`` and
+``disagree`` take, from a pool of random pairs (``--pool``), those whose predicted preference is
+closest to 50/50, or varies most across an ensemble's members (Christiano et al. 2017). ``exploits``
+puts first the segments the model pays most above their true return. ``rare`` (no model) puts first
+the segments that look least like the others: what random pairs seldom show is where a label is
+worth most. ``--recent N`` draws only from the N newest segments by the step counter in their names
+(no file is opened, and it survives a copy of the DB)."""
 
 from __future__ import annotations
 
@@ -74,10 +55,9 @@ def preference(a: SegmentView, b: SegmentView) -> np.ndarray:
 
 
 class SegmentBeliefs:
-    """The reward model's view of the segments of one DB, each computed once, on demand.
-
-    An unreadable segment warns once and has no view (None); a DB whose frames do not fit the
-    model is a UserError."""
+    """The reward model's view of one DB's segments, each computed once, on demand. An unreadable
+    segment warns once and has no view (None); a DB whose frames do not fit the model is a
+    UserError."""
 
     def __init__(self, rm: RewardPredictor, root: str | os.PathLike, warn: Callable[[str], None] = warn):
         self.rm = rm
@@ -139,13 +119,10 @@ def exploit_ranking(views: dict[str, SegmentView]) -> list[tuple[str, float]]:
 
 
 class SegmentLooks:
-    """``rare``'s view of one DB: each readable segment's look (its mean frame over blocks of
-    ``LOOK_BLOCK`` pixels) and rarity, computed once for the segments asked about.
-
-    Every segment asked about is folded in once (``fold``): its look, its distances to the looks
-    before it, and each segment's ``RARE_NEIGHBOURS`` nearest distances, kept up to date. A segment
-    that appears while a page runs costs a read and one row of distances, not the whole matrix
-    again. Thread-safe (a page folds new segments off its event loop)."""
+    """``rare``'s view of one DB: each readable segment's look (its mean frame over ``LOOK_BLOCK``
+    pixel blocks, colour kept) and rarity (mean distance to its ``RARE_NEIGHBOURS`` nearest looks).
+    ``fold`` adds each segment once, so a new segment costs one read and one row of distances.
+    Thread-safe (a page folds new segments off its event loop)."""
 
     def __init__(self, root: str | os.PathLike, warn: Callable[[str], None] = warn):
         self.root = Path(root)
@@ -202,8 +179,7 @@ class SegmentLooks:
 
 class _Neighbours:
     """Looks of one shape and, for each, its ``RARE_NEIGHBOURS`` smallest distances to the others,
-    kept as looks are added (in chunks, so a thousand new looks never make a 1000 x n matrix at
-    once)."""
+    kept as looks are added in chunks (never a 1000 x n matrix at once)."""
 
     CHUNK = 256
 

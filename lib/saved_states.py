@@ -1,16 +1,9 @@
-"""Saved SeaQuest emulator states, and lives that start from them (``01_a2c.py --start-states``).
-
-A state is kept in a segment DB as a 4-step segment (the frames of the policy input's stack) whose
-meta holds the emulator's serialised state as hex and what the screen showed (gauge level, divers
-aboard, the sub's top row); ``experiments.probe``'s finder writes them (env directory
-``STATE_ENV``; its sample frames, without a state, in ``SAMPLE_ENV``). A DB a user hands over is read
-with the segment DB's strict reader: no code runs from it, a broken file is skipped with one
-warning, and the emulator state itself is parsed by ALE's own C++ reader after a size and hex check.
-
-``SingleGame`` is one emulator stepped as ``lib.envs.AtariVec`` steps one, whose state can be saved
-and restored; ``SavedStartsVec`` is N of them behind ``AtariVec``'s interface, where a lost life
-ends, with probability ``share``, in a jump to one of the saved states: a new game for the learner.
-"""
+"""Saved SeaQuest emulator states, and lives that start from them (``01_a2c.py --start-states``). A
+state is a 4-step segment in a segment DB whose meta holds the emulator's state as hex and what the
+screen showed (``experiments.probe`` writes them). It is read with the segment DB's strict reader,
+and the state itself by ALE's own C++ reader after a size and hex check. ``SavedStartsVec`` has
+``AtariVec``'s interface; a lost life ends, with probability ``share``, in a jump to a saved state:
+a new game for the learner."""
 
 from __future__ import annotations
 
@@ -32,10 +25,9 @@ GAME = "seaquest"
 
 
 class SingleGame:
-    """One SeaQuest emulator stepped as ``AtariVec`` steps it (4 frames an agent step, the frame the
-    agent sees the maximum of the last two, the policy input the grey 84x84 frames of the last 4
-    steps, a lost life starting the stack again), whose state can be saved and restored (``save`` /
-    ``load``: the emulator, the frame the agent sees and its policy input)."""
+    """One SeaQuest emulator stepped as ``AtariVec`` steps it (4 frames an agent step, max of the
+    last two, grey 84x84 stack of 4, a lost life starting the stack again), whose state can be saved
+    and restored (the emulator, the frame the agent sees and its policy input)."""
 
     def __init__(self, seed: int) -> None:
         from ale_py import ALEInterface, LoggerMode, roms
@@ -99,10 +91,9 @@ class SingleGame:
 
 @dataclass(frozen=True)
 class SavedState:
-    """One saved emulator state: ``frames`` (4, 210, 160, 3) uint8 the last frames the agent saw
-    (their grey 84x84 is its policy input), ``ale`` the emulator's serialised state, and what the
-    screen showed (gauge level, divers aboard, the sub's top row); ``game``, ``life``: the finder's
-    game and the lives it had lost before (a state a life at most)."""
+    """One saved emulator state: ``frames`` (4, 210, 160, 3) uint8 the last frames the agent saw,
+    ``ale`` the emulator's serialised state, what the screen showed (gauge level, divers aboard, the
+    sub's top row), and the finder's ``game`` and ``life`` (lives lost before)."""
 
     name: str
     frames: np.ndarray

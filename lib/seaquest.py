@@ -1,14 +1,8 @@
 """SeaQuest's screen, read: the oxygen gauge, the player's sub, the divers aboard, and what a
-stretch of play did with them (``OxygenTracker``: refills and oxygen deaths; ``SurfaceTracker``:
-low-gauge climbs, diver climbs, rescues, idling and surfacing deaths). One reader for recorded clips
-(the teachers, ``lib.teachers``) and for games being played (``lib.behaviour``).
-
-The gauge is a 63-pixel bar (rows 170-174, columns 49-112 of the 210x160 frame), white for the
-oxygen left and red for the oxygen used; since the white part blinks when oxygen runs low, the
-level is read from the red part: ``63 - red pixels`` (-1 where the bar is absent). Every pixel
-position, colour and event rule, and how each was checked: docs/reference.md ("How the oxygen
-teacher reads a clip").
-"""
+stretch of play did with them (``OxygenTracker``, ``SurfaceTracker``). One reader for recorded clips
+(``lib.teachers``) and games being played (``lib.behaviour``). The gauge's white part blinks when
+oxygen runs low, so the level is read from the red part: ``63 - red pixels``. Every pixel position,
+colour and event rule, and how each was checked: docs/reference.md."""
 
 from __future__ import annotations
 
@@ -83,7 +77,7 @@ class OxygenCounts:
 
 @dataclass
 class OxygenTracker:
-    """Follows the gauge one agent step at a time (module docstring: the rules)."""
+    """Follows the gauge one agent step at a time (the rules: docs/reference.md)."""
 
     counts: OxygenCounts = field(default_factory=OxygenCounts)
     _last: int | None = None  # last level read
@@ -154,7 +148,7 @@ def divers_aboard(frames: np.ndarray) -> np.ndarray:
 
 @dataclass
 class SurfaceCounts:
-    """What the sub did with a low gauge and at the surface (module docstring: the definitions)."""
+    """What the sub did with a low gauge and at the surface (the definitions: docs/reference.md)."""
 
     steps: int = 0  # steps seen
     surface_steps: int = 0  # the sub at the surface, whatever its gauge
@@ -171,7 +165,7 @@ class SurfaceCounts:
 
 @dataclass
 class SurfaceTracker:
-    """Follows the sub's row and the gauge one agent step at a time (module docstring: the rules)."""
+    """Follows the sub's row and the gauge one agent step at a time (the rules: docs/reference.md)."""
 
     counts: SurfaceCounts = field(default_factory=SurfaceCounts)
     _last: int | None = None  # last level read

@@ -1,9 +1,6 @@
-"""The one bound on every ``--seed`` (stages 1-3, the label page, the experiments).
-
-A seed ends up in ALE, which seeds env i with ``seed + i`` as a C++ int, and evaluation games
-use ``seed + EVAL_SEED_OFFSET + i``: so a seed and both offsets must fit in 31 bits. One bound
-for every stage, so that a seed one stage takes is never refused by the next.
-"""
+"""The one bound on every ``--seed``. ALE seeds env i with ``seed + i`` as a C++ int, and evaluation
+uses ``seed + EVAL_SEED_OFFSET + i``, so a seed and both offsets must fit in 31 bits; one bound for
+every stage, so a seed one stage takes is never refused by the next."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Writing the segment DB (its layout and format: ``lib/segments.py``, which reads it): a segment
-is encoded and written atomically, never replacing one (``save_segment``); ``SegmentWriter`` does
-it on a background thread for the recorder; ``claim_db`` checks a DB's game and writes its
-``db.json`` before anything is recorded into it. Every writer of segments goes through here."""
+"""Writing the segment DB (read by ``lib/segments.py``): ``save_segment`` writes a segment
+atomically, never replacing one; ``SegmentWriter`` does it on a background thread for the recorder;
+``claim_db`` checks a DB's game and writes its ``db.json`` before anything is recorded."""
 
 from __future__ import annotations
 
@@ -48,10 +47,9 @@ _SEGMENT_TEMP = re.compile(r"\.[0-9]{8,12}\.dat\..+\.tmp")
 def remove_stale_segment_temps(
     db_root: str | os.PathLike, env_indices: Any = None, started: float | None = None
 ) -> int:
-    """Remove the temp files of segments (``NN/.SSSSSSSS.dat.*.tmp``, in the directories of
-    ``env_indices``, default all) and of ``db.json`` that a killed recorder left (regular files
-    older than ``started``, default this process's start). Call it only while holding those
-    directories' recorder locks. Returns how many were removed."""
+    """Remove the temp files a killed recorder left: of segments (in the directories of
+    ``env_indices``, default all) and of ``db.json``, regular files older than ``started``. Call it
+    only while holding those directories' recorder locks. Returns how many were removed."""
     root = Path(db_root)
     n = remove_stale_temps(root, f".{DB_INFO_FILE}.", ".tmp", started)
     try:
@@ -95,11 +93,8 @@ def claim_db(db_root: str | os.PathLike, env_id: str, action_meanings: tuple[str
 
 
 class SegmentWriter:
-    """Compresses and writes segments on a background thread so the training loop never waits.
-
-    zstd releases the GIL, so compression overlaps with env stepping. ``close()`` drains the
-    queue: every segment handed over before it is on disk when it returns.
-    """
+    """Compresses and writes segments on a background thread (zstd releases the GIL) so the training
+    loop never waits. ``close()`` returns once every segment handed over before it is on disk."""
 
     def __init__(self, db_root: str | os.PathLike, max_queue: int = 64):
         self.db_root = Path(db_root)

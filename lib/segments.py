@@ -1,24 +1,10 @@
-"""The segment DB: the contract between the stages.
-
-Layout: ``<db>/<env:02d>/<step:08d>.dat``, one file per segment of consecutive agent steps, and
-``<db>/db.json`` naming the DB's game. A segment file is a zstd-compressed pickle of PLAIN data
-only (dict, list, str, bytes, int, float, bool, None; ``Segment.to_record``): every array is a
-``{"dtype", "shape", "data"}`` dict that the loader rebuilds itself with ``np.frombuffer``. Files
-are written atomically (temp file + rename), so a crash or Ctrl-C never leaves half a segment.
-
-Reading: a DB may come from a stranger, so nothing in a file chooses code or memory layout.
-- New files (format 2) are unpickled with NO global allowed at all.
-- Files of format 1 (numpy arrays pickled by numpy) and the book's legacy files (Lapan, ch. 19:
-  an uncompressed pickle of a list of ``lib.rlhf.EpisodeStep(obs, act)``, no rewards) go through
-  a strict path: the numpy globals they name are replaced by inert records, and our code rebuilds
-  each array from validated parts (a plain numeric dtype, a shape, a payload of exactly the right
-  length). No object or structured dtype, offset or stride from the file is ever used; a
-  restricted unpickler that hands numpy's own ``_reconstruct`` or ``ndarray`` to a file is NOT
-  safe (object arrays over raw bytes, negative offsets).
-- File and decompressed sizes are bounded; only regular files inside the DB whose names match
-  ``NN/SSSSSSSS.dat`` are read (``read_segment``). Anything unexpected is a ``SegmentError``
-  naming the file, which every reader skips with a warning.
-"""
+"""The segment DB, the contract between the stages: ``<db>/<env:02d>/<step:08d>.dat``, one
+zstd-compressed pickle of plain data per clip of consecutive agent steps (``Segment.to_record``),
+and ``<db>/db.json`` naming the game. Files are written atomically. A DB may come from a stranger,
+so nothing in a file chooses code or memory layout: format 2 unpickles with no global allowed, and
+format-1 and the book's legacy files go through ``_Strict``, which rebuilds each array from checked
+parts. Sizes are bounded, and only regular files inside the DB named ``NN/SSSSSSSS.dat`` are read;
+anything else is a ``SegmentError`` naming the file, which readers skip with a warning."""
 
 from __future__ import annotations
 
@@ -50,9 +36,9 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MAX_FILE_BYTES = 128 << 20
 MAX_RAW_BYTES = 128 << 20
 MAX_STEPS = 100_000
-# The most steps a recorder may put in one segment: 1,000 full SeaQuest frames are 101 MB decoded,
-# within MAX_RAW_BYTES with room for the pickle around them (1,400 were not: every reader refused
-# them). ``max_segment_steps`` gives the bound for other frame sizes.
+# The most steps a recorder may put in one segment: 1,000 full SeaQuest frames decode to 101 MB,
+# within MAX_RAW_BYTES with room for the pickle. ``max_segment_steps`` gives the bound for other
+# frame sizes.
 MAX_SEGMENT_STEPS = 1000
 MAX_FRAME_SIDE = 1024
 MAX_ACTIONS = 256
@@ -229,7 +215,10 @@ _RECORDS = {
 
 
 class _Strict(pickle.Unpickler):
-    """For format-1 and legacy files: the few globals they name become inert records."""
+    """For format-1 and legacy files: the few globals they name become inert records, and our code
+    rebuilds each array from a plain dtype, a shape and a payload of the exact length (``_build``).
+    Handing numpy's own ``_reconstruct`` or ``ndarray`` to a file is not safe (object arrays over
+    raw bytes, negative offsets)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _NUMPY_CORE and name in _RECORDS:
@@ -441,9 +430,8 @@ def _from_legacy(obj: Any) -> Segment:
 
 
 def _decompress(data: bytes) -> bytes:
-    """zstd, never past MAX_RAW_BYTES. Our files declare their size in the frame header: within
-    the bound that is one call (a header that lies is a zstd error). Without a declared size
-    (another writer), stream and stop at the bound (~10x slower)."""
+    """zstd, never past MAX_RAW_BYTES. Our files declare their size in the frame header: one call (a
+    header that lies is a zstd error). Without a declared size, stream and stop at the bound."""
     size = zstandard.frame_content_size(data)
     if size > MAX_RAW_BYTES:
         raise ValueError(f"declares {size:,} decompressed bytes, more than {MAX_RAW_BYTES:,}")
@@ -463,9 +451,8 @@ def is_compressed(data: bytes) -> bool:
 
 
 def decode_segment(data: bytes, name: str = "<bytes>") -> Segment:
-    """Decode a segment file's bytes (format 2, format 1 or the book's legacy pickle).
-
-    Raises SegmentError naming ``name`` for anything else, whatever the bytes are."""
+    """Decode a segment file's bytes (format 2, format 1 or the book's legacy pickle); SegmentError
+    naming ``name`` for anything else, whatever the bytes are."""
     try:
         if len(data) > MAX_FILE_BYTES:
             raise ValueError(f"{len(data):,} bytes, more than {MAX_FILE_BYTES:,}")
@@ -573,11 +560,9 @@ class DbListing:
 
 
 def scan_db(db_root: str | os.PathLike) -> DbListing:
-    """The segments of a DB: regular files named ``NN/SSSSSSSS.dat`` that stay inside it.
-
-    Other names, symlinks leading outside the DB, FIFOs, devices, directories in the place of a
-    segment, and a second name of one file (``DbListing.one_per_file``) are left out and listed in
-    ``ignored``. Nothing is opened."""
+    """The segments of a DB: regular files named ``NN/SSSSSSSS.dat`` that stay inside it. Other
+    names, symlinks leading outside, FIFOs, devices, directories and a second name of one file
+    (``DbListing.one_per_file``) go to ``ignored``. Nothing is opened."""
     root = Path(db_root)
     listing = DbListing([])
     if not root.is_dir():
@@ -644,16 +629,13 @@ RACY_NS = 2_000_000_000  # a directory changed this close to a scan is listed ag
 
 
 class SegmentWatch:
-    """A DB's segment names kept current while a recorder adds to it, cheaply: ``refresh`` lists
-    again only the env directories whose modification time changed (a segment is renamed into its
-    directory, which changes the directory's time), never opens a segment, and says only what it
-    has not said before. Temp files (``NN/.SSSSSSSS.dat.*.tmp``) are never listed (``scan_db``), so a
-    segment shows once it is whole. A directory changed within ``RACY_NS`` of a scan is listed again
-    at the next one (a rename in the same clock tick leaves the time as it was). Thread-safe.
-
-    One name per file (``DbListing.one_per_file``): an alias of a segment inside the DB is said once
-    and not listed. ``agent_steps`` opens the newest segments of each env directory (once each): one
-    it finds unreadable is said once and left out of ``segments`` from then on (``unreadable``)."""
+    """A DB's segment names kept current, cheaply, while a recorder adds to it; thread-safe.
+    ``refresh`` lists again only the env directories whose mtime changed (a segment is renamed into
+    its directory) or that changed within ``RACY_NS`` of the last scan (a rename in the same clock
+    tick keeps the time). It never opens a segment and says each ignored entry once. Temp files are
+    never listed, so a segment shows once it is whole; aliases inside the DB are left out
+    (``DbListing.one_per_file``). A segment ``agent_steps`` finds unreadable is said once and left
+    out of ``segments`` (``unreadable``)."""
 
     def __init__(self, db_root: str | os.PathLike, warn: Warn | None = warn) -> None:
         self.root = Path(db_root)
@@ -717,14 +699,12 @@ class SegmentWatch:
 
     def agent_steps(self) -> int:
         """The agent steps the DB's segments tell of: the sum over env directories of the largest
-        step counter of a segment that counts (each env's counter is the steps it had taken when its
-        newest segment ended; behind by what each env played since).
-
-        A segment counts when it reads and records the env index and step counter its name gives,
-        within what a recorder reaches (``MAX_ENV_INDEX``, ``MAX_ENV_STEP``: its checkpoint refuses
-        more): a name alone (a 1-byte ``08/999999999999.dat``, a copy under another name) moves
-        nothing, so T never exceeds the steps a recorder took. Each directory's newest names are
-        opened newest first until one counts, each once (what does not count is said once)."""
+        step counter of a segment that counts (behind by what each env played since its newest
+        segment). A segment counts when it reads and records the env index and step its name gives,
+        within ``MAX_ENV_INDEX`` and ``MAX_ENV_STEP``: a name alone (a 1-byte
+        ``08/999999999999.dat``) moves nothing, so the count never exceeds the steps a recorder
+        took. Each directory's names are opened newest first until one counts, each once; what does
+        not count is said once."""
         with self._lock:
             total = 0
             for name, (_, _, one) in self._dirs.items():

@@ -1,20 +1,10 @@
-"""Ctrl-C and SIGTERM for the long-running stages: one handler, two ways to stop.
-
-``SignalStop`` catches SIGINT and SIGTERM while entered (in the main thread only; elsewhere signals
-are left as they are) and keeps the first one's name in ``signal``:
-
-- by default a signal only sets ``event``: the loop polls ``stop()``, finishes the unit it is in (a
-  step, a label) and writes what it has; a second signal raises KeyboardInterrupt, for a wait that
-  hangs (another labeler's lock, a stuck emulator);
-- with ``at_once=True`` a signal raises KeyboardInterrupt where the program is (a training in
-  progress is abandoned), except inside ``critical()`` (a file being written), which finishes first.
-
-A module that starts pipeline scripts and stops them (``experiments.live``, ``experiments.round``)
-takes ``PARENT_SIGNALS`` with ``at_once``: SIGTERM and SIGHUP (a closed terminal) take the Ctrl-C
-path too, so its ``finally`` stops every child on the child's own Ctrl-C path; its stopping runs
-inside ``critical()`` (a module-level one: the innermost entered ``SignalStop``'s), so a second
-signal does not cut it short. A SIGHUP that is ignored (``nohup``) stays ignored.
-"""
+"""Ctrl-C and SIGTERM for the long-running stages. ``SignalStop`` catches them while entered (main
+thread only) and keeps the first one's name in ``signal``. By default a signal only sets ``event``:
+the loop polls ``stop()``, finishes its unit and writes what it has; a second signal raises
+KeyboardInterrupt, for a wait that hangs. With ``at_once`` a signal raises KeyboardInterrupt at
+once, except inside ``critical()``, which finishes first. A parent of pipeline scripts
+(``experiments.live``, ``experiments.round``) takes ``PARENT_SIGNALS``: SIGHUP takes the Ctrl-C path
+too, so its ``finally`` stops every child. An ignored SIGHUP stays ignored."""
 
 from __future__ import annotations
 

@@ -9,9 +9,8 @@ import numpy as np
 
 
 def finite(v: int | float) -> bool:
-    """``math.isfinite`` that is False, not OverflowError, for an int no float holds: a file can
-    hold 10**400 (JSON and pickle both do), and the range check of a number read from it must not
-    crash on it."""
+    """``math.isfinite`` that is False, not OverflowError, for an int no float holds (a file can
+    hold 10**400)."""
     try:
         return math.isfinite(v)
     except OverflowError:

@@ -1,15 +1,7 @@
 """TensorBoard runs of every stage: one naming scheme, one hyper-parameter table, one tag scheme.
-
-Run directories: ``<runs>/<name>__<stage>__<game>__s<seed>__<YYYYmmdd-HHMMSS>`` (CleanRL's habit:
-what, which stage, which game, which seed, when), e.g. ``runs/v0__a2c__seaquest__s0__20261122-114500``.
-
-Tags, by prefix:
-- ``charts/``        how the run goes: game scores and lengths, lr, speed
-- ``losses/``        the learner's losses (A2C: policy, value, entropy...; reward model: train, test)
-- ``eval/``          held-out measures: A2C evaluation games, the reward model's test metrics
-- ``reward_model/``  the learned reward inside a fine-tuning run (-r)
-- ``recorder/``      segments written
-"""
+Run directories: ``<runs>/<name>__<stage>__<game>__s<seed>__<YYYYmmdd-HHMMSS>`` (CleanRL's habit).
+Tags by prefix: ``charts/`` (scores, lengths, lr, speed), ``losses/``, ``eval/`` (held-out
+measures), ``reward_model/`` (the learned reward in a run with -r), ``recorder/``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""Synthetic teachers: labels without a person.
-
-A teacher looks at two segments and answers as a person would: 1 (#1 better), 2 (#2 better), 0
-(equally good) or -1 (can't tell), and names the rule that decided (``judge_rule``; the oracle
-stores it in each label as ``rule``). ``score`` prefers the higher true return (``death_penalty``
-P: each lost life costs P points, as both papers' oracles penalise an episode end); ``oxygen`` and
-``surface`` (SeaQuest) first apply rules for what the score does not pay for (oxygen deaths,
-refills, low-gauge climbs with a diver aboard, rescues, idling), then the score. ``noise`` P answers
-a share P at random (the paper's model of a person); ``ties`` answers a tie with 0 or -1. Each
-rule, in order, and why its thresholds are what they are: docs/reference.md ("Synthetic
-teachers"); the screen is read by ``lib.seaquest``.
-"""
+"""Synthetic teachers: labels without a person. A teacher looks at two segments and answers as a
+person would (1, 2, 0 or -1) and names the rule that decided (``judge_rule``; the oracle stores it
+as ``rule``). ``score`` prefers the higher true return, a lost life costing ``death_penalty``
+points; ``oxygen`` and ``surface`` (SeaQuest) first apply rules for what the score does not pay for,
+then the score. ``noise`` answers a share at random (the paper's model of a person). Each rule and
+its thresholds: docs/reference.md; the screen is read by ``lib.seaquest``."""
 
 from __future__ import annotations
 
@@ -103,22 +97,19 @@ def _by_surface(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) ->
 
 
 # The score teacher's --death-penalty: a clip with a lost life loses 100 points (a few shots'
-# worth). Its models agreed more with the score on held-out pairs than without it on both seeds
-# (79.3% against 70.9% on seed 1, 70.7% against 69.5% on seed 0: docs/results.md, the frozen-model
-# test), and both papers' oracles penalise a death; without it a death ties with idling.
+# worth). Its models agreed more with the score on held-out pairs (docs/results.md), both papers'
+# oracles penalise a death, and without it a death ties with idling.
 DEFAULT_DEATH_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
 class TeacherEntry:
-    """One synthetic teacher, all of it in one place: adding a teacher is adding an entry to
-    ``TEACHER_ENTRIES`` (and its judge above). ``summary``: what it prefers, for ``--teacher``'s
-    help; ``rules``: the rule names that decide its labels, first to last (what a label's ``rule``
-    records); ``judge(a, b, death_penalty)``: its verdict, None where it cannot tell;
-    ``reads_gauge``: it reads SeaQuest's oxygen gauge (``lib.seaquest``), so a DB of another game is
-    refused; ``death_penalty``: its ``--death-penalty`` default (None: it takes none); ``old_facts``:
-    the label fields, first to last, that say how a label written before labels named their rule was
-    decided."""
+    """One synthetic teacher, all in one place: adding a teacher is adding an entry to
+    ``TEACHER_ENTRIES`` (and its judge). ``summary``: ``--teacher``'s help; ``rules``: the rule
+    names that decide its labels, first to last; ``judge(a, b, death_penalty)``: its verdict, None
+    where it cannot tell; ``reads_gauge``: it reads SeaQuest's gauge, so a DB of another game is
+    refused; ``death_penalty``: its default (None: it takes none); ``old_facts``: the label fields,
+    first to last, that say how a label written before labels named their rule was decided."""
 
     name: str
     summary: str
@@ -212,8 +203,8 @@ class Teacher:
             raise ValueError(f"the {self.name} teacher takes no death penalty: it ranks lost lives itself")
 
     def judge_rule(self, a: SegmentFacts, b: SegmentFacts) -> Verdict:
-        """The teacher's own answer, without noise, and the rule that decided it (module
-        docstring); (-1, "cant_tell") where it cannot judge the pair."""
+        """The teacher's own answer, without noise, and the rule that decided it; (-1, "cant_tell")
+        where it cannot judge the pair."""
         verdict = TEACHER_ENTRIES[self.name].judge(a, b, self.death_penalty)
         if verdict is None:
             return CANT_TELL, "cant_tell"

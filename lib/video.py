@@ -1,22 +1,9 @@
 """H.264 MP4s, the one place they are written: gameplay videos (``Mp4Writer``, streamed frame by
-frame so a game of any length costs constant memory, an optional GIF, the reward view under the
-frame) and the label page's clips (``encode_mp4``, a whole segment at once), with one quality
-(``CRF``), one scale and one set of options.
-
-Every MP4 is written by the ffmpeg binary that ships inside the imageio-ffmpeg wheel (no system
-ffmpeg, no moviepy):
-
-- H.264 (libx264) in ``yuv420p``: the pixel format every browser and QuickTime decode
-  (https://trac.ffmpeg.org/wiki/Encode/H.264#Encodingfordumbplayers); ``+faststart`` moves
-  the index to the front so a browser starts playing before the whole file has arrived.
-- 15 frames per second = game speed: the Atari runs at 60 Hz and one agent step is 4 frames.
-- The 210x160 game frame is scaled 2x with nearest-neighbour: Atari pixels stay sharp and the
-  2x2 chroma subsampling of yuv420p no longer smears colours across single-pixel objects.
-
-With a reward model the frame gets a strip underneath (``RewardStrip``): the model's normalised
-prediction (orange line) over the true game reward (green bars) for the last ``window`` steps,
-the newest step at the right edge. Scrolling keeps a step 2 px wide whatever the episode length.
-"""
+frame in constant memory, with an optional GIF and the reward strip under the frame) and the label
+page's clips (``encode_mp4``). Every MP4 comes from the ffmpeg binary inside the imageio-ffmpeg
+wheel, in yuv420p (what every browser decodes) with ``+faststart`` (playback starts before the whole
+file arrives), at 15 fps (game speed), the frame scaled 2x with nearest neighbour (sharp pixels, no
+chroma smear on single-pixel objects)."""
 
 from __future__ import annotations
 
@@ -40,8 +27,8 @@ NICENESS = 10  # clip encodes are background work: the browser and the label pag
 
 
 def _ffmpeg() -> Any:
-    """imageio_ffmpeg, imported when a video is written: its wheel (68 MB, an ffmpeg binary) is
-    needed only for video, so training, oracle labeling and the round run where it is missing."""
+    """imageio_ffmpeg, imported when a video is written: its wheel (an ffmpeg binary) is needed only
+    for video, so training and labeling run where it is missing."""
     try:
         import imageio_ffmpeg
     except ImportError:
@@ -72,10 +59,8 @@ def upscale(frame: np.ndarray, scale: int = SCALE) -> np.ndarray:
 
 
 def compose(frame: np.ndarray, strip: np.ndarray | None = None) -> np.ndarray:
-    """The video frame: the game frame (210, 160, 3) scaled up, with the reward strip below.
-
-    Returns (210*SCALE [+ strip height], 160*SCALE, 3) uint8.
-    """
+    """The video frame: the game frame (210, 160, 3) scaled up, with the reward strip below. Returns
+    (210*SCALE [+ strip height], 160*SCALE, 3) uint8."""
     big = upscale(frame)
     if strip is None:
         return big
@@ -85,16 +70,11 @@ def compose(frame: np.ndarray, strip: np.ndarray | None = None) -> np.ndarray:
 
 
 class RewardStrip:
-    """The reward view drawn under each video frame.
-
-    Keeps the whole episode's history (two floats a step) and draws the last ``window`` steps:
-    - top line: step, score so far, the current normalised prediction,
-    - upper lane: the reward model's normalised prediction (orange), y from -clip to +clip with
-      a zero line; values beyond are drawn at the edge,
-    - lower lane: the true game reward of each step (green bars up, red bars down for negative
-      rewards), scaled to the largest reward seen so far in the episode.
-    The newest step is at the right edge; before ``window`` steps the plot fills from the left.
-    """
+    """The reward view drawn under each video frame: the model's normalised prediction (orange,
+    -clip to +clip, values beyond drawn at the edge) over the true reward of each step (green bars
+    up, red down, scaled to the episode's largest), under a line with step, score and current
+    prediction. It keeps the whole episode's history and draws the last ``window`` steps, the newest
+    at the right edge."""
 
     def __init__(self, clip: float, width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2):
         if height < 60:
@@ -184,14 +164,10 @@ def _fd_path(fd: int) -> str:
 
 
 class Mp4Writer:
-    """Streams RGB frames (H, W, 3) uint8 into an H.264 yuv420p MP4 at game speed.
-
-    The video goes to a new temp file with a unique name beside ``path`` (created with
-    ``O_EXCL|O_NOFOLLOW`` by ``lib.files.new_temp_beside``; ffmpeg writes to its descriptor, never
-    to a name, so a link planted in the directory is never followed) and is renamed to ``path`` on
-    ``close()``: an interrupted run never leaves a truncated file under the final name. Height and
-    width must be even (yuv420p); ``compose`` gives 420x320 or 512x320.
-    """
+    """Streams RGB frames (H, W, 3) uint8 into an H.264 yuv420p MP4 at game speed. ffmpeg writes to
+    the descriptor of a new unique temp file beside ``path`` (``lib.files.new_temp_beside``), never
+    to a name, so a planted link is never followed; ``close()`` renames it to ``path``, so an
+    interrupted run leaves no truncated file there. Height and width must be even (yuv420p)."""
 
     def __init__(self, path: str | os.PathLike, width: int, height: int, fps: float = GAME_FPS, crf: int = CRF):
         if width % 2 or height % 2:
@@ -272,12 +248,8 @@ class Mp4Writer:
 
 
 def mp4_to_gif(mp4: str | os.PathLike, gif: str | os.PathLike) -> Path:
-    """Make an animated GIF of an MP4 with ffmpeg's two-pass palette (palettegen + paletteuse).
-
-    Two passes over the file instead of buffering frames: memory stays constant for any game
-    length. GIF delays are in 10 ms units, so 15 fps plays at 1/0.07 = 14.3 fps (5% slow). Written
-    like the MP4: ffmpeg writes to the descriptor of a new unique temp file, renamed to ``gif``.
-    """
+    """Make an animated GIF of an MP4 with ffmpeg's two-pass palette, in constant memory for any
+    game length. GIF delays are in 10 ms units, so 15 fps plays 5% slow. Written like the MP4."""
     mp4, gif = Path(mp4), Path(gif)
     exe = _ffmpeg().get_ffmpeg_exe()
     base = [exe, "-y", "-v", "error", "-i", str(mp4)]
@@ -301,11 +273,8 @@ def _run_ffmpeg(cmd: list[str], gif: Path, pass_fds: tuple[int, ...] = ()) -> No
 
 
 def encode_mp4(frames: np.ndarray, fps: float, out: Path, scale: int = SCALE) -> None:
-    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 MP4 file at ``fps`` frames per second.
-
-    Every frame is shown (no black lead-in); the MP4's index is at the front (faststart) so the
-    browser can start at once. Raises RuntimeError with ffmpeg's message when encoding fails.
-    """
+    """Encode (T, H, W, 3) uint8 RGB frames to an H.264 MP4 at ``fps``, every frame shown, the index
+    at the front. RuntimeError with ffmpeg's message when encoding fails."""
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
         raise ValueError(f"frames must be (T, H, W, 3) uint8 with T > 0, got {frames.shape} {frames.dtype}")
     _, h, w, _ = frames.shape

@@ -1,24 +1,8 @@
-"""Who may use the label server: a token asked once per browser, kept in a cookie; the Host and
-Origin check; bounded request bodies.
-
-A token is the default, on loopback too (another account of the machine reaches 127.0.0.1):
-``--token-file``, ``$RLHF_LABEL_TOKEN`` or ``--token``, else one made at start and printed in the
-page's link (``?token=...``). ``--no-token`` turns it off, on loopback only (``config.parse_label_config``
-refuses anything else), for a machine of one user or an SSH tunnel.
-
-With a token every HTTP request and every websocket (NiceGUI's socket.io lives inside the same
-ASGI app) must carry the cookie ``rlhf_label_auth_<port>``: a random secret of this server run
-(not derived from the token, so the token is never stored in the browser). Browsers do not
-separate cookies by port: every server on the same host name receives it. So the value is good
-for this run only (a restart, or another server given the same token, does not take it) and the
-port in the name keeps two label servers from overwriting each other's. A request without it
-gets the login form (pages) or 401 (anything else). The form posts to ``/login``, which sets the
-cookie (HttpOnly, SameSite=Strict, until the browser closes) and redirects back. ``/?token=T``
-works too, for a link printed in a terminal. Wrong tokens are rate-limited per client address
-(``LoginLimiter``: a few, then 429); attempts that a browser says come from a page of another
-site (``from_another_site``: an ``<img src=".../?token=guess">``) are refused without counting,
-so no web page can lock the owner's address out.
-"""
+"""Who may use the label server: a token asked once per browser and kept in a cookie, the Host and
+Origin check, bounded request bodies. A token is the default, on loopback too (another account of
+the machine reaches 127.0.0.1); ``--no-token`` is for loopback only. Wrong tokens are rate-limited
+per address (``LoginLimiter``), and a login made by another site's page is refused uncounted, so no
+web page can lock the owner out."""
 
 from __future__ import annotations
 
@@ -122,7 +106,12 @@ class LoginLimiter:
 
 
 class TokenMiddleware:
-    """ASGI middleware: lets a request through only with the right cookie (or to the login form)."""
+    """ASGI middleware: every HTTP request and websocket needs the cookie
+    ``rlhf_label_auth_<port>``, else it gets the login form (pages) or 401. The cookie holds a
+    random secret of this run, not the token, so the token is never stored in the browser; browsers
+    do not separate cookies by port, so the value is good for this run only and the port in the name
+    keeps two servers apart. ``/login`` and ``/?token=T`` set it (HttpOnly, SameSite=Strict, until
+    the browser closes)."""
 
     def __init__(self, app: Any, token: str, port: int, limiter: LoginLimiter | None = None) -> None:
         self.app = app
@@ -171,9 +160,8 @@ class TokenMiddleware:
         return PlainTextResponse("token required: open the page in a browser and enter it", status_code=401)
 
     def _attempt(self, request: Request, token: str, nxt: str) -> Response:
-        """A login attempt: the cookie for the right token, the form again for a wrong one, 429
-        when this address has tried too often (``LoginLimiter``). One that a page of another site
-        made is refused unread and uncounted: else any web page could lock the owner out."""
+        """A login attempt: the cookie for the right token, the form again for a wrong one, 429 when
+        this address has tried too often. One made by another site's page is refused uncounted."""
         if from_another_site(request.headers):
             return HTMLResponse(login_form(nxt, "A login from another site's page is refused: enter it here."), 403)
         who = request.client.host if request.client is not None else ""

@@ -1,6 +1,5 @@
-"""``02_label_ui.py``'s main: parse arguments, then oracle-label and exit (or follow the DBs), or serve the page.
-
-Kept free of NiceGUI imports so that bad input and ``--oracle`` answer at once."""
+"""``02_label_ui.py``'s main: parse arguments, then oracle-label (or follow the DBs), or serve the
+page. Free of NiceGUI imports, so bad input and ``--oracle`` answer at once."""
 
 from __future__ import annotations
 

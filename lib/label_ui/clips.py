@@ -1,18 +1,9 @@
 """Clips: a segment's colour frames as an H.264 MP4 the browser plays, encoded off the event loop.
-
-Why MP4 and not an animated GIF/WebP: a ``<video>`` can be paused, played faster or slower
-(``playbackRate``) and restarted, so the page loops the two clips of a pair in step at game
-speed. Frames are scaled 2x (nearest neighbour) before encoding: H.264 keeps colour at half
-resolution (yuv420p), and at 2x the thin Atari sprites keep their colours. ~10-20 KB a clip.
-
-The encoder is the ffmpeg binary inside the ``imageio-ffmpeg`` wheel, run as a subprocess, so
-the work happens outside the Python process (no GIL): a thread is enough to keep the event loop
-free. That thread comes from ``asyncio.to_thread`` rather than NiceGUI's ``run.io_bound``, which
-turns a cancellation into a ``None`` result: a shutdown during an encode must cancel cleanly.
-Encodes run at a lower CPU priority (nice 10). Clips are cached as files under ``cache_dir`` (outside every
-segment directory), keyed by the segment's absolute path, size, mtime and the encoding
-settings; a changed segment gets a new clip.
-"""
+MP4, not an animated GIF, because a ``<video>`` can be paused, sped up and restarted, so the page
+loops a pair's two clips in step. ffmpeg runs as a subprocess (no GIL) at nice 10, in a thread from
+``asyncio.to_thread``, not NiceGUI's ``run.io_bound``, which turns a cancellation into ``None``: a
+shutdown during an encode must cancel cleanly. Clips are cached under ``cache_dir``, keyed by the
+segment's path, size, mtime and the encoding settings."""
 
 from __future__ import annotations
 
@@ -34,8 +25,7 @@ CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then i
 
 def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:
     """Read a segment and write its clip atomically to ``out_path``; returns the encode seconds.
-
-    Raises SegmentError (naming the file) when the segment can't be read."""
+    SegmentError (naming the file) when the segment cannot be read."""
     seg = load_segment(segment_path)
     t0 = time.perf_counter()
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,10 +42,8 @@ def encode_clip_file(segment_path: Path, out_path: Path, fps: float) -> float:
 
 class ClipStore:
     """Clips of segments on disk, made on first use; one encode per clip even when many ask at once.
-
-    ``ensure`` is awaited on the event loop; the encode itself runs in ``run_blocking`` (a thread)
-    and at most ``max_parallel`` encodes run at a time.
-    """
+    ``ensure`` is awaited on the event loop; encodes run in ``run_blocking``, ``max_parallel`` at
+    most."""
 
     def __init__(
         self,
@@ -114,10 +102,9 @@ _CLIP_NAME = re.compile(r"[0-9a-f]{40}\.mp4")
 def prune_cache(
     cache_dir: Path, max_bytes: int = 512 * 2**20, keep_bytes: int = 384 * 2**20, stale_s: float = 3600.0
 ) -> int:
-    """Keep the clip cache bounded: when over ``max_bytes``, delete the least recently used clips
-    down to ``keep_bytes``. Temp files of an encode that was killed (``.tmp-*.mp4``, untouched for
-    ``stale_s``: an encode of a server running now is seconds old) go first. Returns the number of
-    files deleted."""
+    """Keep the clip cache bounded: over ``max_bytes``, delete the least recently used clips down to
+    ``keep_bytes``. Temp files of a killed encode (untouched for ``stale_s``) go first. Returns the
+    number of files deleted."""
     deleted = 0
     now = time.time()
     for p in Path(cache_dir).glob("[0-9a-f][0-9a-f]/.tmp-*.mp4"):

@@ -1,7 +1,6 @@
-"""``02_label_ui.py``'s command line: ``LabelConfig`` declares each flag once (``lib.settings``: its
-default, help, group and own checks); ``parse_label_config`` checks it and fills in what needs the
-environment or the file system (the DBs, the token, the cache directory). Every mistake ends in one
-line."""
+"""``02_label_ui.py``'s command line: ``LabelConfig`` declares each flag once (``lib.settings``);
+``parse_label_config`` checks it and fills in the DBs, the token and the cache directory. Every
+mistake ends in one line."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ FOLLOW_ONLY = ("schedule", "label_rate", "poll")  # given without --follow they 
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where clips are cached without --cache-dir: the user's cache directory (``$XDG_CACHE_HOME``
-    when it is an absolute path, as the XDG base-directory rule says, else ``~/.cache``) under
-    ``CACHE_SUBDIR``: the same from every working directory, outside the code and every DB."""
+    """Where clips are cached without --cache-dir: ``$XDG_CACHE_HOME`` when absolute, else
+    ``~/.cache``, under ``CACHE_SUBDIR``: the same from every working directory, outside every DB."""
     xdg = environ.get("XDG_CACHE_HOME", "")
     home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
     return (Path(xdg) if os.path.isabs(xdg) else home / ".cache") / CACHE_SUBDIR
@@ -77,10 +75,9 @@ def _pair_count(flag: str, most: int) -> list[Check]:
 
 @dataclass(frozen=True)
 class LabelConfig:
-    """Everything the label server and the oracle are told: each field but the last three is one flag
-    (``setting``), in ``--help`` order; a help text names its default with ``%(default)s`` (argparse
-    fills it in), so it is written once. ``parse_label_config`` fills in what a flag leaves open (None: not
-    given): the token, the cache directory, the teacher's death penalty, the follow schedule."""
+    """Everything the label server and the oracle are told: each field but the last three is one
+    flag (``setting``), in ``--help`` order. ``parse_label_config`` fills in what a flag leaves open
+    (None: not given): the token, the cache directory, the death penalty, the follow schedule."""
 
     # core
     db: list[str] = setting(
@@ -293,7 +290,7 @@ class LabelConfig:
 
     def check(self) -> None:
         """UserError with one line for the first value that cannot work: each flag's own checks in
-        ``--help`` order, then the ones between flags."""
+        ``--help`` order, then the checks between flags."""
         check_fields(self)
         wrong = [
             (self.sampling in MODEL_MODES and self.reward is None, f"--sampling {self.sampling} picks pairs by the reward model's view: pass --reward MODEL"),  # noqa: E501
@@ -336,8 +333,8 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_label_config(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> LabelConfig:
-    """Parse and check the command line, then fill in what it leaves open; every mistake raises
-    UserError with one line."""
+    """Parse and check the command line, then fill in what it leaves open; UserError with one line
+    for any mistake."""
     environ = os.environ if environ is None else environ
     cfg = LabelConfig(**vars(build_parser().parse_args(argv)))
     dbs = _checked_dbs(cfg.db)
@@ -411,8 +408,8 @@ def _access_token(cfg: LabelConfig, environ: dict[str, str] | os._Environ[str]) 
 
 
 def _checked_cache_dir(cfg: LabelConfig, dbs: list[Path], environ: Mapping[str, str]) -> Path:
-    """--cache-dir (``default_cache_dir`` when not given), resolved, never inside a DB; made (and
-    checked writable) when a page will serve clips."""
+    """--cache-dir (default ``default_cache_dir``), resolved, never inside a DB; made and checked
+    writable when a page will serve clips."""
     given = cfg.cache_dir if cfg.cache_dir is not None else default_cache_dir(environ)
     cache_dir = given.resolve()
     for db in dbs:

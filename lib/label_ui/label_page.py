@@ -1,12 +1,8 @@
-"""Label new data: the pair on show, its two clips looping in step, the answer buttons, the tab's list.
-
-``LabelPage`` is one browser tab's page (made per visit, never a module global). Its parts:
-- the view: ``build`` lays the elements out once, ``update_view`` writes the tab's state into them;
-- the clip player glue: ``show_current`` makes sure both clips exist and starts them in the
-  browser (``player.js``), ``prefetch`` encodes the next pairs' clips ahead of time;
-- the actions (answer, undo, resample, pick, move, pause, speed), and ``KEYS``: key -> action.
-The rules (never a pair twice, undo, skipping pairs labeled elsewhere) live in ``TabSession``.
-"""
+"""Label new data: the pair on show, its two clips looping in step, the answer buttons, the tab's
+list. ``LabelPage`` is one tab's page (made per visit): ``build`` lays the elements out once,
+``update_view`` writes the tab's state into them, ``show_current`` starts both clips in the browser
+(``player.js``) and ``prefetch`` encodes the next pairs' clips ahead. The rules live in
+``TabSession``."""
 
 from __future__ import annotations
 
@@ -259,9 +255,8 @@ class LabelPage:
     # -- actions -----------------------------------------------------------------------------
 
     async def save(self, item: PairItem, label: Label) -> str | None:
-        """Append the label durably (in a thread); returns what went wrong, or None.
-
-        No UI here: it may run as a task of its own, where NiceGUI has no page context."""
+        """Append the label durably (in a thread); returns what went wrong, or None. No UI here: it
+        may run as a task of its own, where NiceGUI has no page context."""
         db = self.state.dbs[item.db]
         try:
             await run.io_bound(db.labels.append, label)
@@ -349,9 +344,8 @@ class LabelPage:
 
 
 async def new_list(tab: TabSession) -> int | None:
-    """The tab's next list on show (``TabSession.resample``): picked off the event loop, where its
-    cost grows with the DB (``draw``), put on show on it (``use``). Its length; None when the server
-    is shutting down (nothing changed)."""
+    """The tab's next list on show: picked off the event loop (``draw``), put on show on it
+    (``use``). Returns its length; None when the server is shutting down (nothing changed)."""
     items = await run.io_bound(tab.draw)
     return None if items is None else tab.use(items)
 

@@ -1,17 +1,8 @@
 """The shared frame of the label app and its Overview page; one single-page app per browser tab.
-
-``make_root`` returns NiceGUI's root page function. It runs once per tab, makes that tab's
-``TabSession`` (held in closures, never in a module global) and the shared frame (header with
-the three links, nav-*); ``ui.sub_pages`` switches between Overview (here), Label new data
-(``label_page.py``) and Existing labels (``labels_page.py``) without reloading, so a tab keeps
-its list of pairs when the person looks at the Overview and comes back.
-
-Elements that tests use carry ``.mark(...)``: clip-1/clip-2 (their ``data-clip`` prop is the clip
-URL on show), name-1/-2, answer-1/-0/-2/-x, undo, resample, pause, speed, status, counter,
-pair-<i>, notices, no-pairs; db-<i> and notice on the Overview; label-row-<i>, label-value-<i>,
-edit-<i>-<key>, view-<i>, filter-answer, filter-source, labels-summary, labels-pager on Existing
-labels.
-"""
+``make_root`` returns NiceGUI's root page function: once per tab it makes the tab's ``TabSession``
+(held in closures) and the header, and ``ui.sub_pages`` switches between the Overview, Label new
+data and Existing labels without reloading, so a tab keeps its list of pairs. Elements that tests
+use carry ``.mark(...)``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Wires the label app together (``build_app``) and serves it (``serve``).
-
-What the server answers, and nothing else: the pages (``/``, ``/label``, ``/labels``), NiceGUI's
-own assets and websocket, ``/login`` when a token is set, and ``/clip/<db>/<NN>/<SSSSSSSS>.mp4``
--- the clip of a segment the DB listed, looked up in that list (so no path from a URL ever
-reaches the file system).
-"""
+"""Wires the label app together (``build_app``) and serves it (``serve``). It answers the pages,
+NiceGUI's assets and websocket, ``/login`` with a token, and ``/clip/<db>/<NN>/<SSSSSSSS>.mp4`` for
+a segment the DB listed, looked up in that list, so no path from a URL reaches the file system."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""What the label server knows (``AppState``) and what one browser tab knows (``TabSession``).
-
-``AppState`` is made once per server and handed to the pages in closures (never a module
-global): the DBs with their segment lists and current labels, segments found unreadable, and
-the pairs that some tab has in its list right now (``reserved``), so two tabs -- or two people --
-are not given the same pair.
-
-``TabSession`` is one tab's list of pairs, its selection, and its undo history. It is plain
-Python (no NiceGUI) so the rules -- never offer a pair twice, skip pairs labeled elsewhere
-meanwhile, undo -- are easy to test and to read.
-"""
+"""What the label server knows (``AppState``, one per server, handed to the pages in closures) and
+what one browser tab knows (``TabSession``). ``AppState`` holds the DBs, their current labels and
+the pairs some tab has in its list (``reserved``), so two tabs are never given the same pair.
+``TabSession`` is plain Python (no NiceGUI), so its rules are easy to test: never offer a pair
+twice, skip pairs labeled elsewhere meanwhile, undo."""
 
 from __future__ import annotations
 
@@ -59,14 +53,11 @@ def _when(lab: Label) -> float:
 
 
 class LabelTallies:
-    """Counts and newest-first order of a DB's current labels, changed label by label, so that no
-    page walks them all: the Overview's counts and a page of Existing labels cost about the same
-    with 300 labels as with 300,000 (a walk over 300,000 holds the interpreter lock for a second,
-    and every other tab's request waits for it).
-
-    ``kinds`` counts labels by (answer, source); ``touched`` counts per segment the labels that
-    name it; ``order`` holds ``(time, -seq, label)`` ascending, ``seq`` being the order in which
-    labels came (a later line, a later seq), so equal times list in file order."""
+    """Counts and newest-first order of a DB's current labels, changed label by label so that no
+    page walks them all (a walk over 300,000 labels holds the interpreter lock for a second).
+    ``kinds`` counts labels by (answer, source); ``touched`` counts per segment the labels that name
+    it; ``order`` holds ``(time, -seq, label)`` ascending, ``seq`` the order the labels came in, so
+    equal times list in file order."""
 
     def __init__(self, current: dict[PairKey, Label]) -> None:
         self.kinds: Counter[tuple[int, str]] = Counter()
@@ -102,16 +93,12 @@ class LabelTallies:
 
 
 class LabelIndex:
-    """The current labels of one DB, kept in step with ``<db>/labels.jsonl``.
-
-    Loaded once (the last line for a pair wins; a torn last line is skipped with a warning, kept
-    in ``warnings``); after that only the new bytes at the end of the file are read
-    (``refresh``), so labels appended by other tabs, or by another process such as ``--oracle``,
-    show up without re-reading the whole file. The labelers' consistency (control answers) is
-    kept up to date the same way. Reading is blocking: the pages call ``refresh`` off the event
-    loop (``common.refresh_dbs``); what the loop reads (``snapshot``, ``consistency``, and the kept
-    counts and order of ``LabelTallies``: ``kinds``, ``untouched``, ``newest_first``) is memory.
-    """
+    """The current labels of one DB, kept in step with ``<db>/labels.jsonl``. Loaded once (the last
+    line for a pair wins; a torn last line is skipped, its warning kept in ``warnings``); then
+    ``refresh`` reads only the new bytes at the end, so labels appended by other tabs or processes
+    (``--oracle``) show up, with the labelers' consistency. Reading blocks: pages call ``refresh``
+    off the event loop; what the loop reads (``snapshot``, ``consistency``, ``kinds``,
+    ``untouched``, ``newest_first``) is memory."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -200,8 +187,7 @@ class LabelIndex:
 
     def pairs_within(self, segments: list[str]) -> set[PairKey]:
         """The labelled pairs of two of ``segments``: a walk over the labels or over the pairs of
-        ``segments``, whichever is shorter (a --recent window of 50 is 1,225 pairs, whatever the
-        labels)."""
+        ``segments``, whichever is shorter."""
         inside = set(segments)
         with self._lock:
             if len(self.labels) <= len(inside) * (len(inside) - 1) // 2:
@@ -215,8 +201,7 @@ class LabelIndex:
             return set(self.labels)
 
     def newest_first(self) -> Iterator[tuple[float, int, Label]]:
-        """The current labels as ``(time, -seq, label)``, newest first (``LabelTallies.order``), as
-        they were when called: other threads may append meanwhile."""
+        """The current labels as ``(time, -seq, label)``, newest first, as they were when called."""
         with self._lock:
             order = list(self.tallies.order)  # pointers copied: no new objects for the collector
         return reversed(order)
@@ -255,9 +240,8 @@ class DbState:
         return str(self.path)
 
     def rescan(self) -> list[str]:
-        """Pick up segments written since the last look (a training run may still be recording):
-        only env directories that changed are listed again, no segment is opened. Returns the new
-        ones. Blocking: the pages call it off the event loop (``common.refresh_dbs``)."""
+        """Pick up segments written since the last look, listing only changed env directories and
+        opening no segment; returns the new ones. Blocking: pages call it off the event loop."""
         new = self.watch.refresh()  # what it ignores it says once (on stderr)
         segments = self.watch.segments
         if segments is not self.segments:
@@ -281,8 +265,7 @@ class DbState:
 
     def window(self) -> list[str]:
         """The readable segments pairs are drawn from: with ``recent``, the ``recent`` newest
-        (``lib.sampling.recent_segments``: a sort of every name), picked again only when the
-        segments or the unreadable ones changed; all of them without."""
+        (picked again only when the segments or the unreadable ones changed); all of them without."""
         segments, bad, kept = self.segments, len(self.bad), self._window
         if kept is not None and kept[0] is segments and kept[1] == bad:
             return kept[2]
@@ -297,10 +280,9 @@ class DbState:
         return self._window is not None and self._window[3]
 
     def free_pairs(self) -> int:
-        """Pairs of readable segments without a current label (approximately: labels of pairs
-        with unreadable segments are still subtracted). With ``recent``: pairs of the newest
-        ``recent`` segments, less their labels (counted again only when the segments or the
-        labels changed)."""
+        """Pairs of readable segments without a current label (approximate: labels of pairs with
+        unreadable segments are still subtracted). With ``recent``: pairs of the newest ``recent``
+        segments less their labels, counted again only when those changed."""
         window = self.window()
         if not self.windowed():
             n = len(window)
@@ -327,8 +309,7 @@ class DbState:
         return f"every pair of the {n - bad} segments of {self.name} is labeled already."
 
     def stats(self) -> dict[str, object]:
-        """Counts for the Overview page, from the tallies (``labels.refresh`` reads the file): no
-        walk over the labels."""
+        """Counts for the Overview page, from the tallies: no walk over the labels."""
         kinds = self.labels.kinds()
         by_answer: Counter[int] = Counter()
         by_source: Counter[str] = Counter()
@@ -399,9 +380,9 @@ class AppState:
         return np.random.default_rng(self.seed_rng.integers(2**63))
 
     def rescan(self) -> None:
-        """Every DB's new segments (``DbState.rescan``), folded into the rare looks and the reward
-        model's views at once, so that picking the next list never waits on them. Blocking: the
-        pages call it off the event loop (``common.refresh_dbs``)."""
+        """Every DB's new segments (``DbState.rescan``), folded into the rare looks and the model's
+        views at once, so picking the next list never waits on them. Blocking: run off the event
+        loop."""
         for d in self.dbs:
             new = d.rescan()
             if not new:
@@ -429,14 +410,12 @@ class AppState:
         exclude: set[tuple[int, PairKey]],
         is_open: Callable[[], bool] = lambda: True,
     ) -> list[PairItem]:
-        """Up to ``count`` new unlabeled pairs, both segments of a pair from one DB, none labeled,
-        none in another tab's list, none in ``exclude``; reserved for ``tab_id``. Never hangs:
-        fewer (or none) when the DBs run out. Blocking (its cost grows with the DB): the page
-        calls it off the event loop (``TabSession.draw``, ``prepare``), and other tabs' lists may
-        change meanwhile (``reserved`` is read and written under ``lock``): pairs another tab
-        claimed while these were picked are drawn again, so two tabs that open at once both get
-        full lists. Nothing when the tab was closed meanwhile (``is_open``, read under ``lock``, as
-        ``TabSession.close`` sets it): a closed tab reserves nothing."""
+        """Up to ``count`` new pairs, both segments from one DB, none labeled, in another tab's list
+        or in ``exclude``; reserved for ``tab_id``. Never hangs: fewer (or none) when the DBs run
+        out. Blocking: the page calls it off the event loop. Pairs another tab claimed meanwhile are
+        drawn again, so two tabs that open at once both get full lists. Returns nothing, and
+        reserves nothing, when ``is_open()`` (read under ``lock``) says the tab was closed
+        meanwhile."""
         out: list[PairItem] = []
         for _ in range(SAMPLE_TRIES):
             picked = self._pick(count - len(out), rng, exclude | {(item.db, item.key) for item in out})
@@ -483,8 +462,8 @@ class AppState:
         self, items: list[PairItem], rng: np.random.Generator, exclude: set[tuple[int, PairKey]]
     ) -> list[PairItem]:
         """Each new pair brings, with probability ``control_rate``, a control: a pair answered
-        before (by this labeler, else by a person), order swapped, at a random place in the list,
-        not marked. ``exclude`` (the tab's pairs so far) keeps a control from coming twice."""
+        before (by this labeler, else by a person), order swapped, at a random place, not marked.
+        ``exclude`` (the tab's pairs so far) keeps a control from coming twice."""
         n = int(rng.binomial(len(items), self.control_rate)) if items and self.control_rate > 0 else 0
         if n == 0:
             return items
@@ -567,10 +546,9 @@ class TabSession:
         return self.use(self.draw())
 
     def draw(self) -> list[PairItem]:
-        """The next list, its pairs reserved: the one ``upcoming`` prepared (and prefetched) near
-        the end of the current one, when there is one and no segment came since (its first pair
-        then shows as fast as any other), else a new one. Blocking: the page runs it off the event
-        loop; the list on show is not touched."""
+        """The next list, its pairs reserved: the one ``upcoming`` prepared, if no segment came
+        since, else a new one. Blocking: the page runs it off the event loop; the list on show is
+        not touched."""
         with self._drawing:
             prepared, self.prepared = self.prepared, None
             if prepared is not None and (self.prepared_at != self.app.generation or not prepared):
@@ -590,8 +568,8 @@ class TabSession:
         return len(items)
 
     def prepare(self) -> None:
-        """Pick the next list now, if none is prepared (``upcoming``). Blocking: the page runs it
-        off the event loop."""
+        """Pick the next list now, if none is prepared (``upcoming``). Blocking: run off the event
+        loop."""
         with self._drawing:
             if self.prepared is None:
                 at = self.app.generation  # before the pick: a rescan meanwhile makes it stale
@@ -656,9 +634,9 @@ class TabSession:
         return None
 
     def upcoming(self, n: int = 2, prepare: bool = True) -> list[PairItem]:
-        """The next ``n`` open pairs after the current one: what to prefetch. Near the end of the
-        list they come from the next list, prepared here (``prepare``; else only when the page
-        prepared it off the event loop)."""
+        """The next ``n`` open pairs after the current one, to prefetch. Near the end of the list
+        they come from the next list, prepared here if ``prepare`` (else only if the page prepared
+        it)."""
         out: list[PairItem] = []
         items, current = self.items, self.current
         if current is None:
@@ -691,8 +669,8 @@ class TabSession:
         return item, label
 
     def saved(self, item: PairItem) -> None:
-        """The answer's label is in the index (``LabelIndex.append``): the pair is let go, as no list
-        offers a labelled pair. Until then it stays reserved, so that no list drawn meanwhile holds it."""
+        """The answer's label is in the index: let the pair go. Until then it stays reserved, so
+        that no list drawn meanwhile holds it."""
         self.app.release(self.tab_id, [item])
 
     def answer_failed(self, item: PairItem) -> None:
