@@ -79,21 +79,29 @@ def make_appear_db(root: Path, n_segments: int = 60, steps: int = 10, seed: int 
     rels = []
     for i in range(n_segments):
         frames, rewards = appear_frames(rng, steps)
-        seg = Segment(
-            frames=frames[:steps],
-            actions=rng.integers(0, len(SEAQUEST_ACTIONS), size=steps),
-            rewards=rewards,
-            dones=np.zeros(steps, bool),
-            game_over=np.zeros(steps, bool),
-            lives=np.full(steps, 3, np.int32),
-            env_id=SEAQUEST,
-            action_meanings=SEAQUEST_ACTIONS,
-            env_index=i % 4,
-            step=1000 + i,
-        )
-        save_segment(root, seg, fsync=False)
-        rels.append(f"{i % 4:02d}/{1000 + i:08d}.dat")
+        rels.append(_save_rule_segment(root, rng, i, frames[:steps], rewards, SEAQUEST))
     return rels
+
+
+def _save_rule_segment(
+    root: Path, rng: np.random.Generator, i: int, frames: np.ndarray, rewards: np.ndarray, env_id: str
+) -> str:
+    """Segment ``i`` of a rule DB (random actions, no life lost) saved in env ``i % 4``; its relative path."""
+    steps = len(frames)
+    seg = Segment(
+        frames=frames,
+        actions=rng.integers(0, len(SEAQUEST_ACTIONS), size=steps),
+        rewards=rewards,
+        dones=np.zeros(steps, bool),
+        game_over=np.zeros(steps, bool),
+        lives=np.full(steps, 3, np.int32),
+        env_id=env_id,
+        action_meanings=SEAQUEST_ACTIONS,
+        env_index=i % 4,
+        step=1000 + i,
+    )
+    save_segment(root, seg, fsync=False)
+    return f"{i % 4:02d}/{1000 + i:08d}.dat"
 
 
 def make_square_db(
@@ -105,20 +113,7 @@ def make_square_db(
     for i in range(n_segments):
         # vary the share of rewarded frames per segment so returns spread out
         frames, rewards = square_frames(rng, steps, size, p=float(rng.uniform(0.0, 0.8)))
-        seg = Segment(
-            frames=frames,
-            actions=rng.integers(0, len(SEAQUEST_ACTIONS), size=steps),
-            rewards=rewards,
-            dones=np.zeros(steps, bool),
-            game_over=np.zeros(steps, bool),
-            lives=np.full(steps, 3, np.int32),
-            env_id=env_id,
-            action_meanings=SEAQUEST_ACTIONS,
-            env_index=i % 4,
-            step=1000 + i,
-        )
-        save_segment(root, seg, fsync=False)
-        rels.append(f"{i % 4:02d}/{1000 + i:08d}.dat")
+        rels.append(_save_rule_segment(root, rng, i, frames, rewards, env_id))
     return rels
 
 

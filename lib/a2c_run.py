@@ -67,6 +67,7 @@ from lib.tb import hparams_table, run_dir
 
 # How the run reports.
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
+FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam
 
 
 def autocast(device: torch.device, enabled: bool) -> torch.autocast:
@@ -434,7 +435,11 @@ def _optimiser(
     ck = resume_ck or {}
     lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
     decay_steps = ck.get("lr_decay_steps", lr_schedule_steps(cfg))
-    optimizer = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=lr, eps=ADAM_EPS)
+    params = [p for p in net.parameters() if p.requires_grad]
+    # One fused kernel for all parameters: 6x faster than torch's default per-tensor loop on CPU
+    # (docs/benchmarks.md); the same update, the same state_dict.
+    fused = params[0].device.type in FUSED_ADAM_DEVICES
+    optimizer = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, fused=fused)
     decay_iters = max(1, decay_steps // BATCH_SIZE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
     if resume_ck is not None:

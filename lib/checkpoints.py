@@ -57,6 +57,15 @@ def wrong_kind(path: str | os.PathLike, ck: dict[str, Any], want: str) -> UserEr
 _CLEANED: set[str] = set()  # paths whose stale temp files this process has removed
 
 
+def trained_elsewhere(ck: dict[str, Any], game: str | None) -> str | None:
+    """The env a checkpoint says it was trained on when that is not ``game`` (None: the same game,
+    or either one unknown)."""
+    ck_game = ck.get("game")
+    if game is None or ck_game is None or ck_game == game:
+        return None
+    return str(ck.get("env_id") or ck_game)
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike, what: str = "checkpoint") -> None:
     """torch.save to a unique temp file, fsync, rename: a crash never leaves a half checkpoint, and
     two runs saving at once never share a temp file. A failed write (disk full) is a UserError

@@ -26,6 +26,7 @@ from lib.checkpoints import (
     optional,
     read_checkpoint,
     text,
+    trained_elsewhere,
     wrong_kind,
 )
 from lib.errors import UserError
@@ -244,11 +245,10 @@ def load_policy(
         ck_actions = int(ck["n_actions"])
         if ck_shape[0] > 16 or min(ck_shape[1:]) < 36:
             raise UserError(f"model {path} declares observations {ck_shape}: not an Atari policy's")
-        ck_game = ck.get("game")
-        if game is not None and ck_game is not None and ck_game != game:
+        other = trained_elsewhere(ck, game)
+        if other is not None:
             raise UserError(
-                f"model {path} was trained on {ck.get('env_id', ck_game)}, not {env_id or game}: "
-                f"pass --env {ck.get('env_id', ck_game)} or another model"
+                f"model {path} was trained on {other}, not {env_id or game}: pass --env {other} or another model"
             )
         if obs_shape is not None and tuple(obs_shape) != ck_shape:
             raise UserError(f"model {path} expects observations {ck_shape}, the env gives {tuple(obs_shape)}")

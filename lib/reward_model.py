@@ -35,6 +35,7 @@ from lib.checkpoints import (
     plain_values,
     read_checkpoint,
     text,
+    trained_elsewhere,
     wrong_kind,
 )
 from lib.envs import POLICY_FRAME, grey84
@@ -706,11 +707,10 @@ def load_reward_models(
         arch, block, flow, scene = "book", DIFF_BLOCK, False, False
     else:
         raise UserError(f"{path} is not a reward model checkpoint (made by 03_reward_train.py)")
-    ck_game = ck.get("game")
-    if game is not None and ck_game is not None and ck_game != game:
+    other = trained_elsewhere(ck, game)
+    if other is not None:
         raise UserError(
-            f"reward model {path} was trained on {ck.get('env_id') or ck_game}, not on {game}: "
-            f"use a reward model trained on this game's DB"
+            f"reward model {path} was trained on {other}, not on {game}: use a reward model trained on this game's DB"
         )
     if n_actions is not None and ck_actions != n_actions:
         raise UserError(f"reward model {path} has {ck_actions} actions, the env has {n_actions}: wrong game or model")
