@@ -497,3 +497,34 @@ def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
 def test_the_new_reward_path_and_kl_flags_refuse_bad_values(kw, message):
     with pytest.raises(UserError, match=message):
         a2c_config.A2CConfig(name="x", **kw).check()
+
+
+def test_resume_takes_the_moments_of_an_unfused_adam(tmp_path: Path) -> None:
+    """A last.pt written before the optimiser was torch's fused Adam resumes with its moments and
+    step count, and the next update is the one the per-tensor Adam would have made."""
+    import copy
+
+    from lib.a2c_run import _optimiser
+    from lib.model import AtariA2C
+
+    torch.manual_seed(0)
+    net = AtariA2C((4, 84, 84), 6)
+    old = torch.optim.Adam(net.parameters(), lr=7e-4, eps=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(old, lambda it: 1.0)
+    grads = [torch.randn_like(p) for p in net.parameters()]
+    for _ in range(3):
+        for p, g in zip(net.parameters(), grads, strict=True):
+            p.grad = g.clone()
+        old.step()
+    resumed = copy.deepcopy(net)
+    ck = {"optimizer": copy.deepcopy(old.state_dict()), "scheduler": sched.state_dict(), "lr": 7e-4}
+    cfg = a2c_config.A2CConfig(name="x", save=str(tmp_path))
+    optimizer, _, _, _ = _optimiser(cfg, resumed, False, ck)
+    assert optimizer.defaults["fused"] is True
+    assert all(float(st["step"]) == 3 for st in optimizer.state.values())
+    for p, q, g in zip(net.parameters(), resumed.parameters(), grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    old.step()
+    optimizer.step()
+    for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
