@@ -36,7 +36,7 @@ from bench.bench_a2c import GAME, cpu_name, make_reward_model, train_run
 from bench.table import Rows, print_table
 from lib.a2c import a2c_loss, act
 from lib.a2c_config import ADAM_EPS, BATCH_SIZE, CLIP_GRAD, ENTROPY_BETA, LEARNING_RATE
-from lib.a2c_run import autocast, cpu_has_native_bf16
+from lib.a2c_run import FUSED_ADAM_DEVICES, autocast, cpu_has_native_bf16
 from lib.envs import AtariVec, default_env_threads
 from lib.experience import BOOT_NEXT, Transitions
 from lib.model import AtariA2C
@@ -102,7 +102,7 @@ def part_rows(rows: list[Row], bf16: bool, seconds: float) -> dict[str, float]:
     stacks = obs[:ENVS]
     u = rng.random(ENVS)
     us["acting forward"] = per_call(lambda: act(net, stacks, dev, bf16, u), seconds) / ENVS * 1e6
-    opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS)
+    opt = torch.optim.Adam(net.parameters(), lr=LEARNING_RATE, eps=ADAM_EPS, fused=dev.type in FUSED_ADAM_DEVICES)
     batch = batch_of(obs, BATCH_SIZE, rng)
     boot = np.zeros(BATCH_SIZE, dtype=np.float32)
 
