@@ -65,9 +65,10 @@ from lib.segments import MAX_ENV_STEP
 from lib.stats import StepCorrelation, pearson
 from lib.tb import hparams_table, run_dir
 
+FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam (the learner's optimiser)
+
 # How the run reports.
 RECENT_GAMES = 100  # the console's running mean score is over this many finished games
-FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam
 
 
 def autocast(device: torch.device, enabled: bool) -> torch.autocast:

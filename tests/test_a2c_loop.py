@@ -8,6 +8,7 @@ worked out exactly.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,11 @@ import torch
 
 import lib.a2c as a2c
 import lib.a2c_config as a2c_config
+from lib.a2c_run import _optimiser
 from lib.envs import VecStep
 from lib.errors import UserError
 from lib.experience import Transitions
+from lib.model import AtariA2C
 
 LIFE, LIVES = 7, 2
 GAME = LIFE * LIVES  # steps of one game
@@ -502,11 +505,6 @@ def test_the_new_reward_path_and_kl_flags_refuse_bad_values(kw, message):
 def test_resume_takes_the_moments_of_an_unfused_adam(tmp_path: Path) -> None:
     """A last.pt written before the optimiser was torch's fused Adam resumes with its moments and
     step count, and the next update is the one the per-tensor Adam would have made."""
-    import copy
-
-    from lib.a2c_run import _optimiser
-    from lib.model import AtariA2C
-
     torch.manual_seed(0)
     net = AtariA2C((4, 84, 84), 6)
     old = torch.optim.Adam(net.parameters(), lr=7e-4, eps=1e-3)
