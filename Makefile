@@ -21,12 +21,19 @@ demo-live: $(VENV_STAMP)
 	$(PY) -m experiments.live --minutes 5
 
 # The browser tests need Debian's chromium + chromium-driver: installed as root, else one line and exit 2.
+# Stage 1's loop runs again with each precision forced (its default, auto, follows the CPU), so that
+# a CPU without native bf16 runs what a bf16 one would, and the other way round.
+A2C_LOOP_TESTS := tests/test_a2c_loop.py
+
 test: $(VENV_STAMP)
 	bash scripts/browser_deps.sh
 	$(PY) -m pytest
+	RLHF_TEST_PRECISION=bf16 $(PY) -m pytest -q $(A2C_LOOP_TESTS)
+	RLHF_TEST_PRECISION=fp32 $(PY) -m pytest -q $(A2C_LOOP_TESTS)
 
 test-fast: $(VENV_STAMP)
 	$(PY) -m pytest -m "not slow and not browser"
+	RLHF_TEST_PRECISION=bf16 $(PY) -m pytest -q $(A2C_LOOP_TESTS)
 
 bench: $(VENV_STAMP)
 	@for f in bench/bench_*.py; do $(PY) -m bench.$$(basename $$f .py) || exit 1; done
