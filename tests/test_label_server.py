@@ -65,6 +65,34 @@ def test_a_login_cookie_opens_only_this_server_run(tmp_path: Path) -> None:
         assert _status(browser, f"{again.url}/label")[0] == 401
 
 
+# Cookies of other apps on this host that Python's SimpleCookie cannot read, and stopped at: browsers
+# send every cookie of the host whatever its port, so any local app (or a page on another port, on
+# purpose) can put one beside the login cookie.
+JUNK_COOKIES = ['prefs={"a":1,"b":2}', "cart[item]=1", "msg=hello world"]
+
+
+@pytest.mark.parametrize("junk", JUNK_COOKIES)
+def test_other_apps_cookies_do_not_lock_the_owner_out(tmp_path: Path, junk: str) -> None:
+    """The login cookie is found among whatever other cookies the browser sends with it, before
+    or after it; without it, or with a wrong value, the junk lets nobody in."""
+    db = tmp_path / "db"
+    make_synthetic_db(db, 4)
+    token = "the-owners-token"
+    with LabelServer("-d", str(db), "--cache-dir", str(tmp_path / "clips"), "--token", token) as server:
+        jar = http.cookiejar.CookieJar()
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        assert _status(browser, f"{server.url}/label?token={token}")[0] == 200
+        (login,) = [f"{c.name}={c.value}" for c in jar]
+        plain = urllib.request.build_opener()  # sends the Cookie header exactly as written here
+        for header in (f"{junk}; {login}", f"{login}; {junk}", f"{junk}; {login}; {junk}"):
+            req = urllib.request.Request(f"{server.url}/label", headers={"Cookie": header})
+            assert _status(plain, req) == (200, f"{server.url}/label"), header
+        wrong = login.split("=")[0] + "=" + "0" * 64
+        for header in (junk, f"{junk}; {wrong}", f"{wrong}; {junk}"):
+            req = urllib.request.Request(f"{server.url}/label", headers={"Cookie": header})
+            assert _status(plain, req)[0] == 401, header
+
+
 # What a browser sends (Fetch Metadata) with a login attempt that a page of another site makes:
 # an <img src=".../?token=guess"> on any web page, or on a page of another port of this host
 # (ports do not make another site: Sec-Fetch-Site says same-site there).

@@ -12,7 +12,6 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -105,6 +104,19 @@ class LoginLimiter:
         self.debt[who] = (self._owed(who) + 1.0, self.clock())
 
 
+def cookie_values(header: bytes, name: bytes) -> list[bytes]:
+    """The values of every cookie called ``name`` in a Cookie header (``b"a=1; b=2"``), read
+    leniently: pairs are split on ';' and anything that is not ``name=value`` is skipped. Python's
+    ``SimpleCookie`` gives up on the whole header at the first cookie it cannot read (``msg=hello
+    world``, ``cart[item]=1``), and browsers send every cookie of the host, other apps' included."""
+    values = []
+    for pair in header.split(b";"):
+        key, eq, value = pair.partition(b"=")
+        if eq and key.strip() == name:
+            values.append(value.strip())
+    return values
+
+
 class TokenMiddleware:
     """ASGI middleware: every HTTP request and websocket needs the cookie
     ``rlhf_label_auth_<port>``, else it gets the login form (pages) or 401. The cookie holds a
@@ -121,14 +133,11 @@ class TokenMiddleware:
         self.limiter = limiter or LoginLimiter()
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
-        raw = b"; ".join(v for k, v in scope.get("headers", []) if k == b"cookie").decode("latin-1")
-        cookie = SimpleCookie()
-        try:
-            cookie.load(raw)
-        except Exception:  # a malformed cookie header is simply not authorised
-            return False
-        got = cookie[self.cookie].value if self.cookie in cookie else ""
-        return hmac.compare_digest(got, self.expected)
+        raw = b"; ".join(v for k, v in scope.get("headers", []) if k == b"cookie")
+        # Any cookie of that name may be ours: a page on another port can set a decoy of the same
+        # name, and the browser sends both. Each is compared in constant time; a wrong one lets no one in.
+        expected = self.expected.encode()
+        return any(hmac.compare_digest(got, expected) for got in cookie_values(raw, self.cookie.encode()))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
