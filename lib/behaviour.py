@@ -76,14 +76,19 @@ def format_behaviour(stats: dict[str, float]) -> str:
     """``behaviour_stats`` as a log fragment ('' when there are none)."""
     if "refills_per_game" not in stats:
         return ""
+
+    def of_lives_lost(key: str) -> str:
+        # No life lost: the share is undefined (the stats hold 0.0 for the logs), not "0%".
+        return f"{stats[key]:.0%}" if stats["deaths_per_game"] > 0 else "n/a"
+
     text = (
         f"refills {stats['refills_per_game']:.2f}/game, lives lost {stats['deaths_per_game']:.2f}/game "
-        f"({100 * stats['oxygen_death_share']:.0f}% to oxygen)"
+        f"({of_lives_lost('oxygen_death_share')} to oxygen)"
     )
     if "low_climbs_per_game" in stats:
         text += (
             f", low-gauge climbs {stats['low_climbs_per_game']:.2f}/game, {stats['surface_share']:.0%} at the surface"
             f", divers rescued {stats['rescues_per_game']:.2f}/game, {stats['diver_share']:.0%} with a diver aboard"
-            f", {stats['surfacing_death_share']:.0%} of lives lost surfacing with no diver"
+            f", {of_lives_lost('surfacing_death_share')} of lives lost surfacing with no diver"
         )
     return text

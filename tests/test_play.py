@@ -190,6 +190,21 @@ def test_summary_line() -> None:
     assert "refills 1.50/game, lives lost 4.00/game (12% to oxygen)" in summary(res)
 
 
+def test_summary_without_a_life_lost_gives_no_shares_of_lives_lost() -> None:
+    """No life lost: the shares of lives lost to oxygen and to surfacing are undefined, not 0%."""
+    from lib.play import EpisodeResult
+    from lib.seaquest import OxygenCounts, SurfaceCounts
+
+    res = [EpisodeResult(1, 100.0, 500, "max steps"), EpisodeResult(2, 300.0, 700, "max steps")]
+    res[0].oxygen, res[1].oxygen = OxygenCounts(1, 0, 0), OxygenCounts(2, 0, 0)
+    line = summary(res)
+    assert "refills 1.50/game, lives lost 0.00/game (n/a to oxygen)" in line, line
+    res[0].surface, res[1].surface = SurfaceCounts(steps=500), SurfaceCounts(steps=700)
+    line = summary(res)
+    assert "(n/a to oxygen)" in line and "n/a of lives lost surfacing with no diver" in line, line
+    assert "0% of lives lost" not in line, line
+
+
 # --- the reward view ---------------------------------------------------------------------------
 
 
