@@ -45,7 +45,7 @@ from lib.envs import rom_name
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
 from lib.saved_states import vec_env
-from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
+from lib.seaquest import PayTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
 from lib.settings import build_parser as settings_parser
 from lib.settings import check_fields, setting
 
@@ -65,9 +65,7 @@ class RuleRewardVec:
         self.paid_steps = self.climb_steps = self.games = self.steps = 0
 
     def _fresh(self) -> None:
-        n = self.env.n_envs
-        self._oxygen = [OxygenTracker() for _ in range(n)]
-        self._surface = [SurfaceTracker() for _ in range(n)]
+        self._pay = [PayTracker() for _ in range(self.env.n_envs)]
 
     def __getattr__(self, name: str) -> Any:
         if name == "env":  # not set yet: no recursion through __getattr__
@@ -99,11 +97,7 @@ class RuleRewardVec:
         )
         bonus = np.zeros(len(ended), dtype=np.float32)
         for i, (level, row, divers, lost) in enumerate(readings):
-            ox, sf = self._oxygen[i], self._surface[i]
-            refills, climbed = ox.counts.refills, sf.counts.diver_climb_rows
-            ox.step(level, lost)
-            sf.step(level, row, lost, divers)
-            refilled, climb = ox.counts.refills > refills, sf.counts.diver_climb_rows > climbed
+            climb, refilled, _ = self._pay[i].step(level, row, divers, lost)
             self.climb_steps += climb
             paid = (climb and self.pay in ("climb", "both")) or (refilled and self.pay in ("refill", "both"))
             self.paid_steps += paid
@@ -116,11 +110,11 @@ class RuleRewardVec:
     @property
     def refills(self) -> int:
         """Refills since the last reset, over all envs (the trackers' own counts)."""
-        return sum(ox.counts.refills for ox in self._oxygen)
+        return sum(p.oxygen.counts.refills for p in self._pay)
 
     @property
     def low_diver_steps(self) -> int:
-        return sum(sf.counts.low_diver_steps for sf in self._surface)
+        return sum(p.surface.counts.low_diver_steps for p in self._pay)
 
     def summary(self) -> dict[str, Any]:
         return {

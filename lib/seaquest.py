@@ -227,3 +227,59 @@ def surface_counts(frames: np.ndarray, life_lost: np.ndarray | None) -> SurfaceC
     for level, row, divers, dead in zip(*readings, lost.tolist(), strict=True):
         tracker.step(level, row, dead, divers)
     return tracker.counts
+
+
+# --- the surface rule's pay, per step ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepPay:
+    """What the surface rule pays each step of a record of consecutive steps, (T,) arrays:
+    ``pay`` float32, the score's sign + 1 on a climb step + 1 on a refill step; ``climb`` bool, the
+    sub rose with a low gauge and a diver aboard (``SurfaceCounts.diver_climb_rows`` grew); ``refill``
+    bool, the gauge began to rise from above 0 (``OxygenCounts.refills`` grew); ``low_diver`` bool, a
+    low gauge, not filling, with a diver aboard (``SurfaceCounts.low_diver_steps``): where the
+    climb's pay lives."""
+
+    pay: np.ndarray
+    climb: np.ndarray
+    refill: np.ndarray
+    low_diver: np.ndarray
+
+    @property
+    def total(self) -> float:
+        return float(np.sum(self.pay, dtype=np.float64))
+
+
+@dataclass
+class PayTracker:
+    """The one owner of the surface rule's per-step pay (``StepPay``): an ``OxygenTracker`` and a
+    ``SurfaceTracker`` followed together, one agent step at a time, for a recorded clip
+    (``step_pay``) and for games being played (``experiments.refill_levers``)."""
+
+    oxygen: OxygenTracker = field(default_factory=OxygenTracker)
+    surface: SurfaceTracker = field(default_factory=SurfaceTracker)
+
+    def step(self, level: int, row: int, divers: int, life_lost: bool) -> tuple[bool, bool, bool]:
+        """The readings of the frame the action was chosen on (``oxygen_levels``, ``sub_rows``,
+        ``divers_aboard``) and whether the step ended a life -> (climb, refill, low_diver) of the step."""
+        ox, sf = self.oxygen.counts, self.surface.counts
+        refills, climbed, low_divers = ox.refills, sf.diver_climb_rows, sf.low_diver_steps
+        self.oxygen.step(level, life_lost)
+        self.surface.step(level, row, life_lost, divers)
+        return sf.diver_climb_rows > climbed, ox.refills > refills, sf.low_diver_steps > low_divers
+
+
+def step_pay(frames: np.ndarray, rewards: np.ndarray | None, life_lost: np.ndarray | None) -> StepPay:
+    """The surface rule's pay of each step of a clip (``StepPay``): (T, 210, 160, 3) frames, the true
+    rewards (None: the score adds nothing) and the steps that ended a life or the game."""
+    t = len(frames)
+    lost = np.zeros(t, dtype=bool) if life_lost is None else np.asarray(life_lost, dtype=bool)
+    tracker = PayTracker()
+    flags = np.zeros((3, t), dtype=bool)
+    readings = (oxygen_levels(frames).tolist(), sub_rows(frames).tolist(), divers_aboard(frames).tolist())
+    for i, (level, row, divers, dead) in enumerate(zip(*readings, lost.tolist(), strict=True)):
+        flags[:, i] = tracker.step(level, row, divers, dead)
+    score = np.zeros(t, dtype=np.float32) if rewards is None else np.sign(np.asarray(rewards, dtype=np.float32))
+    climb, refill, low_diver = flags
+    return StepPay(score + climb + refill, climb, refill, low_diver)

@@ -2,7 +2,8 @@
 person would (1, 2, 0 or -1) and names the rule that decided (``judge_rule``; the oracle stores it
 as ``rule``). ``score`` prefers the higher true return, a lost life costing ``death_penalty``
 points; ``oxygen`` and ``surface`` (SeaQuest) first apply rules for what the score does not pay for,
-then the score. ``noise`` answers a share at random (the paper's model of a person). Each rule and
+then the score; ``refill`` (SeaQuest) weighs: the larger sum of the surface rule's per-step pay wins
+(``lib.seaquest.step_pay``). ``noise`` answers a share at random (the paper's model of a person). Each rule and
 its thresholds: docs/reference.md; the screen is read by ``lib.seaquest``."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER
-from lib.seaquest import OxygenCounts, SurfaceCounts, oxygen_counts, shows_gauge, surface_counts
+from lib.seaquest import OxygenCounts, StepPay, SurfaceCounts, oxygen_counts, shows_gauge, step_pay, surface_counts
 
 TIE_RULES = ("equal", "skip")
 CLIMB_MIN_ROWS = 8  # surface teacher: low-gauge climbs with a diver closer than this do not decide
@@ -26,13 +27,15 @@ IDLE_MIN_STEPS = 20  # surface teacher: idle-at-the-surface counts closer than t
 @dataclass(frozen=True)
 class SegmentFacts:
     """What a teacher knows of a segment: its true return (None: the DB has no true rewards) and,
-    for SeaQuest at full resolution, what its oxygen gauge showed and what the sub did with a low
-    gauge, with divers and at the surface (None for other games)."""
+    for SeaQuest at full resolution, what its oxygen gauge showed, what the sub did with a low
+    gauge, with divers and at the surface, and what the surface rule pays each step (None for other
+    games; the pay also None without true rewards)."""
 
     ret: float | None
     oxygen: OxygenCounts | None = None
     surface: SurfaceCounts | None = None
     lives_lost: int = 0  # steps that ended a life (or the game) within the clip
+    pay: StepPay | None = None
 
 
 def segment_facts(
@@ -43,7 +46,8 @@ def segment_facts(
     lost = 0 if life_lost is None else int(np.count_nonzero(life_lost))
     if not shows_gauge(game, frames.shape[1:]):
         return SegmentFacts(ret, lives_lost=lost)
-    return SegmentFacts(ret, oxygen_counts(frames, life_lost), surface_counts(frames, life_lost), lost)
+    pay = None if rewards is None else step_pay(frames, rewards, life_lost)
+    return SegmentFacts(ret, oxygen_counts(frames, life_lost), surface_counts(frames, life_lost), lost, pay)
 
 
 Verdict = tuple[int, str]  # (answer, the rule that decided it)
@@ -96,6 +100,13 @@ def _by_surface(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) ->
     return _by_score(a, b)
 
 
+def _by_pay(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
+    if a.pay is None or b.pay is None:
+        return None
+    pa, pb = a.pay.total, b.pay.total
+    return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
+
+
 # The score teacher's --death-penalty: a clip with a lost life loses 100 points (a few shots'
 # worth). Its models agreed more with the score on held-out pairs (docs/results.md), both papers'
 # oracles penalise a death, and without it a death ties with idling.
@@ -109,7 +120,9 @@ class TeacherEntry:
     names that decide its labels, first to last; ``judge(a, b, death_penalty)``: its verdict, None
     where it cannot tell; ``reads_gauge``: it reads SeaQuest's gauge, so a DB of another game is
     refused; ``death_penalty``: its default (None: it takes none); ``old_facts``: the label fields,
-    first to last, that say how a label written before labels named their rule was decided."""
+    first to last, that say how a label written before labels named their rule was decided;
+    ``step_pay``: it sums the surface rule's per-step pay, so ``--evaluate`` also correlates a
+    model's per-step reward with that pay."""
 
     name: str
     summary: str
@@ -118,6 +131,7 @@ class TeacherEntry:
     reads_gauge: bool = False
     death_penalty: float | None = None
     old_facts: tuple[str, ...] = ()
+    step_pay: bool = False
 
 
 TEACHER_ENTRIES: dict[str, TeacherEntry] = {
@@ -147,6 +161,15 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             ("death", "refill", "diver_climb", "rescue", "idle", "score", "tie"),
             _by_surface,
             reads_gauge=True,
+        ),
+        TeacherEntry(
+            "refill",
+            "(SeaQuest) weighs: prefers the clip whose per-step pay sums higher, the score's sign on each step, "
+            "+1 on each step the sub climbs with a low gauge and a diver aboard, +1 on each refill; equal sums tie",
+            ("pay", "tie"),
+            _by_pay,
+            reads_gauge=True,
+            step_pay=True,
         ),
     )
 }

@@ -15,6 +15,7 @@ from experiments.branch import ENV_ID
 from lib.envs import VecStep
 from lib.errors import UserError
 from lib.saved_states import SingleGame
+from lib.seaquest import step_pay
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +76,27 @@ def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_o
     steps = play(none, "UP", 40)
     assert (none.climb_steps, none.refills, none.paid_steps) == (climb.climb_steps, 1, 0)
     assert all(s.rewards[0] == s.true_rewards[0] for s in steps)
+
+
+def test_the_pays_owner_gives_the_levers_counts_on_the_recorded_clip() -> None:
+    """lib.seaquest.step_pay on the frames the levers' env showed (the ones each action was chosen
+    on), its true rewards and life ends: the same climb steps, refills and paid steps, step by step."""
+    both = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    up = np.array([both.env.g.meanings.index("UP")])
+    shown, steps = [], []
+    for action in (up,) * 40:
+        shown.append(both.env.frames[0].copy())
+        steps.append(both.step(action))
+    bonus = np.array([float(s.rewards[0] - s.true_rewards[0]) for s in steps])
+    rewards = np.array([s.true_rewards[0] for s in steps], dtype=np.float32)
+    lost = np.array([bool(s.terminated[0] or s.game_over[0]) for s in steps])
+    pay = step_pay(np.stack(shown), rewards, lost)
+    assert int(pay.climb.sum()) == both.climb_steps > 0
+    assert int(pay.refill.sum()) == both.refills == 1
+    assert int((pay.climb | pay.refill).sum()) == both.paid_steps
+    assert np.array_equal((pay.climb | pay.refill).astype(float), bonus)  # the same steps paid
+    assert np.array_equal(pay.pay, np.sign(rewards) + pay.climb + pay.refill)
+    assert int(pay.low_diver.sum()) == both.low_diver_steps > 0
 
 
 def test_no_diver_aboard_or_staying_down_earns_nothing() -> None:

@@ -34,8 +34,10 @@ from lib.seaquest import (
     SURFACE_ROW,
     OxygenCounts,
     SurfaceCounts,
+    StepPay,
     oxygen_counts,
     oxygen_levels,
+    step_pay,
     sub_rows,
 )
 from lib.segment_writer import save_segment
@@ -504,7 +506,9 @@ def _random_facts(rng: np.random.Generator) -> SegmentFacts:
         rescues=int(rng.integers(0, 2)),
         idle_steps=int(rng.choice([0, 10, 30])),
     )
-    return SegmentFacts(float(rng.choice([0.0, 20.0])), oxygen, surface, lives_lost=deaths)
+    flags = rng.random((3, 4)) < 0.3
+    pay = StepPay(flags.sum(0).astype(np.float32), flags[0], flags[1], flags[2])
+    return SegmentFacts(float(rng.choice([0.0, 20.0])), oxygen, surface, lives_lost=deaths, pay=pay)
 
 
 def test_a_teacher_is_one_entry_whose_rules_are_the_ones_it_decides_by():
@@ -529,3 +533,34 @@ def test_a_teacher_is_one_entry_whose_rules_are_the_ones_it_decides_by():
     Teacher("score", death_penalty=100.0)
     with pytest.raises(ValueError, match="takes no death penalty"):
         Teacher("surface", death_penalty=100.0)
+
+
+def test_the_refill_teacher_weighs_the_per_step_pay(surface_clips: dict[str, Segment]) -> None:
+    """The refill teacher prefers the larger sum of the surface rule's pay: each climbing step with a
+    low gauge and a diver aboard is worth what a kill is worth, so eight of them beat one kill,
+    two kills beat one, and equal sums tie (where the surface teacher's order of rules would not)."""
+    climb = play_plan(CLIMB_PLAN)
+    eight = cut(climb, CLIMB_START - 26, CLIMB_START + 9)  # rises on its last 8 steps, no points
+    one_kill = surface_clips["points"]  # 20 points on one step, plenty of air
+    kills = np.array(one_kill.rewards)
+    kills[np.flatnonzero(kills == 0)[5]] = 20.0
+    two_kills = dataclasses.replace(one_kill, rewards=kills)
+    pay = {k: step_pay(c.frames, c.rewards, c.dones) for k, c in [("eight", eight), ("one", one_kill)]}
+    assert int(pay["eight"].climb.sum()) == 8 and pay["eight"].total == 8.0
+    assert int(pay["eight"].low_diver.sum()) == len(eight) - 1  # all but the first, unjudged, reading
+    assert pay["one"].total == 1.0 and not pay["one"].climb.any()
+
+    def fx(c: Segment) -> SegmentFacts:
+        return segment_facts(c.frames, c.rewards, c.dones, "seaquest")
+
+    t = Teacher("refill")
+    assert t.judge_rule(fx(eight), fx(one_kill)) == (FIRST_BETTER, "pay")
+    assert t.judge_rule(fx(one_kill), fx(eight)) == (SECOND_BETTER, "pay")
+    assert t.judge_rule(fx(two_kills), fx(one_kill)) == (FIRST_BETTER, "pay")
+    staying = surface_clips["staying"]  # 20 points, a low gauge and a diver, no climb: one kill's pay
+    assert t.judge_rule(fx(staying), fx(one_kill)) == (EQUAL, "tie")
+    assert Teacher("refill", ties="skip").judge_rule(fx(staying), fx(one_kill)) == (CANT_TELL, "tie")
+    # A clip refilled for air is paid one more than its climb; without true rewards the teacher cannot tell.
+    assert t.judge_rule(fx(surface_clips["refill"]), fx(surface_clips["plain"])) == (FIRST_BETTER, "pay")
+    blind = segment_facts(eight.frames, None, eight.dones, "seaquest")
+    assert t.judge_rule(blind, fx(one_kill)) == (CANT_TELL, "cant_tell")
