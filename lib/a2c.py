@@ -56,13 +56,21 @@ def a2c_loss(
     ``boot_values`` (B,) float32 computed without gradient (0 where the episode terminated).
     ``weight`` scales the returned loss, not the metrics: with K ranks B / (all ranks' B), so the
     summed gradients are those of the global mean. ``start``: a fine-tune's start policy; its KL is
-    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``)."""
-    states = torch.from_numpy(batch.obs).to(device)
+    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``).
+    ``batch.features``: the frozen trunk's features from the acting forward; the heads run on them
+    and the trunk is not run again (the same loss: the frozen weights have not moved since)."""
+    kept = batch.features
+    if kept is not None and not net.conv_frozen:
+        raise ValueError("a2c_loss: batch.features given but the conv layers train (kept features need --finetune)")
+    # the frames are read only where a forward needs them: the trunk, or a start policy with its own
+    states = None
+    if kept is None or (start is not None and not start.shared):
+        states = torch.from_numpy(batch.obs).to(device)
     actions = torch.from_numpy(batch.actions).to(device)
     target = torch.from_numpy(batch.returns + batch.discount * boot_values).to(device)
 
     with autocast(device, bf16):
-        fx = net.features(states)
+        fx = net.features(states) if kept is None else kept.to(device)
         logits, values = net.heads(fx)
         start_logits = None if start is None else start.logits(fx.detach(), states)
     logits, values = logits.float(), values.float()
@@ -111,18 +119,26 @@ def adapt_kl_coef(coef: float, kl: float, target: float, samples: int, horizon: 
 
 
 def act(
-    net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool, uniforms: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """One batched forward for all envs: (actions sampled from the policy, V(obs)). ``uniforms``
-    (N,) in [0, 1), one per env (``env_uniforms``), pick each action by inverse CDF. Actions and
-    values come back together: one device synchronisation per vector step."""
+    net: AtariA2C,
+    obs: np.ndarray,
+    device: torch.device,
+    bf16: bool,
+    uniforms: np.ndarray,
+    keep_features: bool = False,
+) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
+    """One batched forward for all envs: (actions sampled from the policy, V(obs), the trunk's
+    features (N, 3136) on ``device`` where ``keep_features``, else None). ``uniforms`` (N,) in [0,
+    1), one per env (``env_uniforms``), pick each action by inverse CDF. Actions and values come back
+    together: one device synchronisation per vector step. The features are in the autocast's dtype
+    (bfloat16 under ``bf16``), as the learner's own trunk forward would give them to the heads."""
     with torch.no_grad(), autocast(device, bf16):
-        logits, values = net(torch.from_numpy(obs).to(device, non_blocking=True))
+        fx = net.features(torch.from_numpy(obs).to(device, non_blocking=True))
+        logits, values = net.heads(fx)
         cum = F.softmax(logits.float(), dim=1).cumsum(dim=1)
         u = torch.from_numpy(uniforms).to(device, dtype=torch.float32)[:, None]
         actions = (cum < u).sum(dim=1).clamp_max(logits.shape[1] - 1)
         both = torch.stack([actions.float(), values.float()]).cpu().numpy()
-    return both[0].astype(np.int64), both[1]
+    return both[0].astype(np.int64), both[1], fx if keep_features else None
 
 
 def _values(net: AtariA2C, obs: np.ndarray, device: torch.device, bf16: bool = False) -> np.ndarray:
@@ -160,7 +176,8 @@ class MeanTracker:
 class Learner:
     """Turns transitions into A2C updates, one per BATCH_SIZE transitions over all ranks. The next
     step's acting forward computes the V(obs) the completed transitions bootstrap from, so ``learn``
-    takes them from there: one forward + backward per batch, not two forwards. Under torchrun one
+    takes them from there: one forward + backward per batch, not two forwards; with the trunk frozen
+    (--finetune) the acting forward's features too, so the learner runs the heads alone. Under torchrun one
     small all-reduce per vector step sums the ranks' counts and stop requests, so all ranks update
     on the same step; gradients are summed before the optimiser step."""
 
@@ -312,10 +329,10 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
         run.net.train()
         try:
             low = low_gauge(run.env.frames) if gauge else None
-            actions, values = act_step(run, obs)
+            actions, values, fx = act_step(run, obs)
             while True:
                 st = run.env.step_wait()
-                prev_obs, prev_actions, prev_low, obs = obs, actions, low, st.obs
+                prev_obs, prev_actions, prev_low, prev_fx, obs = obs, actions, low, fx, st.obs
                 run.progress.step += run.global_envs
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
@@ -324,7 +341,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
                 done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
                 if not done:
                     low = low_gauge(run.env.frames) if gauge else None  # the frames ``obs`` was made of
-                    actions, values = act_step(run, obs)  # the env steps from here while this thread works
+                    actions, values, fx = act_step(run, obs)  # the env steps from here while this thread works
                 st.complete()  # a diff reward model's forward on this step (RewardModelWrapper)
                 games.update(st, run.progress, run.writer)
                 if run.dist.is_main:
@@ -332,7 +349,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
                 rewards = np.sign(st.rewards) if clip else st.rewards
                 ends = learner_terminal(st, cfg.terminal)
                 learner.waiting = collector.add(
-                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_low
+                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_low, prev_fx
                 )
                 if done:
                     break
@@ -374,14 +391,15 @@ def learner_terminal(st: VecStep, terminal: str) -> np.ndarray:
     raise ValueError(f"unknown terminal {terminal!r}")
 
 
-def act_step(run: Run, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def act_step(run: Run, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None]:
     """Choose this vector step's actions (per-env random streams: ``env_uniforms``), start the env
-    stepping with them, and return (actions, V(obs))."""
+    stepping with them, and return (actions, V(obs), the trunk's features of obs or None). With
+    the trunk frozen (--finetune) the features are kept: the learner runs only the heads on them."""
     t = run.progress.step // run.global_envs
     u = env_uniforms(run.cfg.seed, run.env_ids, t)
-    actions, values = act(run.net, obs, run.device, run.cfg.bf16, u)
+    actions, values, fx = act(run.net, obs, run.device, run.cfg.bf16, u, keep_features=run.net.conv_frozen)
     run.env.step_async(actions)
-    return actions, values
+    return actions, values, fx
 
 
 def announce(run: Run) -> None:

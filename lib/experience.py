@@ -8,13 +8,18 @@ transition started at step t is emitted once it has n rewards, or when its episo
                                      and no bootstrap             (episode terminated)
 
 ``discount`` is gamma**k. No transition reaches past the step that ended its episode (with life-loss
-termination, its life)."""
+termination, its life).
+
+With a frozen trunk (``--finetune``) the collector also keeps each state's features from the acting
+forward, so that the learner runs the heads only; they stay torch tensors on the device that made
+them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 BOOT_NONE = 0  # terminated: the return ends here
 BOOT_NEXT = 1  # n rewards summed, episode goes on: bootstrap from the obs after the last step
@@ -34,6 +39,8 @@ class Transitions:
     boot_obs:  (B, *obs_shape) uint8  state to bootstrap from (zeros where BOOT_NONE)
     env:       (B,) int64             index of the env the transition came from
     low:       (B,) bool or None      the state showed a low gauge (SeaQuest; the KL logged on those alone)
+    features:  (B, F) tensor or None  the frozen trunk's features of ``obs`` from the acting forward (float32,
+                                      or bfloat16 under --precision bf16), on the policy's device
     """
 
     obs: np.ndarray
@@ -45,15 +52,18 @@ class Transitions:
     boot_obs: np.ndarray
     env: np.ndarray
     low: np.ndarray | None = None
+    features: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.actions)
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        def joined(name: str) -> np.ndarray | None:
+        def joined(name: str) -> np.ndarray | torch.Tensor | None:
             arrays = [getattr(p, name) for p in parts]
-            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+            if any(a is None for a in arrays):
+                return None
+            return torch.cat(arrays) if isinstance(arrays[0], torch.Tensor) else np.concatenate(arrays)
 
         return Transitions(*(joined(f) for f in Transitions.__dataclass_fields__))
 
@@ -74,6 +84,7 @@ class NStepCollector:
         self.k = np.zeros((n_steps, n_envs), dtype=np.int64)
         self.valid = np.zeros((n_steps, n_envs), dtype=bool)
         self.low = np.zeros((n_steps, n_envs), dtype=bool)
+        self.features: torch.Tensor | None = None  # (n_steps, n_envs, F), made by the first ``features`` given
         self.t = 0
 
     def add(
@@ -86,13 +97,19 @@ class NStepCollector:
         next_obs: np.ndarray,
         final_obs: np.ndarray | None = None,
         low: np.ndarray | None = None,
+        features: torch.Tensor | None = None,
     ) -> Transitions:
         """``low`` (N,) bool: the states ``obs`` showed a low gauge (None: not known; the
-        transitions' ``low`` is then None)."""
+        transitions' ``low`` is then None). ``features`` (N, F): the frozen trunk's features of
+        ``obs`` (None: the learner computes them; the transitions' ``features`` is then None)."""
         j = self.t % self.n
         self.t += 1
         # The slot is free: its previous transition had n rewards by the last step.
         self.obs[j] = obs
+        if features is not None:
+            if self.features is None:
+                self.features = features.new_zeros((self.n, *features.shape))
+            self.features[j] = features
         self.low[j] = False if low is None else low
         self.actions[j] = actions
         self.ret[j] = 0.0
@@ -129,6 +146,14 @@ class NStepCollector:
             boot_obs=boot_obs,
             env=env.astype(np.int64),
             low=None if low is None else self.low[slot, env].copy(),
+            # a transition learns the action taken in its first state: that state's features
+            features=None if features is None else self._features_at(slot, env),
         )
         self.valid[emit] = False
         return out
+
+    def _features_at(self, slot: np.ndarray, env: np.ndarray) -> torch.Tensor:
+        """(B, F) a copy of the kept features of the states in ``slot``, ``env`` (the ring is reused)."""
+        assert self.features is not None
+        dev = self.features.device
+        return self.features[torch.from_numpy(slot).to(dev), torch.from_numpy(env).to(dev)]

@@ -99,11 +99,16 @@ class StartPolicy:
             except (RuntimeError, KeyError, ValueError) as e:
                 raise UserError(f"last.pt's kl_start does not fit this network ({str(e)[:80]})") from None
 
-    def logits(self, fx: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    def logits(self, fx: torch.Tensor, states: torch.Tensor | None) -> torch.Tensor:
         """pi_start's logits (B, n_actions) for ``states`` (B, 4, 84, 84) uint8 whose features the
-        trained net computed as ``fx`` (B, 3136); no gradient."""
+        trained net computed as ``fx`` (B, 3136); no gradient. A shared start policy reads ``fx``
+        alone (``states`` may then be None: a fine-tune's learner keeps no frames on the device)."""
         with torch.no_grad():
-            return self.module(fx) if self.shared else self.module(states)[0]
+            if self.shared:
+                return self.module(fx)
+            if states is None:
+                raise ValueError("StartPolicy.logits: a start policy with its own conv layers needs the states")
+            return self.module(states)[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
