@@ -7,7 +7,8 @@ a vector step is 16 agent steps, an update 128):
 - env: ``AtariVec.step`` (ale-py's C++ threads, RGB frames, the 84x84 stack made here);
 - acting forward: ``lib.a2c.act`` on the 16 envs' stacks;
 - learner: ``lib.a2c.a2c_loss`` on a batch of 128 transitions, its backward, the gradient clip and
-  Adam's step;
+  Adam's step; and for a fine-tune (``--finetune``, the conv layers frozen) the same on the heads
+  alone, from the features the acting forward kept, beside the frozen trunk run again on the frames;
 - reward model: what ``RewardModelWrapper`` adds to a step (the default ``--arch diff`` model);
 - the rest: a real training run's time per step (``01_a2c.py``, ``--max-steps``) less the parts
   above: the Python bookkeeping (n-step returns, statistics, logging) less what overlapped.
@@ -23,6 +24,8 @@ rate measured here: the agent steps per second the learner's arithmetic alone al
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import tempfile
 import time
@@ -114,6 +117,7 @@ def part_rows(rows: list[Row], bf16: bool, seconds: float) -> dict[str, float]:
         opt.step()
 
     us["learner"] = per_call(update, seconds) / BATCH_SIZE * 1e6
+    us.update(finetune_learner(net, batch, boot, bf16, seconds))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "reward.pt"
         make_reward_model(path, "diff")
@@ -126,6 +130,34 @@ def part_rows(rows: list[Row], bf16: bool, seconds: float) -> dict[str, float]:
     for name, v in us.items():
         rows.append((f"per agent step: {name}", f"{v:,.0f}", "µs", f"{what}, {ENVS} envs, timed alone"))
     return us
+
+
+def finetune_learner(
+    net: AtariA2C, batch: Transitions, boot: np.ndarray, bf16: bool, seconds: float
+) -> dict[str, float]:
+    """A fine-tune's learner step (a copy of ``net`` with its conv layers frozen, Adam over the
+    heads), microseconds per agent step: on the features ``act`` kept in batches of ENVS, as
+    training runs it, and with the frozen trunk run again on the batch's frames."""
+    dev = torch.device("cpu")
+    ft = copy.deepcopy(net)
+    ft.freeze_conv()
+    heads = [p for p in ft.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(heads, lr=LEARNING_RATE, eps=ADAM_EPS, fused=dev.type in FUSED_ADAM_DEVICES)
+    u = np.zeros(ENVS)
+    kept = [act(ft, batch.obs[i : i + ENVS], dev, bf16, u, keep_features=True)[2] for i in range(0, len(batch), ENVS)]
+    with_features = dataclasses.replace(batch, features=torch.cat(kept))
+
+    def update(b: Transitions) -> None:
+        opt.zero_grad(set_to_none=False)
+        loss, _ = a2c_loss(ft, b, boot, dev, ENTROPY_BETA, bf16)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(heads, CLIP_GRAD)
+        opt.step()
+
+    return {
+        "learner, --finetune": per_call(lambda: update(with_features), seconds) / len(batch) * 1e6,
+        "learner, --finetune, trunk run again": per_call(lambda: update(batch), seconds) / len(batch) * 1e6,
+    }
 
 
 def flops_per_agent_step(bf16: bool) -> tuple[float, float]:
