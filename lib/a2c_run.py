@@ -34,6 +34,7 @@ from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.checkpoints import (
     atomic_torch_save,
     check_ck_fields,
+    checked_adam_state,
     float_in,
     int_in,
     is_dict,
@@ -429,10 +430,15 @@ def lr_schedule_steps(cfg: A2CConfig) -> int:
 
 
 def _optimiser(
-    cfg: A2CConfig, net: AtariA2C, finetune: bool, resume_ck: dict[str, Any] | None
+    cfg: A2CConfig,
+    net: AtariA2C,
+    finetune: bool,
+    resume_ck: dict[str, Any] | None,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float, int]:
-    """Adam over the trainable parameters with the book's linear decay to 0 (counted in learner
-    steps of BATCH_SIZE transitions); a resumed run continues its own lr, schedule and moments."""
+    """Adam over the trainable parameters (the book's betas and eps) with the book's linear decay to
+    0, counted in learner steps of BATCH_SIZE transitions. A resumed run continues its own moments
+    and its own schedule (the lr and length its last.pt records, at its update count); Adam's other
+    settings are always this run's, never the file's: only the checked moments and step are loaded."""
     ck = resume_ck or {}
     lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
     decay_steps = ck.get("lr_decay_steps", lr_schedule_steps(cfg))
@@ -441,19 +447,24 @@ def _optimiser(
     # (docs/benchmarks.md); the same update, the same state_dict.
     fused = params[0].device.type in FUSED_ADAM_DEVICES
     optimizer = torch.optim.Adam(params, lr=lr, eps=ADAM_EPS, fused=fused)
-    decay_iters = max(1, decay_steps // BATCH_SIZE)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: max(0.0, 1.0 - it / decay_iters))
+    updates = 0
     if resume_ck is not None:
-        where = cfg.save_dir / "last.pt"
-        try:
-            optimizer.load_state_dict(resume_ck["optimizer"])
-            scheduler.load_state_dict(resume_ck["scheduler"])
-        except (ValueError, KeyError, TypeError, IndexError, RuntimeError, AttributeError) as e:
+        path = cfg.save_dir / "last.pt"
+        state, updates = checked_adam_state(resume_ck["optimizer"], params, f"checkpoint {path}")
+        counted = resume_ck.get("progress", {}).get("train_steps", updates)
+        if updates != counted:
             raise UserError(
-                f"checkpoint {where}: its optimizer state does not fit this network ({str(e)[:80]})"
-            ) from None
-        if not all(state_is_finite(moments) for moments in optimizer.state.values()):
-            raise UserError(f"checkpoint {where}: its optimizer state holds NaN or infinite values")
+                f"checkpoint {path}: its optimizer has taken {updates:,} steps but its counters say {counted:,}: "
+                "not one run's state"
+            )
+        # this run's param groups (betas, eps, fused, ...) with the file's checked moments
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+    decay_iters = max(1, decay_steps // BATCH_SIZE)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr  # what LambdaLR scales; it requires it to start at an update other than 0
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda it: max(0.0, 1.0 - it / decay_iters), last_epoch=updates - 1
+    )
     return optimizer, scheduler, lr, decay_steps
 
 

@@ -316,3 +316,74 @@ def state_is_finite(sd: dict[str, torch.Tensor]) -> bool:
     return all(
         bool(torch.isfinite(v).all()) for v in sd.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
     )
+
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _adam_step(v: Any) -> float | None:
+    """A saved Adam step count as a number: a 0-dim real tensor or a plain number (older torch),
+    integer-valued and finite; None for anything else."""
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 0 or v.is_complex() or v.dtype == torch.bool or v.layout != torch.strided:
+            return None
+        v = v.item()
+    if not _plain_number(v) or not finite(v) or v != int(v) or v < 0:
+        return None
+    return float(v)
+
+
+def checked_adam_state(
+    sd: Any, params: list[torch.Tensor], where: str
+) -> tuple[dict[int, dict[str, torch.Tensor]], int]:
+    """The per-parameter state of a saved ``torch.optim.Adam`` (its ``state_dict()``), checked
+    against the ``params`` it is to drive, and the one step count all of them share. Every
+    parameter has its moments (or none has: a run saved before its first update): ``exp_avg`` and
+    ``exp_avg_sq`` of the parameter's shape and dtype, finite, the second not negative, and a
+    scalar ``step``. Returns ``({index: {"step", "exp_avg", "exp_avg_sq"}}, steps)`` for
+    ``load_state_dict``; UserError with one line (``where``: e.g. "checkpoint saves/x/last.pt")
+    otherwise. Why: the fused kernel reads a moment by its parameter's size, so one of another
+    shape makes it write past the tensor; nothing unchecked may reach it. The hyper-parameters the
+    file saved are not read: the caller's optimiser keeps its own."""
+    if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict):
+        raise UserError(f"{where}: its optimizer state does not fit this network (no per-parameter state)")
+    groups = sd.get("param_groups")
+    saved = [g.get("params") for g in groups] if isinstance(groups, list) and groups else None
+    if saved is None or not all(isinstance(p, list) for p in saved) or sum(map(len, saved)) != len(params):
+        raise UserError(
+            f"{where}: its optimizer state does not fit this network (it drives another set of parameters "
+            f"than the {len(params)} this run trains)"
+        )
+    state, n = sd["state"], len(params)
+    if state and set(state) != set(range(n)):
+        raise UserError(f"{where}: its optimizer state does not fit this network (moments for other parameters)")
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    steps: set[float] = set()
+    for i, p in enumerate(params):
+        if not state:
+            break
+        st = state[i]
+        if not isinstance(st, dict) or set(st) != {"step", *ADAM_MOMENTS}:
+            keys = sorted(map(str, st)) if isinstance(st, dict) else _show(st)
+            raise UserError(f"{where}: the optimizer state of parameter {i} holds {keys}, not Adam's step and moments")
+        step = _adam_step(st["step"])
+        if step is None:
+            raise UserError(f"{where}: the optimizer step of parameter {i} is {_show(st['step'])}, not a count")
+        steps.add(step)
+        for k in ADAM_MOMENTS:
+            m = st[k]
+            if not isinstance(m, torch.Tensor) or m.layout != torch.strided:
+                raise UserError(f"{where}: the optimizer's {k} of parameter {i} is {_show(m)}, not a tensor")
+            if m.shape != p.shape or m.dtype != p.dtype:
+                raise UserError(
+                    f"{where}: the optimizer's {k} of parameter {i} is {m.dtype} {tuple(m.shape)}, its parameter "
+                    f"{p.dtype} {tuple(p.shape)}: it does not fit this network"
+                )
+            if not bool(torch.isfinite(m).all()):
+                raise UserError(f"{where}: its optimizer state holds NaN or infinite values")
+        if bool((st["exp_avg_sq"] < 0).any()):
+            raise UserError(f"{where}: the optimizer's exp_avg_sq of parameter {i} holds negative values")
+        out[i] = {"step": torch.tensor(step, dtype=torch.float32), **{k: st[k] for k in ADAM_MOMENTS}}
+    if len(steps) > 1:
+        raise UserError(f"{where}: its optimizer's parameters have taken different numbers of steps")
+    return out, int(steps.pop()) if steps else 0

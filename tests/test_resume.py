@@ -1,0 +1,170 @@
+"""Stage 1's ``--resume`` and its checkpoint directory, on the fake game of ``test_a2c_loop`` (a whole
+run in about a second): what a ``last.pt`` may hand the optimiser, which schedule and which settings a
+resumed run goes on with, and that one live run holds its directory."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_a2c_loop import FakeVec, config
+
+import lib.a2c as a2c
+import lib.a2c_config as a2c_config
+from lib.a2c_run import _optimiser
+from lib.errors import UserError
+from lib.model import AtariA2C
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last(tmp_path: Path, **kw) -> tuple[Path, dict]:
+    """A finished run of 200 steps (kw: other settings) and its last.pt, loaded."""
+    assert a2c.train(config(tmp_path, max_steps=200, **kw), make_env=FakeVec) == 0
+    path = tmp_path / "saves" / "last.pt"
+    return path, torch.load(path, weights_only=True)
+
+
+def _resume_refused(tmp_path: Path, **kw) -> str:
+    """The one line a resume of the run in ``tmp_path`` (kw: its settings) is refused with."""
+    with pytest.raises(UserError) as e:
+        a2c.train(config(tmp_path, resume=True, **{"max_steps": 400, **kw}), make_env=FakeVec)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+# --- the optimiser's state: checked before the fused kernel sees it ------------------------------
+
+RESUME_IN_A_CHILD = """
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+from test_a2c_loop import FakeVec, config
+import lib.a2c as a2c
+from lib.errors import run_cli
+run_cli(lambda: a2c.train(config(Path(sys.argv[2]), max_steps=400, resume=True), make_env=FakeVec))
+"""
+
+
+@pytest.mark.parametrize("moment", ["exp_avg", "exp_avg_sq"])
+def test_a_moment_of_another_shape_is_one_line_exit_2_not_a_crash(tmp_path: Path, moment: str) -> None:
+    """A last.pt whose Adam moment is smaller than its parameter: the fused kernel would write past it
+    (munmap_chunk(): invalid pointer, exit 134); the resume runs in a child so that it cannot take
+    pytest down with it."""
+    path, ck = _last(tmp_path)
+    ck["optimizer"]["state"][0][moment] = torch.zeros(3)
+    torch.save(ck, path)
+    r = subprocess.run(
+        [sys.executable, "-c", RESUME_IN_A_CHILD, str(ROOT), str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
+    assert lines[0].startswith(f"error: checkpoint {path}: the optimizer's {moment} of parameter 0 is ")
+    assert "(3,)" in lines[0] and "(32, 4, 8, 8)" in lines[0] and "does not fit this network" in lines[0]
+
+
+def _state(ck: dict, i: int = 0) -> dict:
+    return ck["optimizer"]["state"][i]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda ck: _state(ck).update(exp_avg=_state(ck)["exp_avg"].double()), "is torch.float64 (32, 4, 8, 8)"),
+        (lambda ck: _state(ck).update(step=torch.tensor([1.0, 1.0])), "optimizer step of parameter 0 is Tensor"),
+        (lambda ck: _state(ck).update(step=torch.tensor(1.5)), "optimizer step of parameter 0 is Tensor"),
+        (lambda ck: _state(ck).update(step="1"), "optimizer step of parameter 0 is str"),
+        (lambda ck: _state(ck).update(step=torch.tensor(7.0)), "different numbers of steps"),
+        (lambda ck: [_state(ck, i).update(step=torch.tensor(7.0)) for i in ck["optimizer"]["state"]],
+         "its optimizer has taken 7 steps but its counters say 1"),
+        (lambda ck: _state(ck).update(exp_avg_sq=-_state(ck)["exp_avg_sq"] - 1),
+         "exp_avg_sq of parameter 0 holds negative"),
+        (lambda ck: _state(ck).update(max_exp_avg_sq=_state(ck)["exp_avg_sq"]), "not Adam's step and moments"),
+        (lambda ck: _state(ck).pop("exp_avg"), "not Adam's step and moments"),
+        (lambda ck: _state(ck).update(exp_avg=[0.0]), "exp_avg of parameter 0 is list"),
+        (lambda ck: ck["optimizer"]["state"].pop(3), "moments for other parameters"),
+        (lambda ck: ck["optimizer"]["state"].update({99: _state(ck)}), "moments for other parameters"),
+        (lambda ck: ck["optimizer"]["param_groups"][0]["params"].pop(), "another set of parameters"),
+        (lambda ck: ck["optimizer"].update(state=[]), "no per-parameter state"),
+    ],
+)  # fmt: skip
+def test_every_moment_and_step_is_checked_against_its_parameter(tmp_path: Path, change, message: str) -> None:
+    """Shape, dtype, a scalar integral step shared by all (and equal to the run's update count),
+    no negative second moment, nothing but Adam's keys: anything else is one line naming the file."""
+    path, ck = _last(tmp_path)
+    change(ck)
+    torch.save(ck, path)
+    line = _resume_refused(tmp_path)
+    assert line.startswith(f"checkpoint {path}") and message in line, line
+
+
+# --- Adam's settings and the schedule: the run's own, never the file's ---------------------------
+
+
+def test_a_resumed_run_steps_with_its_own_adam_settings_and_schedule(tmp_path: Path, monkeypatch) -> None:
+    """A last.pt that says maximize, weight decay 0.5, betas (0, 0.5), lr 0.897 in its param group and
+    a scheduler at -1e6 resumes with the book's Adam (fused) and the lr its checked fields give at its
+    update count; that is also what it writes back."""
+    path, ck = _last(tmp_path)
+    group = ck["optimizer"]["param_groups"][0]
+    group.update(maximize=True, weight_decay=0.5, betas=(0.0, 0.5), lr=0.897, initial_lr=0.897, eps=0.3)
+    group.update(fused=None, foreach=None, amsgrad=False)  # as a per-tensor Adam's (before the fused one) says
+    ck["scheduler"].update(last_epoch=-(10**6), base_lrs=[0.897], _last_lr=[0.897])
+    torch.save(ck, path)
+    seen = []
+    real = a2c.build_run
+
+    def spy(*args, **kw):
+        run = real(*args, **kw)
+        seen.append((dict(run.optimizer.param_groups[0]), run.scheduler.last_epoch))
+        return run
+
+    monkeypatch.setattr(a2c, "build_run", spy)
+    assert a2c.train(config(tmp_path, max_steps=400, resume=True), make_env=FakeVec) == 0
+    (first, epoch), updates = seen[0], ck["progress"]["train_steps"]
+    book = dict(maximize=False, weight_decay=0.0, betas=(0.9, 0.999), eps=a2c_config.ADAM_EPS, fused=True)
+    assert {k: first[k] for k in book} == book
+    assert epoch == updates
+    assert first["lr"] == pytest.approx(
+        ck["lr"] * max(0, 1 - updates / (ck["lr_decay_steps"] // a2c_config.BATCH_SIZE))
+    )
+    again = torch.load(path, weights_only=True)
+    saved = again["optimizer"]["param_groups"][0]
+    assert {k: saved[k] for k in book} == book and saved["initial_lr"] == ck["lr"] == a2c_config.LEARNING_RATE
+    assert again["scheduler"]["last_epoch"] == again["progress"]["train_steps"] > updates
+
+
+def test_resume_takes_the_moments_of_a_per_tensor_adam_into_the_fused_one(tmp_path: Path) -> None:
+    """A last.pt written before the optimiser was torch's fused Adam resumes with its moments and step
+    into the fused kernel (its param group, the one that steps, not only the defaults), and the next
+    update is the one the per-tensor Adam would have made."""
+    torch.manual_seed(0)
+    net = AtariA2C((4, 84, 84), 6)
+    old = torch.optim.Adam(net.parameters(), lr=7e-4, eps=a2c_config.ADAM_EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(old, lambda it: 1.0)
+    grads = [torch.randn_like(p) for p in net.parameters()]
+    for _ in range(3):
+        for p, g in zip(net.parameters(), grads, strict=True):
+            p.grad = g.clone()
+        old.step()
+    assert old.state_dict()["param_groups"][0]["fused"] is None
+    resumed = copy.deepcopy(net)
+    ck = {"optimizer": copy.deepcopy(old.state_dict()), "scheduler": sched.state_dict(), "lr": 7e-4}
+    cfg = a2c_config.A2CConfig(name="x", save=str(tmp_path))
+    optimizer, scheduler, _, _ = _optimiser(cfg, resumed, False, ck)
+    assert optimizer.param_groups[0]["fused"] is True and scheduler.last_epoch == 3
+    assert all(float(st["step"]) == 3 for st in optimizer.state.values())
+    for p, q, g in zip(net.parameters(), resumed.parameters(), grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    old.step()
+    optimizer.step()
+    for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
