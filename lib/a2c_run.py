@@ -434,11 +434,13 @@ def _optimiser(
     net: AtariA2C,
     finetune: bool,
     resume_ck: dict[str, Any] | None,
+    say: Callable[[str], None] = print,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float, int]:
     """Adam over the trainable parameters (the book's betas and eps) with the book's linear decay to
     0, counted in learner steps of BATCH_SIZE transitions. A resumed run continues its own moments
     and its own schedule (the lr and length its last.pt records, at its update count); Adam's other
-    settings are always this run's, never the file's: only the checked moments and step are loaded."""
+    settings are always this run's, never the file's: only the checked moments and step are loaded.
+    ``say``: where a new schedule of a resumed run is announced."""
     ck = resume_ck or {}
     lr = ck.get("lr", cfg.lr or (FINETUNE_LEARNING_RATE if finetune else LEARNING_RATE))
     decay_steps = ck.get("lr_decay_steps", lr_schedule_steps(cfg))
@@ -459,6 +461,8 @@ def _optimiser(
             )
         # this run's param groups (betas, eps, fused, ...) with the file's checked moments
         optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+        step = resume_ck.get("progress", {}).get("step", 0)
+        decay_steps = _schedule_to_continue(cfg, path, lr, decay_steps, updates, step, say)
     decay_iters = max(1, decay_steps // BATCH_SIZE)
     for group in optimizer.param_groups:
         group["initial_lr"] = lr  # what LambdaLR scales; it requires it to start at an update other than 0
@@ -466,6 +470,33 @@ def _optimiser(
         optimizer, lambda it: max(0.0, 1.0 - it / decay_iters), last_epoch=updates - 1
     )
     return optimizer, scheduler, lr, decay_steps
+
+
+def _schedule_to_continue(
+    cfg: A2CConfig, path: Path, lr: float, decay_steps: int, updates: int, step: int, say: Callable[[str], None]
+) -> int:
+    """The agent steps a resumed run's lr decays over: its own (``decay_steps``, from last.pt), or a
+    new length, said in one line, where --lr-decay-steps gives one or where its own has ended (the lr
+    is 0) and --max-steps goes beyond it. Refused where the lr would be 0 with nothing to decay over."""
+    ended = updates >= max(1, decay_steps // BATCH_SIZE)
+    if cfg.lr_decay_steps and cfg.lr_decay_steps != decay_steps:
+        new, flag = cfg.lr_decay_steps, "--lr-decay-steps"
+    elif ended and cfg.max_steps > step:
+        new, flag = cfg.max_steps, "--max-steps"
+    elif ended:
+        raise UserError(
+            f"--resume: {path} is at step {step:,}, the end of its lr schedule ({decay_steps:,} agent steps), where "
+            f"the lr is 0: give --max-steps beyond {step:,} (its lr then decays to 0 there), or start a new run "
+            f"from it with -m {path} -n NEW"
+        )
+    else:
+        return decay_steps
+    left = 1.0 - updates / max(1, new // BATCH_SIZE)
+    if left <= 0:
+        raise UserError(f"--resume: {flag} {new:,} ends the lr schedule before step {step:,}, where {path} is")
+    had = f"its own ended at {decay_steps:,}" if ended else f"its own ran to {decay_steps:,}"
+    say(f"--resume: the lr decays to 0 at step {new:,} ({flag}; {had}): lr {lr * left:.3g} at step {step:,}")
+    return new
 
 
 def _start_policy(cfg: A2CConfig, net: AtariA2C, resume_ck: dict[str, Any] | None) -> StartPolicy | None:
@@ -547,7 +578,8 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
     if cfg.test_every and dist.is_main:
         seed = cfg.seed + EVAL_SEED_OFFSET
         eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
-    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck)
+    say = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
+    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
 
     writer: Any = NullWriter()
     tb_dir = Path(cfg.runs_dir)

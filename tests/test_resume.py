@@ -133,9 +133,8 @@ def test_a_resumed_run_steps_with_its_own_adam_settings_and_schedule(tmp_path: P
     book = dict(maximize=False, weight_decay=0.0, betas=(0.9, 0.999), eps=a2c_config.ADAM_EPS, fused=True)
     assert {k: first[k] for k in book} == book
     assert epoch == updates
-    assert first["lr"] == pytest.approx(
-        ck["lr"] * max(0, 1 - updates / (ck["lr_decay_steps"] // a2c_config.BATCH_SIZE))
-    )
+    # the schedule ended at 200 (its own length): a new one to 400 (--max-steps), at this update count
+    assert first["lr"] == pytest.approx(ck["lr"] * (1 - updates / (400 // a2c_config.BATCH_SIZE)))
     again = torch.load(path, weights_only=True)
     saved = again["optimizer"]["param_groups"][0]
     assert {k: saved[k] for k in book} == book and saved["initial_lr"] == ck["lr"] == a2c_config.LEARNING_RATE
@@ -168,3 +167,52 @@ def test_resume_takes_the_moments_of_a_per_tensor_adam_into_the_fused_one(tmp_pa
     optimizer.step()
     for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
+
+
+# --- the end of the lr schedule ------------------------------------------------------------------
+
+
+def test_a_resume_at_the_end_of_its_schedule_is_refused_saying_how_to_go_on(tmp_path: Path) -> None:
+    """A run of 200 steps decays its lr to 0 at step 200: resumed there with nowhere further to go
+    it would train at lr 0 and call it finished (weights bit-identical)."""
+    path, ck = _last(tmp_path)
+    assert ck["lr_decay_steps"] == 200
+    line = _resume_refused(tmp_path, max_steps=200)
+    assert line == (
+        f"--resume: {path} is at step 200, the end of its lr schedule (200 agent steps), where the lr is 0: give "
+        f"--max-steps beyond 200 (its lr then decays to 0 there), or start a new run from it with -m {path} -n NEW"
+    )
+    assert torch.load(path, weights_only=True)["progress"] == ck["progress"]
+
+
+def test_a_resume_past_the_end_of_its_schedule_decays_to_the_new_max_steps_and_says_so(tmp_path: Path, capsys) -> None:
+    path, ck = _last(tmp_path)
+    capsys.readouterr()
+    assert a2c.train(config(tmp_path, max_steps=600, resume=True), make_env=FakeVec) == 0
+    updates, lr = ck["progress"]["train_steps"], ck["lr"] * (1 - 1 / (600 // a2c_config.BATCH_SIZE))
+    assert updates == 1
+    out = capsys.readouterr().out
+    assert (
+        f"--resume: the lr decays to 0 at step 600 (--max-steps; its own ended at 200): lr {lr:.3g} at step 200" in out
+    )
+    again = torch.load(path, weights_only=True)
+    assert again["lr_decay_steps"] == 600 and again["lr"] == ck["lr"]
+    assert any(not torch.equal(v, again["state_dict"][k]) for k, v in ck["state_dict"].items())  # it learned
+
+
+def test_lr_decay_steps_given_to_a_resume_is_its_new_schedule(tmp_path: Path, capsys) -> None:
+    path, ck = _last(tmp_path, lr_decay_steps=10_000)
+    line = _resume_refused(tmp_path, lr_decay_steps=128)
+    assert line == f"--resume: --lr-decay-steps 128 ends the lr schedule before step 200, where {path} is"
+    capsys.readouterr()
+    assert a2c.train(config(tmp_path, max_steps=400, resume=True, lr_decay_steps=20_000), make_env=FakeVec) == 0
+    assert (
+        "--resume: the lr decays to 0 at step 20,000 (--lr-decay-steps; its own ran to 10,000)"
+        in capsys.readouterr().out
+    )
+    assert torch.load(path, weights_only=True)["lr_decay_steps"] == 20_000
+    # given again as recorded, or not at all: the run's own schedule, nothing said
+    assert a2c.train(config(tmp_path, max_steps=600, resume=True, lr_decay_steps=20_000), make_env=FakeVec) == 0
+    assert a2c.train(config(tmp_path, max_steps=800, resume=True), make_env=FakeVec) == 0
+    assert "the lr decays" not in capsys.readouterr().out
+    assert torch.load(path, weights_only=True)["lr_decay_steps"] == 20_000
