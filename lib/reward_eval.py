@@ -20,6 +20,7 @@ from lib.errors import UserError, warn
 from lib.labels import FIRST_BETTER, SECOND_BETTER
 from lib.reward_data import PreferenceData, model_inputs, step_features
 from lib.reward_model import AnyRewardModel, DiffRewardModel, RewardPredictor, lean_net, preference_loss
+from lib.seaquest import StepPay
 from lib.segments import SegmentError, db_game, decode_segment, list_segments, read_segment
 from lib.stats import pearson
 from lib.teachers import TEACHER_ENTRIES, SegmentFacts, Teacher, segment_facts
@@ -301,6 +302,51 @@ def teacher_agreement(p: SegmentPredictions, teacher: Teacher) -> TeacherScores:
     return TeacherScores(teacher.name, teacher.death_penalty, n, overall, by_rule)
 
 
+@dataclass
+class PayScores:
+    """How a model's per-step reward follows the surface rule's per-step pay (``lib.seaquest.step_pay``),
+    NaN where undefined: the correlation over all steps and over the low-gauge diver steps alone
+    (where the climb's pay lives; the score's steps alone can make the first high), and the share of
+    the reward's variance (squared deviations from its mean) on steps the pay is 0."""
+
+    steps: int
+    corr: float
+    low_diver_steps: int
+    low_diver_corr: float
+    unpaid_variance: float
+
+    def text(self) -> str:
+        share = "n/a" if math.isnan(self.unpaid_variance) else f"{100 * self.unpaid_variance:.0f}%"
+        return (
+            f"per-step corr with the pay {_r(self.corr)} over {self.steps:,} steps, {_r(self.low_diver_corr)} "
+            f"over {self.low_diver_steps:,} low-gauge diver steps; {share} of the reward's variance on steps paid 0"
+        )
+
+
+def pay_scores(pred_steps: np.ndarray, pays: Sequence[StepPay]) -> PayScores:
+    """``PayScores`` of per-step rewards ``pred_steps`` (F,) against the pay of the same steps, clip
+    after clip (``pays``, their lengths summing to F)."""
+    pred = np.asarray(pred_steps, dtype=np.float64)
+    if not pays:
+        return PayScores(0, math.nan, 0, math.nan, math.nan)
+    pay = np.concatenate([p.pay for p in pays]).astype(np.float64)
+    low = np.concatenate([p.low_diver for p in pays])
+    if len(pay) != len(pred):
+        raise ValueError(f"{len(pred)} predicted steps for {len(pay)} paid ones")
+    dev = (pred - pred.mean()) ** 2 if len(pred) else pred
+    total = float(dev.sum())
+    unpaid = float(dev[pay == 0].sum()) / total if total > 0 else math.nan
+    low_corr = pearson(pred[low], pay[low]) if low.sum() >= 3 else math.nan
+    return PayScores(len(pred), pearson(pred, pay), int(low.sum()), low_corr, unpaid)
+
+
+def _pay_text(p: SegmentPredictions, teacher: Teacher) -> str:
+    """``--evaluate``'s pay figures for a teacher that sums the per-step pay; "" for the others."""
+    if not TEACHER_ENTRIES[teacher.name].step_pay or any(f.pay is None for f in p.facts):
+        return ""
+    return "; " + pay_scores(p.pred_steps, [f.pay for f in p.facts if f.pay is not None]).text()
+
+
 def evaluate_model(
     rm: RewardPredictor,
     dbs: Sequence[str | os.PathLike],
@@ -317,12 +363,12 @@ def evaluate_model(
             raise UserError(f"DB not found: {root}")
         p = predict_segments(rm, root, list_segments(root), facts=True)
         skipped = f" ({p.skipped} skipped: unreadable or without true rewards)" if p.skipped else ""
-        log(f"{score(p).line(str(root))}; {teacher_agreement(p, teacher).text()}{skipped}")
+        log(f"{score(p).line(str(root))}; {teacher_agreement(p, teacher).text()}{_pay_text(p, teacher)}{skipped}")
         parts.append(p)
     total = merge(parts)
     if not total.names:
         raise UserError("no segment with true rewards in " + ", ".join(map(str, dbs)) + ": nothing to score")
     result, by_teacher = score(total), teacher_agreement(total, teacher)
     what = f"total ({len(parts)} DB{'s' if len(parts) > 1 else ''})"
-    log(f"{result.line(what)}; {by_teacher.text()}")
+    log(f"{result.line(what)}; {by_teacher.text()}{_pay_text(total, teacher)}")
     return result, by_teacher

@@ -190,3 +190,26 @@ def test_evaluate_teacher_mistakes_one_line_exit_2(died_for_points, tmp_path: Pa
     )
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()  # nothing trained
+
+
+def test_pay_scores_by_hand() -> None:
+    """``--evaluate --teacher refill``'s figures: the per-step correlation with the pay over all steps
+    and over the low-gauge diver steps, and the share of the reward's variance where the pay is 0."""
+    from lib.reward_eval import pay_scores
+    from lib.seaquest import StepPay
+
+    def clip(pay: list[float], low: list[bool]) -> StepPay:
+        z = np.zeros(len(pay), dtype=bool)
+        return StepPay(np.array(pay, dtype=np.float32), z, z, np.array(low))
+
+    pays = [clip([0, 1, 0, 2], [False, True, True, True]), clip([1, 0], [True, False])]
+    pred = np.array([0.0, 1.0, 0.0, 2.0, 1.0, 0.0])  # the pay itself
+    s = pay_scores(pred, pays)
+    assert (s.steps, s.low_diver_steps) == (6, 4)
+    assert s.corr == pytest.approx(1.0) and s.low_diver_corr == pytest.approx(1.0)
+    # mean 2/3: the three unpaid steps hold 3 * (2/3)^2 = 4/3 of the total 10/3
+    assert s.unpaid_variance == pytest.approx(0.4)
+    flipped = pay_scores(-pred, pays)
+    assert flipped.corr == pytest.approx(-1.0) and flipped.unpaid_variance == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="predicted steps"):
+        pay_scores(pred[:5], pays)
