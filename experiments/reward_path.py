@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,9 +150,24 @@ def build_parser() -> argparse.ArgumentParser:
     return settings_parser(RewardPathSettings, "python -m experiments.reward_path", __doc__.split("\n\n")[0], GROUPS)
 
 
+def check_out(out: Path | None) -> None:
+    """``--out`` checked before the work: a file name in a directory this process can write (the
+    missing directories are made at the end)."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory: give a file name (.json)")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
+
+
 def main(argv: list[str] | None = None) -> None:
     a = RewardPathSettings(**vars(build_parser().parse_args(argv)))
     check_fields(a)
+    check_out(a.out)
     for path in (*a.reward, a.db):
         if not path.exists():
             raise UserError(f"{path} does not exist")
@@ -171,7 +187,10 @@ def main(argv: list[str] | None = None) -> None:
         out[str(reward)] = rows
     print(f"\n(±{DEFAULT_CLIP:g} is 01_a2c.py's default clip; the running path is its default normalisation)")
     if a.out:
-        atomic_write(a.out, json.dumps(out, indent=1).encode())
+        try:
+            atomic_write(a.out, json.dumps(out, indent=1).encode())
+        except OSError as e:
+            raise UserError(f"cannot write --out {a.out}: {e.strerror or e} (the tables above hold the rows)") from None
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@ paths offline (the running median or each env's window; the ±5 clip or the sign
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from experiments import reward_path
+from lib.errors import UserError
 from lib.reward_wrapper import WindowNorm, normalised
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,13 +56,16 @@ def test_the_figures_average_the_flagged_steps() -> None:
     assert h["high_gap"] == 3.0 - 4.0 and h["high_climb_steps"] == 1 and h["gap"] == f["gap"]
 
 
-def test_the_command_prints_every_path_and_refuses_a_missing_file(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def reward_and_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A reward model (untrained) and a DB of pairs a policy played (experiments.branch)."""
     from experiments.branch import ENV_ID, BranchSettings, make_pairs
     from lib.checkpoints import atomic_torch_save
     from lib.model import AtariA2C, policy_checkpoint
     from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
     from lib.saved_states import SingleGame
 
+    tmp_path = tmp_path_factory.mktemp("reward_path")
     meanings = SingleGame(0).meanings
     torch.manual_seed(0)
     pol = tmp_path / "p.pt"
@@ -68,9 +74,42 @@ def test_the_command_prints_every_path_and_refuses_a_missing_file(tmp_path: Path
     make_pairs(pol, db, BranchSettings(pairs=2, steps=8, seed=0), at=lambda f: True, log=lambda m: None)
     reward = tmp_path / "r.pt"
     save_reward_checkpoint(reward_checkpoint([new_reward_model("diff", 18)], ENV_ID, "seaquest", meanings), reward)
-    cmd = [sys.executable, "-m", "experiments.reward_path", "--reward", str(reward), "--db", str(db)]
-    res = subprocess.run([*cmd, "--out", str(tmp_path / "o.json")], cwd=ROOT, capture_output=True, text=True)
+    return reward, db
+
+
+def command(reward: Path, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "experiments.reward_path", "--reward", str(reward), "--db", str(db), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+def test_the_command_prints_every_path_and_refuses_a_missing_file(
+    tmp_path: Path, reward_and_db: tuple[Path, Path]
+) -> None:
+    reward, db = reward_and_db
+    res = command(reward, db, "--out", str(tmp_path / "o.json"))
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("| running |") == 2 and res.stdout.count("| window 25 |") == 2
-    bad = subprocess.run([*cmd, "--reward", str(tmp_path / "none.pt")], cwd=ROOT, capture_output=True, text=True)
+    bad = command(reward, db, "--reward", str(tmp_path / "none.pt"))
     assert bad.returncode == 2 and "does not exist" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_out_is_refused_in_one_line_before_the_work(tmp_path: Path, reward_and_db: tuple[Path, Path]) -> None:
+    reward, db = reward_and_db
+    (tmp_path / "a file").write_text("")
+    for out, message in ((tmp_path, "is a directory"), (tmp_path / "a file" / "o.json", "not a writable directory")):
+        res = command(reward, db, "--out", str(out))
+        assert res.returncode == 2, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+        assert "| running |" not in res.stdout  # refused before the model paid a clip
+
+
+def test_a_write_that_fails_is_one_line(
+    tmp_path: Path, reward_and_db: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(reward_path, "atomic_write", full)
+    reward, db = reward_and_db
+    with pytest.raises(UserError, match=r"^cannot write --out .*o\.json: No space left on device"):
+        reward_path.main(["--reward", str(reward), "--db", str(db), "--out", str(tmp_path / "o.json")])
