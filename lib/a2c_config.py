@@ -5,14 +5,17 @@ Imports no torch, so that ``--help`` stays fast."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import Field, dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from lib.envs import DEFAULT_ENV, rom_name
+from lib.errors import UserError
 from lib.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS
 from lib.seeds import SEED_CHECKS
 from lib.segments import MAX_ENV_INDEX
-from lib.settings import at_least, check_between, check_fields, setting, within
+from lib.settings import at_least, check_between, check_fields, flag_of, setting, within
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
 GAMMA = 0.99
@@ -176,7 +179,8 @@ class A2CConfig:
     clip_grad: float = _book_value(CLIP_GRAD, "gradient-norm clip of each update", "--clip-grad", 0, 1e9, "()")
     resume: bool = setting(
         False,
-        "continue the run <name> from saves/<name>/last.pt (optimizer, step counter, LR schedule)",
+        "continue the run <name> from saves/<name>/last.pt: its weights, optimizer, counters and lr schedule, "
+        "and how it learns (-r and the reward's path, --terminal, --kl-target, ...; a flag given again must agree)",
         group="policy",
     )
     force: bool = setting(
@@ -341,3 +345,91 @@ def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict | None) -> float:
     if resume_ck is not None and resume_ck.get("kl") is not None:
         return float(resume_ck["kl"])
     return KL_LEARNED_REWARD if (cfg.reward or cfg.kl_target is not None) and has_start else 0.0
+
+
+# How a run learns, besides where its policy started, its lr and --finetune (fields of their own in
+# last.pt): last.pt records these settings and --resume goes on with them; a flag given again must
+# say the same. The paths are recorded resolved: a run may be resumed from another directory.
+LEARNED_WITH = (
+    "reward", "reward_reload", "reward_scale", "reward_norm", "norm_window", "reward_clip", "reward_plus_score",
+    "reward_oracle", "terminal", "kl_target", "start_states", "start_share", "gamma", "entropy", "n_steps",
+    "clip_grad",
+)  # fmt: skip
+_PATHS = ("reward", "start_states")
+
+
+def learned_with(cfg: A2CConfig) -> dict[str, Any]:
+    """What last.pt records of how ``cfg``'s run learns: the ``LEARNED_WITH`` settings, paths resolved."""
+    out = {k: getattr(cfg, k) for k in LEARNED_WITH}
+    return {k: str(Path(v).resolve()) if k in _PATHS and v is not None else v for k, v in out.items()}
+
+
+def _kind_ok(f: Field, v: Any) -> bool:
+    """Whether a recorded value is of the kind the setting takes (the type its flag parses to; None
+    only where None is its default), before its own checks compare numbers with it."""
+    if v is None:
+        return f.default is None
+    want = type(f.default) if f.default is not None else f.metadata["arg"].get("type", str)
+    if want is bool:
+        return isinstance(v, bool)
+    if want is int:
+        return type(v) is int
+    if want is float:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, str) and len(v) <= 4096
+
+
+def _shown(f: Field, v: Any) -> str:
+    """A setting's value as its flag reads: ``--terminal none``, ``--reward-oracle``, ``no --reward``."""
+    flag = flag_of(f)
+    if v is None or v is False:
+        return f"no {flag}"
+    return flag if v is True else f"{flag} {v:g}" if isinstance(v, float) else f"{flag} {v}"
+
+
+def resumed_config(cfg: A2CConfig, ck: dict[str, Any], path: Path, say: Callable[[str], None] = print) -> A2CConfig:
+    """``cfg`` for a run resumed from ``ck`` (its last.pt at ``path``): the settings it learned with,
+    as last.pt records them (``LEARNED_WITH``, its lr, --finetune), where the command line leaves them
+    at their defaults, said in one line; a flag that gives another value is refused in one line. A
+    last.pt from before the record resumes with the settings as given. --kl, given, wins (its own
+    rule: ``kl_beta``)."""
+    declared = {f.name: f for f in fields(A2CConfig)}
+    recorded = ck.get("settings") or {}
+    if not isinstance(recorded, dict):
+        raise UserError(f"checkpoint {path}: field 'settings' must be a dict, got {type(recorded).__name__}")
+
+    def contradicts(f: Field, had: Any, given: Any) -> UserError:
+        flag = flag_of(f)
+        return UserError(
+            f"--resume: {path} learned with {_shown(f, had)}; {_shown(f, given)} contradicts it: resume without "
+            f"{flag}, or start a new run from it with -m {path} -n NEW"
+        )
+
+    if cfg.lr is not None and "lr" in ck and not math.isclose(cfg.lr, ck["lr"], rel_tol=1e-9):
+        raise contradicts(declared["lr"], float(ck["lr"]), cfg.lr)
+    if cfg.finetune and not ck.get("finetune", False):
+        raise contradicts(declared["finetune"], False, True)
+    taken: dict[str, Any] = {}
+    for name in LEARNED_WITH:
+        if name not in recorded:
+            continue  # a last.pt from before this setting was recorded: as given
+        f, had, given = declared[name], recorded[name], getattr(cfg, name)
+        if not _kind_ok(f, had):
+            raise UserError(f"checkpoint {path}: its recorded {flag_of(f)} is {type(had).__name__} {repr(had)[:40]}")
+        same = (
+            given is not None and had is not None and Path(given).resolve() == Path(had).resolve()
+            if name in _PATHS
+            else given == had
+        )
+        if given != f.default and not same:
+            raise contradicts(f, had, given)
+        if given == f.default and had != f.default:
+            taken[name] = had
+    out = replace(cfg, finetune=bool(ck.get("finetune", cfg.finetune)), **taken)
+    try:
+        out.check()
+    except UserError as e:
+        raise UserError(f"--resume with what {path} records: {e}") from None
+    if taken:
+        say(f"--resume: goes on with what {path} records: {' '.join(_shown(declared[k], v) for k, v in taken.items())}")
+    return out

@@ -28,6 +28,8 @@ from lib.a2c_config import (
     MAX_STEP_COUNT,
     A2CConfig,
     kl_beta,
+    learned_with,
+    resumed_config,
     reward_clip_value,
 )
 from lib.behaviour import behaviour_observers, behaviour_stats, format_behaviour
@@ -37,6 +39,7 @@ from lib.checkpoints import (
     checked_adam_state,
     float_in,
     int_in,
+    is_bool,
     is_dict,
     list_of,
     optional,
@@ -166,6 +169,8 @@ RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, op
     "kl_start": (optional(is_dict), False),
     "kl": (optional(float_in(0, 1e6)), False),
     "kl_coef": (optional(float_in(0, 1e6)), False),
+    "finetune": (is_bool, False),
+    "settings": (optional(is_dict), False),  # how it learns (lib.a2c_config.LEARNED_WITH); none before the record
 }
 PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "step": (int_in(0, MAX_STEP_COUNT), True),
@@ -321,6 +326,7 @@ class Run:
             kl_start=self.start.state_dict() if self.start is not None else None,
             kl=self.cfg.kl,
             kl_coef=self.kl_coef,
+            settings=learned_with(self.cfg),
         )
 
     def close(self) -> None:
@@ -554,7 +560,10 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
             f"ranks with --db-path, got {cfg.envs * dist.world}"
         )
     game = rom_name(cfg.env)
+    say = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
     resume_ck = check_run(cfg)
+    if resume_ck is not None:
+        cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
     dist.barrier()  # every rank has checked before any writes
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
@@ -578,7 +587,6 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
     if cfg.test_every and dist.is_main:
         seed = cfg.seed + EVAL_SEED_OFFSET
         eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
-    say = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
     optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
 
     writer: Any = NullWriter()

@@ -5,10 +5,12 @@ resumed run goes on with, and that one live run holds its directory."""
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_a2c_loop import FakeVec, config
@@ -29,10 +31,10 @@ def _last(tmp_path: Path, **kw) -> tuple[Path, dict]:
     return path, torch.load(path, weights_only=True)
 
 
-def _resume_refused(tmp_path: Path, **kw) -> str:
+def _resume_refused(tmp_path: Path, make_env: type = FakeVec, **kw) -> str:
     """The one line a resume of the run in ``tmp_path`` (kw: its settings) is refused with."""
     with pytest.raises(UserError) as e:
-        a2c.train(config(tmp_path, resume=True, **{"max_steps": 400, **kw}), make_env=FakeVec)
+        a2c.train(config(tmp_path, resume=True, **{"max_steps": 400, **kw}), make_env=make_env)
     assert "\n" not in str(e.value)
     return str(e.value)
 
@@ -216,3 +218,145 @@ def test_lr_decay_steps_given_to_a_resume_is_its_new_schedule(tmp_path: Path, ca
     assert a2c.train(config(tmp_path, max_steps=800, resume=True), make_env=FakeVec) == 0
     assert "the lr decays" not in capsys.readouterr().out
     assert torch.load(path, weights_only=True)["lr_decay_steps"] == 20_000
+
+
+# --- how the run learns: recorded, and gone on with ----------------------------------------------
+
+
+class FramesVec(FakeVec):
+    """The fake game with frames a reward model's conv layers take (48x48)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.frames = np.zeros((self.n_envs, 48, 48, 3), dtype=np.uint8)
+
+
+FINE_TUNE = dict(reward_norm="window", kl_target=0.1, terminal="none", gamma=0.98)
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory) -> Path:
+    """A fine-tune of 400 steps on a learned reward (-m v0 -r r.pt with FINE_TUNE's flags): a
+    directory each test copies."""
+    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+
+    root = tmp_path_factory.mktemp("fine_tuned")
+    torch.manual_seed(0)
+    model = RewardModel(3, (48, 48, 3)).eval()
+    ck = reward_checkpoint([model], "SeaquestNoFrameskip-v4", "seaquest", None, norm_mean=0.0, norm_std=1.0)
+    save_reward_checkpoint(ck, root / "r.pt")
+    v0 = config(root / "v0", max_steps=280, test_every=280, test_episodes=2)
+    assert a2c.train(v0, make_env=FakeVec) == 0
+    (best,) = (root / "v0" / "saves").glob("best_*.pt")
+    cfg = config(root, model=str(best), reward=str(root / "r.pt"), max_steps=400, **FINE_TUNE)
+    assert a2c.train(cfg, make_env=FramesVec) == 0
+    return root
+
+
+def _copy(fine_tuned: Path, tmp_path: Path) -> Path:
+    shutil.copytree(fine_tuned, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "saves" / "last.pt"
+
+
+def _resumed_run(tmp_path: Path, monkeypatch, **kw):
+    """Resume the run in ``tmp_path`` to step 600 (kw: flags given again); returns its Run, with
+    ``kl_coef`` as it was built (the controller moves it as the run goes)."""
+    runs = []
+    real = a2c.build_run
+
+    def spy(*args, **kwargs):
+        run = real(*args, **kwargs)
+        runs.append((run, run.kl_coef))
+        return run
+
+    monkeypatch.setattr(a2c, "build_run", spy)
+    assert a2c.train(config(tmp_path, resume=True, **{"max_steps": 600, **kw}), make_env=FramesVec) == 0
+    ((run, kl_coef),) = runs
+    run.kl_coef = kl_coef
+    return run
+
+
+def test_last_pt_records_how_the_run_learned_and_a_resume_goes_on_with_it(
+    fine_tuned: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A fine-tune with -r MODEL --reward-norm window --kl-target 0.1 --terminal none, resumed without
+    those flags, goes on learning from the model, with that norm, terminal and KL controller (was: the
+    game score with a fixed KL of 1, and no word)."""
+    from lib.reward_wrapper import RewardModelWrapper
+
+    path = _copy(fine_tuned, tmp_path)
+    ck = torch.load(path, weights_only=True)
+    reward = str((fine_tuned / "r.pt").resolve())  # recorded resolved: the copy names the same model
+    assert ck["settings"]["reward"] == reward
+    assert {k: ck["settings"][k] for k in FINE_TUNE} == FINE_TUNE
+    capsys.readouterr()
+    run = _resumed_run(tmp_path, monkeypatch)
+    assert run.cfg.reward == reward and isinstance(run.env, RewardModelWrapper)
+    assert {k: getattr(run.cfg, k) for k in FINE_TUNE} == FINE_TUNE
+    assert run.kl_coef == pytest.approx(ck["kl_coef"]) and run.kl_coef != 1.0  # the controller's, moved
+    out = capsys.readouterr().out
+    said = f"--resume: goes on with what {path} records: --reward {reward} --reward-norm window --terminal none "
+    assert said + "--kl-target 0.1 --gamma 0.98" in out
+    # given again as they were: the same run, nothing contradicts
+    run = _resumed_run(tmp_path, monkeypatch, max_steps=800, reward=reward, **FINE_TUNE)
+    assert {k: getattr(run.cfg, k) for k in FINE_TUNE} == FINE_TUNE
+
+
+@pytest.mark.parametrize(
+    "given, words",
+    [
+        (dict(reward_norm="labels"), "learned with --reward-norm window; --reward-norm labels contradicts it"),
+        (dict(kl_target=0.5), "learned with --kl-target 0.1; --kl-target 0.5 contradicts it"),
+        (dict(gamma=0.9), "learned with --gamma 0.98; --gamma 0.9 contradicts it"),
+        (dict(reward_scale=0.05), "learned with --reward-scale 1; --reward-scale 0.05 contradicts it"),
+        (dict(reward_oracle=True), "learned with no --reward-oracle; --reward-oracle contradicts it"),
+        (dict(lr=1e-3), "learned with --lr 0.0007; --lr 0.001 contradicts it"),
+        (dict(finetune=True), "learned with no --finetune; --finetune contradicts it"),
+    ],
+)
+def test_a_flag_that_contradicts_how_the_run_learned_is_one_line(
+    fine_tuned: Path, tmp_path: Path, given: dict, words: str
+) -> None:
+    path = _copy(fine_tuned, tmp_path)
+    line = _resume_refused(tmp_path, FramesVec, **given)
+    flag = words.split("; ")[1].split()[0]
+    assert line == f"--resume: {path} {words}: resume without {flag}, or start a new run from it with -m {path} -n NEW"
+
+
+def test_another_reward_model_is_a_contradiction(fine_tuned: Path, tmp_path: Path) -> None:
+    path = _copy(fine_tuned, tmp_path)
+    (tmp_path / "other.pt").write_bytes((fine_tuned / "r.pt").read_bytes())
+    line = _resume_refused(tmp_path, FramesVec, reward=str(tmp_path / "other.pt"))
+    assert line.startswith(f"--resume: {path} learned with --reward {(fine_tuned / 'r.pt').resolve()}; --reward ")
+
+
+def test_a_last_pt_from_before_the_record_resumes_with_the_settings_as_given(
+    fine_tuned: Path, tmp_path: Path, monkeypatch
+) -> None:
+    path = _copy(fine_tuned, tmp_path)
+    ck = torch.load(path, weights_only=True)
+    del ck["settings"]
+    torch.save(ck, path)
+    run = _resumed_run(tmp_path, monkeypatch)
+    assert run.cfg.reward is None and run.cfg.terminal == "life" and run.cfg.kl_target is None  # as given
+    assert torch.load(path, weights_only=True)["settings"]["reward"] is None  # the run as it went on, from now on
+    line = _resume_refused(tmp_path, FramesVec, max_steps=800, reward=str(fine_tuned / "r.pt"))
+    assert line.startswith(f"--resume: {path} learned with no --reward; --reward ")
+
+
+@pytest.mark.parametrize(
+    "record, words",
+    [
+        ({"gamma": "abc"}, "its recorded --gamma is str 'abc'"),
+        ({"n_steps": 2.5}, "its recorded --n-steps is float 2.5"),
+        ({"reward_plus_score": 1}, "its recorded --reward-plus-score is int 1"),
+        ({"gamma": 5.0}, "records: --gamma must be in (0, 1], got 5.0"),
+        ({"terminal": "game"}, "records: --terminal game was retired after commit"),
+    ],
+)
+def test_a_crafted_record_of_settings_is_one_line(tmp_path: Path, record: dict, words: str) -> None:
+    path, ck = _last(tmp_path)
+    ck["settings"].update(record)
+    torch.save(ck, path)
+    line = _resume_refused(tmp_path)
+    assert line.startswith(("checkpoint ", "--resume with what ")) and str(path) in line and words in line, line
