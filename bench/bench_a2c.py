@@ -264,7 +264,9 @@ def make_states(policy: Path, db: Path, n: int = 8) -> None:
     find_states(policy, db, n, max_games=20, at=lambda frame: True)
 
 
+PLAIN_ARM = "plain A2C"  # no -m: training from scratch, the speed every fine-tune is also given against
 FINETUNE_ARMS = {  # name: the flags beside -m --finetune; the arm each is compared with
+    PLAIN_ARM: ((), None),
     "": ((), None),
     "--kl 0.1": (("--kl", "0.1"), ""),
     "--start-states": (("--start-states", "{states}"), ""),
@@ -274,6 +276,10 @@ FINETUNE_ARMS = {  # name: the flags beside -m --finetune; the arm each is compa
         ("-r", "{reward}", "--reward-norm", "window", "--reward-clip", "sign"),
         "-r",
     ),
+    "-r --kl-target 0.1 --start-states": (
+        ("-r", "{reward}", "--kl-target", "0.1", "--start-states", "{states}"),
+        "-r --kl-target 0.1",
+    ),
 }
 
 
@@ -281,8 +287,10 @@ def finetune_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
     """A fine-tune (-m --finetune) plain, with --kl 0.1 (the start policy's head, one more small
     linear forward per batch) and with lives from saved states (``SavedStartsVec``: the emulators
     stepped in Python, one thread), and on a learned reward (-r, --arch diff: --kl 1 by default)
-    plain, with --kl-target 0.1 and with the book's window-and-sign path: run alternately
-    ``repeats`` times each; the median of each, and its ratio to the arm it adds to."""
+    plain, with --kl-target 0.1, with the book's window-and-sign path and with --kl-target 0.1 and
+    lives from saved states (the refill ladder's learner), beside plain A2C from scratch: run
+    alternately ``repeats`` times each; the median of each, its ratio to the arm it adds to and to
+    plain A2C."""
     policy = tmp / "v0.pt"
     make_policy(policy)
     make_reward_model(tmp / "reward-diff.pt", "diff")
@@ -291,13 +299,18 @@ def finetune_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
     runs: dict[str, list[float]] = {name: [] for name in FINETUNE_ARMS}
     for r in range(repeats):
         for k, (name, (flags, _)) in enumerate(FINETUNE_ARMS.items()):
-            extra = ("-m", str(policy), "--finetune", *(f.format(**fill) for f in flags))
+            start = () if name == PLAIN_ARM else ("-m", str(policy), "--finetune")
+            extra = (*start, *(f.format(**fill) for f in flags))
             runs[name].append(train_run(tmp, f"ft{r}-{k}", args.steps, args.dev, None, extra)[0])
     median = {name: float(np.median(v)) for name, v in runs.items()}
     for name, (_, against) in FINETUNE_ARMS.items():
+        if name == PLAIN_ARM:
+            speed(rows, "A2C training", median[name], f"plain, 16 envs, {args.dev}, median of {repeats}")
+            continue
         setting = f"-m --finetune {name}".rstrip() + f", 16 envs, {args.dev}, median of {repeats}"
         if against is not None:
             setting += f": {median[name] / median[against]:.2f}x {('-m --finetune ' + against).rstrip()}"
+        setting += f", {median[name] / median[PLAIN_ARM]:.2f}x plain A2C"
         speed(rows, "A2C fine-tune", median[name], f"{setting}; {share(median[name], ceil)}")
 
 
