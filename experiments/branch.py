@@ -1,4 +1,4 @@
-"""Pairs of clips that differ only in the climb, labelled by the surface teacher.
+"""Pairs of clips that differ only in the climb, labelled by the surface teacher (or the refill one).
 
 A recorded clip that climbs differs from one that does not in everything else too (the depth, the
 enemies, the divers), and a whole-clip label does not say which steps earned it. Here a policy
@@ -55,6 +55,7 @@ from lib.settings import check_between, check_fields, in_range, setting
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
+CLIMB_TEACHERS = ("surface", "refill")  # the teachers that pay the climb itself: they label the climb pairs
 MIN_DEPTH = 20  # rows below the surface row a branch point must be: a climb there has rows to gain
 BRANCHES = ("climb", "stay")
 DEATH_BRANCHES = ("dies", "lives")
@@ -182,7 +183,7 @@ class BranchSettings:
     env_base: int = 90  # the climb clips go to env directory env_base, the stay clips to env_base + 1
     max_games: int = 0  # stop after this many games with fewer pairs (a policy that seldom gets there); 0: never
     tries: int = 8  # death pairs: replays of one state at most, to find one that dies and one that lives
-    teacher: str = "surface"  # death pairs: the teacher that labels them (the climb pairs: always surface)
+    teacher: str = "surface"  # the teacher that labels them (climb pairs: one of CLIMB_TEACHERS)
     gauge: str = "low"  # climb pairs: branch points with a low gauge, or a high one (at_branch_point)
 
 
@@ -210,7 +211,9 @@ def make_pairs(
     rule decided."""
     if at is None:
         at = lambda frame: at_branch_point(frame, s.gauge)  # noqa: E731
-    game, pick, judge, order_rng = _player(policy, db, s.seed, "surface")
+    if s.teacher not in CLIMB_TEACHERS:
+        raise ValueError(f"climb pairs are labelled by the {' or '.join(CLIMB_TEACHERS)} teacher, not {s.teacher}")
+    game, pick, judge, order_rng = _player(policy, db, s.seed, s.teacher)
     up = up_actions(game.meanings)
     counters = [0, 0]
     rules: dict[str, int] = {}
@@ -386,7 +389,7 @@ class BranchCommand:
     pairs: int = setting(BranchSettings.pairs, "pairs to make", group="pairs", checks=in_range("--pairs", 1, 100_000))
     kind: str = setting(
         "climb",
-        "climb: one clip may only climb, one may not (the surface teacher labels them); death: the state "
+        "climb: one clip may only climb, one may not (the surface or refill teacher labels them); death: the state "
         "--steps before a lost life played again until one replay dies and one lives (module docstring)",
         group="pairs",
         choices=("climb", "death"),
@@ -408,7 +411,7 @@ class BranchCommand:
     )
     teacher: str = setting(
         BranchSettings.teacher,
-        "death pairs: the teacher that labels them (climb: surface)",
+        "the teacher that labels the pairs (climb pairs: surface or refill)",
         group="pairs",
         checks=[(lambda v: v in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}, got {{v!r}}")],
     )
@@ -441,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         "python -m experiments.branch",
         __doc__.split("\n\n")[0],
         GROUPS,
-        epilog="The labels are the surface teacher's (lib/teachers.py); the DB's clips are meta "
+        epilog="The labels are --teacher's (lib/teachers.py); the DB's clips are meta "
         '"branch": "climb" or "stay" (death pairs: "dies" or "lives").',
     )
 
@@ -465,7 +468,10 @@ def main(argv: list[str] | None = None) -> None:
     check_between(
         [
             (args.policy is None, "give --policy (the policy that plays) or --measure"),
-            (args.kind == "climb" and args.teacher != "surface", "climb pairs are labelled by the surface teacher"),
+            (
+                args.kind == "climb" and args.teacher not in CLIMB_TEACHERS,
+                f"climb pairs are labelled by the {' or '.join(CLIMB_TEACHERS)} teacher (--teacher)",
+            ),
             (args.kind == "death" and args.gauge != "low", "--gauge is for climb pairs"),
         ]
     )

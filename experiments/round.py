@@ -139,6 +139,8 @@ def check(args: RoundSettings) -> None:
     except ValueError as e:
         raise UserError(str(e)) from None
     seeds_wrong = any(not 0 <= s <= MAX_SEED for s in args.seeds) or len(set(args.seeds)) != len(args.seeds)
+    from experiments.branch import CLIMB_TEACHERS
+
     check_between([
         (min(int(args.v0_steps * args.scale), int(args.ft_steps * args.scale)) < 1, f"--scale {args.scale:g} leaves less than one agent step of --v0-steps {args.v0_steps} or --ft-steps {args.ft_steps}: give a larger --scale"),  # noqa: E501
         # one value, but its message writes the seeds as they were given
@@ -149,7 +151,11 @@ def check(args: RoundSettings) -> None:
         (args.live and args.rounds < 2, "--live needs --rounds 2 or more (round 1's labels come first)"),
         (args.live and args.sampling not in NO_MODEL_MODES, f"--live labels the pairs no model picks: --sampling {', '.join(NO_MODEL_MODES)}"),  # noqa: E501
         (args.live and args.start == "v0", "--live fine-tunes once, from v0: --from does not apply"),
-        (args.branch_pairs > 0 and args.teacher != "surface", "--branch-pairs are labelled by the surface teacher: give --teacher surface"),  # noqa: E501
+        (
+            args.branch_pairs > 0 and args.teacher not in CLIMB_TEACHERS,
+            "--branch-pairs are labelled by the round's teacher, which must pay the climb: give --teacher "
+            + " or ".join(CLIMB_TEACHERS),
+        ),
         (args.branch_pairs > 0 and args.live, "--branch-pairs is a stage of the staged rounds, not of --live"),
         (args.death_pairs > 0 and args.live, "--death-pairs is a stage of the staged rounds, not of --live"),
     ])  # fmt: skip

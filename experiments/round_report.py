@@ -113,6 +113,7 @@ REPORTS: dict[str, tuple[str, ...]] = {
     "score": ("score_each_round",),
     "oxygen": ("refills",),
     "surface": ("refills", "behaviour_labels"),
+    "refill": ("refills",),
 }
 
 

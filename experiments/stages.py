@@ -478,7 +478,13 @@ def branch_round(sr: SeedRun, k: int, kind: str = "climb") -> tuple[Path, dict[s
     seed = (args.seed * 1000 + k + (0 if climb else 500)) % 2**31
     most = max(BRANCH_MIN_GAMES, n // 2 if climb else n)  # a death pair costs a lost life: ~4 a game
     steps = args.branch_steps if climb else args.death_steps
-    s = branch.BranchSettings(n, steps, seed=seed, max_games=most, teacher="surface" if climb else args.teacher)
+    s = branch.BranchSettings(
+        n,
+        steps,
+        seed=seed,
+        max_games=most,
+        teacher=args.teacher if not climb or args.teacher in branch.CLIMB_TEACHERS else "surface",
+    )
     log(f"{kind} pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
     t0 = time.time()
     make = branch.make_pairs if climb else branch.make_death_pairs

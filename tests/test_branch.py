@@ -7,6 +7,7 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +74,11 @@ def test_the_climb_clip_takes_only_up_actions_and_the_stay_clip_none(tmp_path: P
     assert not any(up[a] for a in stay.actions)
 
 
-def test_pairs_go_into_the_db_with_the_surface_teachers_labels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("teacher", ["surface", "refill"])
+def test_pairs_go_into_the_db_with_the_teachers_labels(tmp_path: Path, teacher: str) -> None:
     db = tmp_path / "db"
-    rules = make_pairs(
-        policy(tmp_path), db, BranchSettings(pairs=3, steps=6, every=2, seed=0), at=lambda f: True, log=lambda m: None
-    )
+    s = BranchSettings(pairs=3, steps=6, every=2, seed=0, teacher=teacher)
+    rules = make_pairs(policy(tmp_path), db, s, at=lambda f: True, log=lambda m: None)
     assert sum(rules.values()) == 3
     assert read_db_info(db).env_id == ENV_ID  # type: ignore[union-attr]
     segs = list_segments(db, warn=None)
@@ -90,7 +91,9 @@ def test_pairs_go_into_the_db_with_the_surface_teachers_labels(tmp_path: Path) -
         assert len(a) == len(b) == 6
         # both clips start from the one saved state: the same first frame
         assert np.array_equal(a.frames[0], b.frames[0])
-        assert lab["teacher"] == "surface" and lab["sampling"] == "branch" and lab["label"] in (0, 1, 2)
+        assert lab["teacher"] == teacher and lab["sampling"] == "branch" and lab["label"] in (0, 1, 2)
+    with pytest.raises(ValueError, match="climb pairs are labelled by the surface or refill teacher"):
+        make_pairs(policy(tmp_path), tmp_path / "db2", replace(s, teacher="score"), at=lambda f: True)
 
 
 def test_a_db_with_segments_and_a_missing_policy_are_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -613,7 +613,7 @@ def test_an_arm_is_reused_only_for_the_steps_it_was_made_for(tmp_path: Path) -> 
         (("--death-penalty", "-1"), "--death-penalty must be"),
         (("--death-penalty", "50", "--teacher", "surface"), "--death-penalty is the score teacher's"),
         (("--oracle-arm", "--reward-only"), "--oracle-arm is an arm of the staged rounds"),
-        (("--branch-pairs", "10"), "--branch-pairs are labelled by the surface teacher"),
+        (("--branch-pairs", "10"), "--branch-pairs are labelled by the round's teacher, which must pay the climb"),
         (("--branch-pairs", "-1", "--teacher", "surface"), "--branch-pairs must be in 0..100000"),
         (("--branch-pairs", "5", "--teacher", "surface", "--branch-steps", "1"), "--branch-steps must be in 2..1000"),
         (("--branch-pairs", "5", "--teacher", "surface", "--live", "--rounds", "2"), "not of --live"),
