@@ -364,11 +364,14 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
         except RankLost as e:  # another rank is gone: this one's state is whole, last.pt is saved
             status, failure = "stopped", e
         finally:
-            run.close()
-            if not isinstance(failure, NonFiniteError):
-                run.save_last()
-            learner.tracker.flush()
-            run.writer.close()
+            try:
+                run.close()
+                if not isinstance(failure, NonFiniteError):
+                    run.save_last()
+                learner.tracker.flush()
+                run.writer.close()
+            finally:
+                run.release()  # the checkpoint dir, once its last last.pt is written
     if run.dist.is_main:
         report(run, status, log)
     if isinstance(failure, RankLost):

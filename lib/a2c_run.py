@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from lib.checkpoints import (
 from lib.distributed import Dist, NullWriter
 from lib.envs import VecStep, default_env_threads, rom_name
 from lib.errors import UserError
+from lib.files import LockHeld, file_state, hold_lock
 from lib.games import play_games, score_stats, select_actions
 from lib.model import (
     AtariA2C,
@@ -209,6 +211,45 @@ def _tb_dir_to_continue(cfg: A2CConfig, resume_ck: dict[str, Any]) -> Path | Non
     return tb
 
 
+def _holds_a_run(cfg: A2CConfig) -> UserError:
+    return UserError(
+        f"{cfg.save_dir} already holds the run {cfg.name!r}: continue it with --resume, start it over "
+        f"with --force (replaces its checkpoints), or pick another -n"
+    )
+
+
+RUN_LOCK = ".run.lock"  # in a checkpoint dir: held by the live run that writes into it
+
+
+def _hold_save_dir(cfg: A2CConfig, last_seen: tuple[int, int, int] | None, held: list[int]) -> None:
+    """Hold the run's checkpoint dir (``<dir>/.run.lock``, ``lib.files.hold_lock``, as the one
+    recorder of a DB holds the DB) and add the descriptor to ``held``; nothing if held already. One
+    live run per directory: a second, new, --resume or --force, would write its last.pt and best_*.pt
+    over the first's. Under the lock, what ``check_run`` saw must still be so: the last.pt a resumed
+    run read (``last_seen``, ``lib.files.file_state``) is the one there, a new run's dir holds no
+    checkpoint. UserError with one line naming the holder otherwise."""
+    if held:
+        return
+    try:
+        fd = hold_lock(cfg.save_dir / RUN_LOCK)
+    except LockHeld as e:
+        raise UserError(
+            f"{cfg.save_dir} is in use by another run ({e.holder}): wait until it ends, or pick another -n"
+        ) from None
+    except OSError as e:
+        raise UserError(f"cannot lock checkpoint dir {cfg.save_dir}: {e.strerror or e}") from None
+    try:
+        last = cfg.save_dir / "last.pt"
+        if cfg.resume and file_state(last) != last_seen:
+            raise UserError(f"{last} was replaced while this run started (by a run of it that just ended?): run again")
+        if not cfg.resume and not cfg.force and any(cfg.save_dir.glob("*.pt")):
+            raise _holds_a_run(cfg)
+    except BaseException:
+        os.close(fd)
+        raise
+    held.append(fd)
+
+
 def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
     """Everything about the files that can be wrong, before anything is written. Returns the
     ``last.pt`` dict to resume from (None for a new run)."""
@@ -220,10 +261,7 @@ def check_run(cfg: A2CConfig) -> dict[str, Any] | None:
         resume_ck = read_checkpoint(last_path, "checkpoint")
         _check_resumable(resume_ck, last_path)
     elif not cfg.force and cfg.save_dir.is_dir() and any(cfg.save_dir.glob("*.pt")):
-        raise UserError(
-            f"{cfg.save_dir} already holds the run {cfg.name!r}: continue it with --resume, start it over "
-            f"with --force (replaces its checkpoints), or pick another -n"
-        )
+        raise _holds_a_run(cfg)
     if cfg.force and cfg.model and Path(cfg.model).resolve() in {p.resolve() for p in run_checkpoints(cfg.save_dir)}:
         raise UserError(
             f"--force would remove {cfg.model}, the policy -m starts from: copy it out of {cfg.save_dir} first, "
@@ -283,6 +321,7 @@ class Run:
     dist: Dist = field(default_factory=Dist)
     start: StartPolicy | None = None  # a fine-tune's start policy (--kl, finetune/kl_to_start)
     kl_coef: float = 0.0  # the KL coefficient in use: --kl, or where --kl-target has moved it
+    dir_lock: int | None = None  # rank 0 holds the checkpoint dir while it runs (``_hold_save_dir``)
 
     @property
     def global_envs(self) -> int:
@@ -328,6 +367,12 @@ class Run:
             kl_coef=self.kl_coef,
             settings=learned_with(self.cfg),
         )
+
+    def release(self) -> None:
+        """Let another run have the checkpoint dir: once the last last.pt is written."""
+        if self.dir_lock is not None:
+            os.close(self.dir_lock)  # closing the descriptor releases the flock
+            self.dir_lock = None
 
     def close(self) -> None:
         if self.recorder is not None:
@@ -561,69 +606,83 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
         )
     game = rom_name(cfg.env)
     say = (lambda line: print(line, flush=True)) if dist.is_main else (lambda line: None)
+    seen = file_state(cfg.save_dir / "last.pt")  # the last.pt check_run reads: the one a resumed run goes on from
     resume_ck = check_run(cfg)
-    if resume_ck is not None:
-        cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
-    dist.barrier()  # every rank has checked before any writes
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
-    threads = env_threads(cfg, dist)
-    offset = dist.rank * cfg.envs
-    starts = _starts(cfg, dist)
-    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
-    net, finetune, progress = _policy(cfg, resume_ck, base_env)
-    if finetune:
-        net.freeze_conv()
-    net.to(device)
-    if device.type == "cpu":
-        # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
-        # either way.
-        net.conv.to(memory_format=torch.channels_last)
-    dist.broadcast_module(net)
-    start = _start_policy(cfg, net, resume_ck)
-    cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
-    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
-    eval_env = None
-    if cfg.test_every and dist.is_main:
-        seed = cfg.seed + EVAL_SEED_OFFSET
-        eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
-    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
+    held: list[int] = []  # rank 0's lock of the checkpoint dir, once taken; released if the build fails
+    hold = partial(_hold_save_dir, cfg, seen, held) if dist.is_main else (lambda: None)
+    try:
+        if cfg.save_dir.is_dir():
+            hold()  # before a second run's --force removes, or its eval writes, anything of this one's
+        if resume_ck is not None:
+            cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
+        dist.barrier()  # every rank has checked before any writes
+        torch.manual_seed(cfg.seed)
+        rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
+        threads = env_threads(cfg, dist)
+        offset = dist.rank * cfg.envs
+        starts = _starts(cfg, dist)
+        base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
+        net, finetune, progress = _policy(cfg, resume_ck, base_env)
+        if finetune:
+            net.freeze_conv()
+        net.to(device)
+        if device.type == "cpu":
+            # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
+            # either way.
+            net.conv.to(memory_format=torch.channels_last)
+        dist.broadcast_module(net)
+        start = _start_policy(cfg, net, resume_ck)
+        cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
+        env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
+        eval_env = None
+        if cfg.test_every and dist.is_main:
+            seed = cfg.seed + EVAL_SEED_OFFSET
+            eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
+        optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
 
-    writer: Any = NullWriter()
-    tb_dir = Path(cfg.runs_dir)
-    if dist.is_main:
-        _make_dirs(_run_dirs(cfg))  # made already where the run records (make_env_stack)
-        if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
-            print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
-        extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
-        writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
-    if cfg.reward:
-        note_reward_versions(env, writer, progress, recorder)
-        if cfg.reward_reload and dist.is_main:
-            print(f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True)
-    return Run(
-        cfg=cfg,
-        device=device,
-        game=game,
-        base_env=base_env,
-        env=env,
-        recorder=recorder,
-        eval_env=eval_env,
-        net=net,
-        finetune=finetune,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        lr=lr,
-        decay_steps=decay_steps,
-        progress=progress,
-        writer=writer,
-        tb_dir=tb_dir,
-        resumed=resume_ck is not None,
-        eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
-        dist=dist,
-        start=start,
-        kl_coef=kl_coef_at_start(cfg, resume_ck),
-    )
+        writer: Any = NullWriter()
+        tb_dir = Path(cfg.runs_dir)
+        if dist.is_main:
+            _make_dirs(_run_dirs(cfg))  # made already where the run records (make_env_stack)
+            hold()  # a new directory: held from now on, before anything is written into it
+            if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
+                print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
+            extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
+            writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
+        if cfg.reward:
+            note_reward_versions(env, writer, progress, recorder)
+            if cfg.reward_reload and dist.is_main:
+                print(
+                    f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True
+                )
+        return Run(
+            cfg=cfg,
+            device=device,
+            game=game,
+            base_env=base_env,
+            env=env,
+            recorder=recorder,
+            eval_env=eval_env,
+            net=net,
+            finetune=finetune,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            lr=lr,
+            decay_steps=decay_steps,
+            progress=progress,
+            writer=writer,
+            tb_dir=tb_dir,
+            resumed=resume_ck is not None,
+            eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
+            dist=dist,
+            start=start,
+            kl_coef=kl_coef_at_start(cfg, resume_ck),
+            dir_lock=held[0] if held else None,
+        )
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        raise
 
 
 def _tensorboard(

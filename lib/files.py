@@ -3,15 +3,18 @@
 symlink to ``/dev/zero`` is refused, and a FIFO never hangs the reader); ``open_append`` never
 writes through a symlink; ``atomic_write`` writes a unique temp file, fsyncs and renames it, with
 the permissions the user's umask gives (``mkstemp`` alone makes 0600 files, which another account
-sharing a DB cannot read)."""
+sharing a DB cannot read); ``hold_lock`` keeps a second process out of what one process writes."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
+import socket
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -100,6 +103,47 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
         raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "r+b")
+
+
+class LockHeld(OSError):
+    """Another process holds the lock; ``holder`` is the line it wrote (pid, host, command, since)."""
+
+    def __init__(self, path: str | os.PathLike, holder: str) -> None:
+        super().__init__(errno.EWOULDBLOCK, f"held by {holder}", str(path))
+        self.holder = holder
+
+
+def hold_lock(path: str | os.PathLike) -> int:
+    """Take an exclusive ``flock`` on the file ``path`` (created with the umask's permissions, never
+    through a symlink), which then names this process: pid, host, command line, time. Returns the
+    open descriptor: the lock lasts until it is closed or the process ends, so a killed holder leaves
+    none behind. LockHeld, naming the holder, when another process has it; UnsafeFileError when
+    ``path`` is a symlink or not a regular file; OSError when it cannot be opened or locked."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeFileError(f"{path} is a symlink") from None
+        if e.errno == errno.ENXIO:  # a FIFO without a reader
+            raise UnsafeFileError(f"{path} is not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFileError(f"{path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip().splitlines()
+            raise LockHeld(path, holder[0] if holder else "unknown") from None
+        cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:160]
+        line = f"pid {os.getpid()} on {socket.gethostname()}, {cmd!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line.encode("utf-8", "replace"), 0)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:

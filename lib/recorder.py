@@ -7,13 +7,7 @@ atomically under new names; the one recorder of a DB holds ``<db>/.recorder.lock
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import os
-import socket
-import stat
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +16,7 @@ import numpy as np
 
 from lib.envs import VecStep
 from lib.errors import UserError
+from lib.files import LockHeld, UnsafeFileError, hold_lock
 from lib.segment_writer import SegmentWriter, check_db_game, claim_db, remove_stale_segment_temps
 from lib.segments import MAX_ENV_STEP, MAX_SEGMENT_STEPS, Segment, list_segments, max_segment_steps
 
@@ -35,40 +30,23 @@ LOCK_FILE = ".recorder.lock"
 
 
 def lock_db(db_root: str | os.PathLike) -> int:
-    """Take the DB's recorder lock: an exclusive ``flock`` on ``<db>/.recorder.lock`` (created;
-    never through a symlink), which then names this process (pid, host, command line, time).
-    Returns the open descriptor: the lock lasts until it is closed or the process ends.
-    UserError with one line naming the holder when another recorder has it."""
+    """Take the DB's recorder lock, ``<db>/.recorder.lock`` (``lib.files.hold_lock``). Returns the
+    open descriptor: the lock lasts until it is closed or the process ends. UserError with one line
+    naming the holder when another recorder has it."""
     root = Path(db_root)
     path = root / LOCK_FILE
     try:
         root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        return hold_lock(path)
+    except LockHeld as e:
+        raise UserError(
+            f"DB {root} is being recorded into by another run ({e.holder}): record into another --db-path or wait "
+            "until it ends"
+        ) from None
+    except UnsafeFileError as e:
+        raise UserError(f"cannot lock DB {root} for recording: {e}") from None
     except OSError as e:
-        why = "it is a symlink" if e.errno == errno.ELOOP else (e.strerror or str(e))
-        raise UserError(f"cannot lock DB {root} for recording ({path}: {why})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UserError(f"cannot lock DB {root} for recording: {path} is not a regular file")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 300, 0).decode("utf-8", "replace").strip().splitlines()
-            raise UserError(
-                f"DB {root} is being recorded into by another run ({holder[0] if holder else 'unknown'}): "
-                f"record into another --db-path or wait until it ends"
-            ) from None
-        except OSError as e:
-            raise UserError(f"cannot lock DB {root} for recording: {e.strerror or e}") from None
-        cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:160]
-        line = f"pid {os.getpid()} on {socket.gethostname()}, {cmd!r}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, line.encode("utf-8", "replace"), 0)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        raise UserError(f"cannot lock DB {root} for recording ({path}: {e.strerror or e})") from None
 
 
 def existing_step_counters(db_root: str | os.PathLike, n_envs: int, index_offset: int = 0) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,15 +42,21 @@ def _resume_refused(tmp_path: Path, make_env: type = FakeVec, **kw) -> str:
 
 # --- the optimiser's state: checked before the fused kernel sees it ------------------------------
 
-RESUME_IN_A_CHILD = """
+IN_A_CHILD = """
 import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from test_a2c_loop import FakeVec, config
 import lib.a2c as a2c
 from lib.errors import run_cli
-run_cli(lambda: a2c.train(config(Path(sys.argv[2]), max_steps=400, resume=True), make_env=FakeVec))
+cfg = config(Path(sys.argv[2]), max_steps=int(sys.argv[3]), resume=sys.argv[4] == "resume")
+run_cli(lambda: a2c.train(cfg, make_env=FakeVec))
 """
+
+
+def _child(tmp_path: Path, max_steps: int, resume: bool, **kw) -> list[str]:
+    """The command that trains the run in ``tmp_path`` on the fake game in a process of its own."""
+    return [sys.executable, "-c", IN_A_CHILD, str(ROOT), str(tmp_path), str(max_steps), "resume" if resume else "new"]
 
 
 @pytest.mark.parametrize("moment", ["exp_avg", "exp_avg_sq"])
@@ -60,13 +67,7 @@ def test_a_moment_of_another_shape_is_one_line_exit_2_not_a_crash(tmp_path: Path
     path, ck = _last(tmp_path)
     ck["optimizer"]["state"][0][moment] = torch.zeros(3)
     torch.save(ck, path)
-    r = subprocess.run(
-        [sys.executable, "-c", RESUME_IN_A_CHILD, str(ROOT), str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = subprocess.run(_child(tmp_path, 400, resume=True), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr[-2000:])
     assert lines[0].startswith(f"error: checkpoint {path}: the optimizer's {moment} of parameter 0 is ")
@@ -360,3 +361,45 @@ def test_a_crafted_record_of_settings_is_one_line(tmp_path: Path, record: dict, 
     torch.save(ck, path)
     line = _resume_refused(tmp_path)
     assert line.startswith(("checkpoint ", "--resume with what ")) and str(path) in line and words in line, line
+
+
+# --- one live run per checkpoint directory -------------------------------------------------------
+
+
+def _started(child: subprocess.Popen) -> None:
+    """Wait until the child's run is built (it announces itself), so holds its directory."""
+    for line in child.stdout:
+        if line.startswith("A2C on "):
+            return
+    raise AssertionError(f"the child ended before its run started: {child.wait()}")
+
+
+def test_a_live_run_holds_its_checkpoint_directory(tmp_path: Path) -> None:
+    """While a run lives, a second run of its directory (--resume, --force, or new while it has no
+    checkpoint yet) is refused in one line naming it, and writes nothing: was, the second trained to
+    its end and the first then wrote its last.pt over the second's. Once it ends, the run resumes."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    path, _ = _last(one)
+    kept = sorted((p.name, p.read_bytes()) for p in path.parent.glob("*.pt"))
+    live = subprocess.Popen(_child(one, 10**9, resume=True), cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    new = subprocess.Popen(_child(two, 10**9, resume=False), cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        _started(live)
+        _started(new)
+        for kw in (dict(resume=True), dict(force=True)):
+            with pytest.raises(UserError) as e:
+                a2c.train(config(one, max_steps=400, test_every=200, **kw), make_env=FakeVec)
+            line = str(e.value)
+            assert line.startswith(f"{one / 'saves'} is in use by another run (pid {live.pid} on "), line
+            assert line.endswith(": wait until it ends, or pick another -n") and "\n" not in line
+        with pytest.raises(UserError, match=f"^{two / 'saves'} is in use by another run \\(pid {new.pid} on "):
+            a2c.train(config(two, max_steps=400, test_every=200), make_env=FakeVec)  # no checkpoint there yet
+        assert sorted((p.name, p.read_bytes()) for p in path.parent.glob("*.pt")) == kept
+    finally:
+        for child in (live, new):
+            child.send_signal(signal.SIGTERM)
+            child.communicate(timeout=120)
+    assert live.returncode == new.returncode == 0
+    step = torch.load(path, weights_only=True)["progress"]["step"]
+    assert step > 200  # the live run's own last.pt; and now the directory is free again
+    assert a2c.train(config(one, max_steps=step + 200, resume=True), make_env=FakeVec) == 0
