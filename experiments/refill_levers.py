@@ -17,6 +17,13 @@ of ``01_a2c.py`` through ``--a2c-args``) runs here with its reward changed:
   low-gauge states (found by ``experiments.probe``'s finder on seeds of their own: never the probe's
   held-out states); the counts then give the jumps too.
 
+``--through-path`` sends the pay through the learned reward's own path instead (the ladder's rung
+between the rule and a model): with ``-r MODEL --reward-oracle`` in ``--a2c-args``, stage 1
+normalises, clips and scales what the env reports as its true reward, and here that is the pay (the
+score's sign plus the paid steps), so the learner gets the pay as ``-r`` shapes a model's
+prediction; the run's logged game scores are then sums of pay, not points (the probe and
+``04_play.py`` measure the policy).
+
 If a policy paid the rule still does not refill, what holds the refill back is the learner (its
 exploration, the KL pull, how often it meets the situation), not the reward model; if it does, the
 reward model's climb signal is what to grow. The counts (paid steps, refills, jumps, games) go to
@@ -57,10 +64,10 @@ class RuleRewardVec:
     """A vector env whose ``rewards`` are the score plus +1 on each step the rule pays (module
     docstring); ``true_rewards`` stay the score. Everything else is the wrapped env's."""
 
-    def __init__(self, env: Any, pay: str) -> None:
+    def __init__(self, env: Any, pay: str, through_path: bool = False) -> None:
         if not shows_gauge(env.game, tuple(np.shape(env.frames)[1:])):
             raise UserError(f"the rule reads SeaQuest's gauge: {env.env_id} has none")
-        self.env, self.pay = env, pay
+        self.env, self.pay, self.through_path = env, pay, through_path
         self._fresh()
         self.paid_steps = self.climb_steps = self.games = self.steps = 0
 
@@ -104,7 +111,10 @@ class RuleRewardVec:
             bonus[i] = float(paid)
         self.games += int(np.sum(st.game_over))
         self.steps += len(ended)
-        st.rewards = (np.asarray(st.rewards, dtype=np.float32) + bonus).astype(np.float32)
+        if self.through_path:  # the oracle path of -r (--reward-oracle) reads the pay as the true reward
+            st.true_rewards = (np.sign(np.asarray(st.true_rewards, dtype=np.float32)) + bonus).astype(np.float32)
+        else:
+            st.rewards = (np.asarray(st.rewards, dtype=np.float32) + bonus).astype(np.float32)
         return st
 
     @property
@@ -143,6 +153,12 @@ class LeverSettings:
         group="levers",
         choices=PAYS,
     )
+    through_path: bool = setting(
+        False,
+        "send the pay through the learned reward's path (normalise, clip, scale) instead of beside the "
+        "sign-clipped score: needs -r MODEL --reward-oracle in --a2c-args (the model is not used)",
+        group="levers",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise UserError(f"--a2c-args {a.a2c_args!r}: {e}") from None
     cfg = parse_config(words)
-    if cfg.reward and a.pay != "none":
+    if a.through_path and (a.pay == "none" or not cfg.reward_oracle):
+        raise UserError("--through-path sends a --pay other than none through -r's path: give -r MODEL --reward-oracle")
+    if cfg.reward and a.pay != "none" and not a.through_path:
         raise UserError(f"--pay {a.pay} with -r: the reward model replaces the rule's pay (give --pay none)")
     if rom_name(cfg.env) != "seaquest":
         raise UserError(f"--a2c-args --env {cfg.env}: the levers read SeaQuest's screen")
@@ -172,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def make_env(env_id: str, n_envs: int, seed: int, **kwargs: Any) -> RuleRewardVec:
         first = not wrapped  # the envs trained on (an evaluation env, made second, plays real games)
-        env = RuleRewardVec(vec_env(env_id, n_envs, seed=seed, **kwargs), a.pay if first else "none")
+        pay = a.pay if first else "none"
+        env = RuleRewardVec(vec_env(env_id, n_envs, seed=seed, **kwargs), pay, a.through_path and first)
         wrapped.append(env)
         return env
 

@@ -99,6 +99,18 @@ def test_the_pays_owner_gives_the_levers_counts_on_the_recorded_clip() -> None:
     assert int(pay.low_diver.sum()) == both.low_diver_steps > 0
 
 
+def test_through_the_path_the_pay_is_what_the_env_reports_as_its_true_reward() -> None:
+    """--through-path: stage 1's oracle path (-r MODEL --reward-oracle) normalises the env's true
+    reward, so the pay goes there (the score's sign plus the paid steps) and the rewards stay the score."""
+    plain = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
+    path = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both", through_path=True)
+    paid = [float(s.rewards[0] - s.true_rewards[0]) for s in play(plain, "UP", 40)]
+    steps = play(path, "UP", 40)
+    assert [float(s.true_rewards[0]) for s in steps] == paid  # no points on this climb: the pay alone
+    assert sum(paid) == path.paid_steps > 0
+    assert all(float(s.rewards[0]) == 0.0 for s in steps)  # the score, for the wrapper to replace
+
+
 def test_no_diver_aboard_or_staying_down_earns_nothing() -> None:
     empty = levers.RuleRewardVec(OneGame(divers=0, oxygen=12), "both")  # surfaces to its death
     down = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
@@ -119,6 +131,8 @@ def test_a_game_without_the_gauge_is_refused() -> None:
     ("args", "message"),
     [
         (["--a2c-args", "-n x -r some.pt"], "give --pay none"),
+        (["--a2c-args", "-n x -r some.pt", "--pay", "both", "--through-path"], "give -r MODEL --reward-oracle"),
+        (["--a2c-args", "-n x", "--pay", "none", "--through-path"], "--through-path sends a --pay other than none"),
         (["--a2c-args", "-n x --start-states nowhere"], "--start-states nowhere"),
         (["--a2c-args", "-n x --env PongNoFrameskip-v4", "--pay", "none"], "SeaQuest"),
         (["--a2c-args", "-n 'x"], "--a2c-args"),
