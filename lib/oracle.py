@@ -104,6 +104,9 @@ def label_extra(
         extra["rescues"] = [fa.surface.rescues, fb.surface.rescues]
         extra["low_diver_steps"] = [fa.surface.low_diver_steps, fb.surface.low_diver_steps]
         extra["idle"] = [fa.surface.idle_steps, fb.surface.idle_steps]
+    if fa.pay is not None and fb.pay is not None:  # the refill teacher's sums, and the climb steps among them
+        extra["pay"] = [fa.pay.total, fb.pay.total]
+        extra["climb_steps"] = [int(fa.pay.climb.sum()), int(fb.pay.climb.sum())]
     return extra
 
 

@@ -370,6 +370,22 @@ def test_oracle_records_the_surface_teachers_rule(tmp_path: Path, surface_clips:
     assert [lab.extra["rule"] for lab in read_label_log(noisy)] == ["noise"] * 10
 
 
+def test_oracle_labels_of_the_refill_teacher_record_the_sums(tmp_path: Path, surface_clips: dict[str, Segment]) -> None:
+    """Each label of ``--teacher refill`` records both clips' pay sums and climb steps, and its answer
+    is the larger sum (rule "pay") or a tie on equal sums."""
+    db = tmp_path / "db"
+    names = save_clips(db, surface_clips)
+    summary = oracle_label_db(db, 100, seed=0, settings=OracleSettings(teacher="refill"))
+    assert summary.labeled == 45
+    for lab in read_label_log(db):
+        pa, pb = lab.extra["pay"]
+        assert lab.extra["teacher"] == "refill"
+        assert lab.extra["rule"] == ("tie" if pa == pb else "pay")
+        assert lab.label == (EQUAL if pa == pb else FIRST_BETTER if pa > pb else SECOND_BETTER)
+        for name, climbs in zip((names[lab.sample1], names[lab.sample2]), lab.extra["climb_steps"], strict=True):
+            assert (climbs > 0) == (name == "climbing"), name
+
+
 @pytest.mark.parametrize("teacher", ["oxygen", "surface"])
 def test_gauge_teachers_refuse_another_game(tmp_path: Path, teacher: str) -> None:
     make_synthetic_db(tmp_path / "db", 6, seed=1)  # 'Pong' frames, not SeaQuest
