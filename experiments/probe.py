@@ -23,7 +23,11 @@ States and the sample frames are kept on disk as a segment DB (``--states``): a 
 segment (the frames of the policy input's stack) whose meta holds the emulator state as hex; the
 samples are 4-step segments too. They are read with the segment DB's strict reader like any DB a
 user hands over: no code runs from them, and a broken file is skipped with a warning. The emulator
-state itself is parsed by ALE's own C++ reader, after a size and hex check.
+state itself is parsed by ALE's own C++ reader once ``lib.saved_states`` found it laid out as this
+emulator lays out one. The DB is found once, in a directory beside ``--states`` renamed into place
+when complete, with ``probe.json`` saying how (the finder, its seed, the counts asked for): a run cut
+short leaves nothing a later run would take for a DB, a later run reuses it only with the same
+settings, and a ``--states`` holding anything else is refused untouched.
 
     python -m experiments.probe --states runs/probe/states --policy runs/round/seed0/v0 \\
         --policy runs/round/seed0/surface-100/r1/rlhf/last.pt --features
@@ -32,9 +36,13 @@ state itself is parsed by ALE's own C++ reader, after a size and hex check.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +56,8 @@ from experiments.branch import ENV_ID, at_branch_point
 from experiments.flags import rows_out_setting
 from lib.a2c import act
 from lib.envs import STACK, grey84
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
+from lib.errors import EXIT_INTERRUPTED, UserError, run_cli
+from lib.files import atomic_write, read_regular
 from lib.model import AtariA2C, load_policy, policy_file
 from lib.saved_states import SAMPLE_ENV, STATE_ENV, SavedState, SingleGame, load_states
 from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
@@ -57,6 +65,7 @@ from lib.segment_writer import claim_db, save_segment
 from lib.segments import Segment
 from lib.settings import build_parser as settings_parser
 from lib.settings import check_fields, in_range, setting
+from lib.signals import SignalStop, critical
 
 OUTCOMES = ("refill", "surfaced_empty", "drowned", "died_otherwise", "none")
 FIND_SEED = 10_000  # the finder's games: seeds no round plays (rounds use 0..N)
@@ -108,11 +117,10 @@ def find_states(
     net.eval()
     claim_db(db, ENV_ID, game.meanings)
     rng = np.random.default_rng(seed + 1)
-    states = samples = step = lives = 0
+    states = samples = step = lives = games = 0
     started = time.time()
-    for g in range(max_games):
-        if states >= n_states:
-            break
+    while games < max_games and states < n_states:
+        g, games = games, games + 1
         game.reset()
         seen: list[np.ndarray] = [game.frame.copy()]
         taken, over = False, False  # a state was taken this life
@@ -135,13 +143,99 @@ def find_states(
             seen = [game.frame.copy()] if lost else [*seen[-(STACK - 1) :], game.frame.copy()]
             taken, lives = taken and not lost, lives + lost
     print(
-        f"  {states} states in {g + 1} games ({step:,} agent steps, {lives} lives lost), {samples} samples", flush=True
+        f"  {states} states in {games} games ({step:,} agent steps, {lives} lives lost), {samples} samples", flush=True
     )
     return states, samples
 
 
 def _facts(frame: np.ndarray) -> dict[str, int]:
     return {"level": int(oxygen_levels(frame)), "divers": int(divers_aboard(frame)), "row": int(sub_rows(frame))}
+
+
+# --- the state DB: found once, whole, with how it was found ------------------------------------
+
+FOUND_FILE = "probe.json"  # a state DB's record of how the finder found its states
+FOUND_FORMAT = "rlhf-atari-probe-states"
+FOUND_WITH = {"find_seed": "--find-seed", "n_states": "--n-states", "max_games": "--max-games"}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_found(db: Path) -> dict[str, Any] | None:
+    """The record a finished finder left in ``db`` (FOUND_FILE); None where there is none or it is
+    not one."""
+    try:
+        d = json.loads(read_regular(db / FOUND_FILE, 1 << 16))
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and d.get("format") == FOUND_FORMAT else None
+
+
+def find_db(finder: Path, db: Path, a: ProbeSettings, at: Callable[[np.ndarray], bool] | None = None) -> dict[str, Any]:
+    """Find the states (``find_states``, ``at`` its test: the branch point by default) into a new
+    directory beside ``db``, record how (FOUND_FILE) and rename it to ``db`` once complete: a run cut
+    short (Ctrl-C, a full disk) leaves nothing behind that a later run would take for a state DB.
+    Returns the record; one line where it cannot be written."""
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{db.name}.finding-", dir=db.parent))
+    except OSError as e:
+        raise UserError(f"cannot make --states {db}: {e.strerror or e}") from None
+    try:
+        n, m = find_states(finder, tmp, a.n_states, a.find_seed, max_games=a.max_games, at=at or at_branch_point)
+        if n == 0:
+            raise UserError(
+                f"the finder {finder} came to no state in {a.max_games} games: give more --max-games or another "
+                "--find-with"
+            )
+        record = {"format": FOUND_FORMAT, "version": 1, "finder": str(finder), "finder_sha256": _sha256(finder)}
+        record |= {k: getattr(a, k) for k in FOUND_WITH} | {"states": n, "samples": m, "time": time.time()}
+        atomic_write(tmp / FOUND_FILE, json.dumps(record, indent=1).encode())
+        with critical():
+            os.rename(tmp, db)  # onto nothing or an empty directory only: never over what is there
+    except OSError as e:
+        raise UserError(f"cannot write the states into {tmp}: {e.strerror or e}; --states {db} is as it was") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a run cut short found (renamed away when complete)
+    return record
+
+
+def open_states(a: ProbeSettings, finder: Path) -> dict[str, Any]:
+    """``--states`` ready to read: found now where it is missing or empty, else the record of a DB
+    this probe found with the same settings (``--find-with`` compared only when given: the first
+    ``--policy`` changes as policies are probed). One line, the directory untouched, for anything else."""
+    db = a.states
+    if os.path.lexists(db) and not db.is_dir():
+        raise UserError(f"--states {db} is a file: give a directory")
+    try:
+        filled = db.is_dir() and any(db.iterdir())
+    except OSError as e:
+        raise UserError(f"cannot read --states {db}: {e.strerror or e}") from None
+    if not filled:
+        print(f"finding {a.n_states} states with {finder} into {db}", flush=True)
+        return find_db(finder, db, a)
+    found = read_found(db)
+    if found is None:
+        raise UserError(
+            f"--states {db} is not a state DB this probe found (it has no {FOUND_FILE}): give a new or empty "
+            "directory, where the probe finds its states"
+        )
+    mine = {k: getattr(a, k) for k in FOUND_WITH}
+    differ = [f"{f} {found.get(k)} (this run: {mine[k]})" for k, f in FOUND_WITH.items() if found.get(k) != mine[k]]
+    if a.find_with is not None and found.get("finder_sha256") != _sha256(finder):
+        differ.append(f"--find-with {found.get('finder')} (this run: {finder})")
+    if differ:
+        raise UserError(
+            f"--states {db} holds states found with {', '.join(differ)}: give the same to probe them, "
+            "or another --states"
+        )
+    return found
 
 
 # --- the rollouts -------------------------------------------------------------------------------
@@ -363,7 +457,12 @@ GROUPS = {  # --help's groups, in order, and their titles
 class ProbeSettings:
     """What ``python -m experiments.probe`` is told, one field per flag in ``--help`` order."""
 
-    states: Path = setting(help="DB of saved states: found once, then reused", group="states", type=Path)
+    states: Path = setting(
+        help="DB of saved states: found once into a new or empty directory, then reused by runs with the same "
+        "--find-seed, --n-states and --max-games",
+        group="states",
+        type=Path,
+    )
     policy: list[Path] = setting(
         help="a policy to probe (a .pt or a run directory: its best); repeat",
         group="states",
@@ -415,34 +514,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def check_out(out: Path | None) -> None:
+    """``--out`` checked before the work: a file name in a directory this process can write (the
+    missing directories are made at the end)."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory: give a file name (.json)")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
+
+
+def main(argv: list[str] | None = None) -> int:
     a = ProbeSettings(**vars(build_parser().parse_args(argv)))
     check_fields(a)
-    if a.states.exists() and not a.states.is_dir():
-        raise UserError(f"--states {a.states} is a file: give a directory")
+    check_out(a.out)
     torch.set_num_threads(a.threads)
     policies = [policy_file(p) for p in a.policy]
-    if not a.states.exists() or not load_states(a.states):
-        finder = policy_file(a.find_with) if a.find_with else policies[0]
-        print(f"finding {a.n_states} states with {finder} into {a.states}", flush=True)
-        a.states.mkdir(parents=True, exist_ok=True)
-        n, m = find_states(finder, a.states, a.n_states, seed=a.find_seed, max_games=a.max_games)
-        print(f"{n} states, {m} samples in {a.states}")
-    states, samples = load_states(a.states), load_states(a.states, SAMPLE_ENV)
-    if not states:
-        raise UserError(f"{a.states} holds no readable state: remove it to find new ones")
-    print(
-        f"{len(states)} states ({np.mean([s.level for s in states]):.1f} of 63 oxygen, "
-        f"{np.mean([s.divers for s in states]):.2f} divers, row {np.mean([s.row for s in states]):.0f} on average), "
-        f"{len(samples)} sample frames",
-        flush=True,
-    )
-    rows = [probe_policy(p, states, samples, a) for p in policies]
+    finder = policy_file(a.find_with) if a.find_with else policies[0]
+    with SignalStop(at_once=True) as stop:  # SIGTERM too: the finder's directory is removed all the same
+        try:
+            found = open_states(a, finder)
+            states, samples = load_states(a.states), load_states(a.states, SAMPLE_ENV)
+            if not states:
+                raise UserError(f"{a.states} holds no readable state: remove it to find new ones")
+            how = " ".join(f"{flag} {found.get(k)}" for k, flag in FOUND_WITH.items())
+            print(
+                f"{len(states)} states ({np.mean([s.level for s in states]):.1f} of 63 oxygen, "
+                f"{np.mean([s.divers for s in states]):.2f} divers, row {np.mean([s.row for s in states]):.0f} "
+                f"on average; found by {found.get('finder')} with {how}), {len(samples)} sample frames",
+                flush=True,
+            )
+            rows = [probe_policy(p, states, samples, a) for p in policies]
+        except KeyboardInterrupt:  # one line: a DB the finder had not finished is gone already (find_db)
+            kept = "no rows were written" if read_found(a.states) else f"no state was kept in --states {a.states}"
+            print(f"interrupted ({stop.signal or 'SIGINT'}): {kept}", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
     print()
     print_table(rows)
     if a.out:
-        atomic_write(a.out, json.dumps(rows, indent=1).encode())
+        try:
+            atomic_write(a.out, json.dumps(rows, indent=1).encode())
+        except OSError as e:
+            raise UserError(f"cannot write --out {a.out}: {e.strerror or e} (the table above holds the rows)") from None
         print(f"\n{a.out}")
+    return 0
 
 
 if __name__ == "__main__":

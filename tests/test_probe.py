@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +18,9 @@ import torch
 
 from experiments import probe
 from experiments.branch import ENV_ID
+from lib import segment_writer
 from lib.checkpoints import atomic_torch_save
+from lib.errors import EXIT_INTERRUPTED, UserError
 from lib.model import AtariA2C, policy_checkpoint
 from lib.saved_states import SAMPLE_ENV, SavedState, SingleGame, load_states
 from lib.seaquest import BOTTOM_ROW, divers_aboard, oxygen_levels, sub_rows
@@ -138,23 +145,177 @@ def test_the_linear_probe_reads_a_linear_signal_and_not_noise() -> None:
     assert bad["r2"] < 0.1 and bad["exact"] < 0.5
 
 
+def deep(frame: np.ndarray) -> bool:
+    """A test's branch point: where a diving finder soon is."""
+    return bool(sub_rows(frame) > 100)
+
+
+def found_db(tmp_path: Path, pol: Path, **settings: Any) -> Path:
+    """A state DB as the command finds one (record and all), with a diving finder and ``deep``."""
+    db = tmp_path / "states"
+    db.mkdir()  # an empty directory is found into as a missing one is
+    a = probe.ProbeSettings(states=db, policy=[pol], **{"n_states": 2, "max_games": 3, **settings})
+    probe.find_db(pol, db, a, at=deep)
+    return db
+
+
+def run_probe(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "experiments.probe", "--states", str(db), "--n-states", "2", "--max-games", "3"]
+    return subprocess.run([*cmd, "--tries", "1", "--steps", "60", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def tree(d: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``d`` with its size and mtime: what "untouched" is checked against."""
+    return {str(p.relative_to(d)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))}
+
+
 def test_the_command_finds_states_probes_and_refuses_bad_values(tmp_path: Path) -> None:
     pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
-    db = tmp_path / "states"
-    probe.find_states(pol, db, 2, sample_every=5, max_games=3, at=lambda f: sub_rows(f) > 100)
+    db = found_db(tmp_path, pol)
+    # a state whose meta holds a huge integer is skipped with one warning (it crashed the mean before)
+    seg = read_segment(db, [r for r in list_segments(db) if r.startswith("00/")][0])
+    probe._save(db, 0, 99_999, seg.frames, {**seg.meta, "row": 10**400}, MEANINGS)
     up = saved(tmp_path / "up.pt", one_action_net("UP"))
     out = tmp_path / "rows.json"
-    cmd = [sys.executable, "-m", "experiments.probe", "--states", str(db), "--policy", str(pol), "--policy", str(up)]
-    res = subprocess.run(
-        [*cmd, "--tries", "1", "--steps", "60", "--out", str(out)], cwd=ROOT, capture_output=True, text=True
-    )
+    res = run_probe(db, "--policy", str(pol), "--policy", str(up), "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert "| refill | surfaced empty | drowned |" in res.stdout
-    import json
-
+    assert "found by" in res.stdout and "--find-seed 10000 --n-states 2 --max-games 3" in res.stdout
+    assert res.stderr.count("warning:") == 1 and "meta 'row' is not in" in res.stderr
     rows = json.loads(out.read_text())
     assert [r["rollouts"] for r in rows] == [2, 2]
     assert rows[0]["climbed"] == 0 and rows[1]["climbed"] > 0  # DOWN stays, UP climbs
     for flag, value in (("--tries", "0"), ("--steps", "-1"), ("--states", str(pol))):
-        bad = subprocess.run([*cmd, flag, value], cwd=ROOT, capture_output=True, text=True)
+        bad = run_probe(db, "--policy", str(pol), flag, value)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_the_finders_last_line_counts_the_games_it_played(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    n, _ = probe.find_states(pol, tmp_path / "states", 1, max_games=5, at=deep)
+    assert n == 1 and "1 states in 1 games" in capsys.readouterr().out.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["a recording DB", "a file of the user's"])
+def test_a_states_directory_holding_anything_else_is_refused_untouched(tmp_path: Path, kind: str) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = tmp_path / "db"
+    if kind == "a recording DB":
+        segment_writer.claim_db(db, ENV_ID, MEANINGS)
+        frames = state_at_bottom(1, 12).frames
+        probe._save(db, 0, 0, frames, {}, MEANINGS)
+    else:
+        db.mkdir()
+        (db / "notes.txt").write_text("mine")
+    before = tree(db)
+    res = run_probe(db, "--policy", str(pol))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--states {db} is not a state DB this probe found" in lines[0]
+    assert tree(db) == before and sorted(p.name for p in tmp_path.iterdir()) == ["db", "p.pt"]
+
+
+def test_a_db_found_with_other_settings_is_refused_untouched(tmp_path: Path) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    other = saved(tmp_path / "other.pt", one_action_net("UP"))
+    db = found_db(tmp_path, pol)
+    before = tree(db)
+    for args, said in (
+        (["--find-seed", "20000"], "--find-seed 10000 (this run: 20000)"),
+        (["--n-states", "5"], "--n-states 2 (this run: 5)"),
+        (["--find-with", str(other)], f"--find-with {pol} (this run: {other})"),
+    ):
+        res = run_probe(db, "--policy", str(pol), *args)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"--states {db} holds states found with {said}" in lines[0]
+    assert tree(db) == before
+    record = json.loads((db / probe.FOUND_FILE).read_text())
+    assert (record["find_seed"], record["n_states"], record["max_games"], record["states"]) == (10_000, 2, 3, 2)
+
+
+def in_process(monkeypatch: pytest.MonkeyPatch, db: Path, pol: Path) -> list[str]:
+    """``probe.main``'s arguments for a run in this process whose finder stops at ``deep``."""
+    monkeypatch.setattr(probe, "at_branch_point", deep)
+    return ["--states", str(db), "--policy", str(pol), "--n-states", "2", "--max-games", "3", "--steps", "5"]
+
+
+def failing_after(monkeypatch: pytest.MonkeyPatch, k: int, error: BaseException) -> None:
+    """The finder's k-th segment write raises ``error`` (a sample or a state, as they come)."""
+    real, calls = probe.save_segment, [0]
+
+    def save(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == k:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "save_segment", save)
+
+
+@pytest.mark.parametrize("k", [1, 10])  # before the first state; after the first (of 2, 23 writes in all)
+def test_a_find_cut_by_ctrl_c_leaves_nothing_and_a_rerun_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, k: int
+) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = tmp_path / "states"
+    argv = in_process(monkeypatch, db, pol)
+    failing_after(monkeypatch, k, KeyboardInterrupt())
+    assert probe.main(argv) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip().splitlines() == [f"interrupted (SIGINT): no state was kept in --states {db}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pt"]  # neither the DB nor the finder's directory
+    monkeypatch.setattr(probe, "save_segment", segment_writer.save_segment)
+    assert probe.main(argv) == 0
+    assert len(load_states(db)) == 2 and json.loads((db / probe.FOUND_FILE).read_text())["states"] == 2
+
+
+def test_a_full_disk_while_finding_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = tmp_path / "states"
+    argv = in_process(monkeypatch, db, pol)
+    failing_after(monkeypatch, 5, OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(UserError, match=rf"No space left on device; --states {db} is as it was$"):
+        probe.main(argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pt"]
+
+
+def test_ctrl_c_while_the_command_finds_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = tmp_path / "states"
+    cmd = [sys.executable, "-m", "experiments.probe", "--states", str(db), "--policy", str(pol)]
+    proc = subprocess.Popen([*cmd, "--max-games", "1000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".states.finding-*/00")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)  # the finder is at work once its directory holds a segment
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == EXIT_INTERRUPTED and "Traceback" not in err.decode(), err.decode()
+    assert lines == [f"interrupted (SIGINT): no state was kept in --states {db}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pt"]
+
+
+def test_a_bad_out_is_refused_in_one_line_before_the_work(tmp_path: Path) -> None:
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = found_db(tmp_path, pol)
+    (tmp_path / "a file").write_text("")
+    for out, message in ((tmp_path, "is a directory"), (tmp_path / "a file" / "o.json", "not a writable directory")):
+        res = run_probe(db, "--policy", str(pol), "--out", str(out))
+        assert res.returncode == 2, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+        assert "| refill |" not in res.stdout  # refused before a replay
+
+
+def test_a_write_of_out_that_fails_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pol = saved(tmp_path / "p.pt", one_action_net("DOWN"))
+    db = found_db(tmp_path, pol)
+    monkeypatch.setattr(probe, "atomic_write", full)
+    argv = [*in_process(monkeypatch, db, pol), "--out", str(tmp_path / "o.json")]
+    with pytest.raises(UserError, match=r"^cannot write --out .*o\.json: No space left on device"):
+        probe.main(argv)
