@@ -217,13 +217,19 @@ def reward_input(
         raise ValueError(f"unknown reward model arch {arch!r}")
     grey = grey84(np.asarray(frames))
     if shown is None:
-        led_to = segment_next_frames(grey, game_over)
-    else:
-        shown = np.asarray(shown)
-        if shown.shape != tuple(frames.shape):
-            raise ValueError(f"next frames {tuple(shown.shape)} do not match frames {tuple(frames.shape)}")
-        led_to = step_next_frames(grey, grey84(shown), game_over)
-    return np.stack([grey, led_to], axis=1)
+        return np.stack([grey, segment_next_frames(grey, game_over)], axis=1)
+    shown = np.asarray(shown)
+    if shown.shape != tuple(frames.shape):
+        raise ValueError(f"next frames {tuple(shown.shape)} do not match frames {tuple(frames.shape)}")
+    return diff_step_input(grey, grey84(shown), game_over)
+
+
+def diff_step_input(grey: np.ndarray, grey_shown: np.ndarray, game_over: np.ndarray | None = None) -> np.ndarray:
+    """``reward_input("diff", frames, shown, game_over)`` from frames ``grey84`` has made grey
+    already: ``grey`` (B, 84, 84) uint8 what each action was chosen on, ``grey_shown`` what the env
+    showed after each step. (B, 2, 84, 84) uint8. For a caller that keeps a step's grey ``shown``
+    as the next step's ``grey`` (the wrapper), so each frame is made grey once."""
+    return np.stack([grey, step_next_frames(grey, grey_shown, game_over)], axis=1)
 
 
 # --- the diff net: what the step changed -----------------------------------------------------
@@ -475,10 +481,22 @@ class RewardPredictor:
         )
         self.metrics: dict[str, Any] = dict(ck.get("metrics") or {})
         self.chunk = chunk
+        self._keys_of: tuple[nn.Module, ...] = ()  # the nets ``_keys`` was read from
+        self._keys: list[Any] = []
 
     @property
     def ensemble(self) -> int:
         return len(self.nets)
+
+    def feature_keys(self) -> list[Any]:
+        """Each member's ``feature_key()`` (None: not a diff net; members may differ in mask_rows):
+        ``_members`` makes ``features`` once per key. Read again only when ``nets`` changes, as
+        ``int(mask_rows)`` is a device sync on CUDA."""
+        nets = tuple(self.nets)
+        if nets != self._keys_of:
+            self._keys_of = nets
+            self._keys = [net.feature_key() if isinstance(net, DiffRewardModel) else None for net in nets]
+        return self._keys
 
     def same_as(self, other: RewardPredictor) -> bool:
         """Whether ``other`` predicts exactly as this one does (weights, norm stats, metrics, env):
@@ -517,8 +535,27 @@ class RewardPredictor:
                 raise ValueError(f"next_frames {tuple(next_frames.shape)} do not match frames {tuple(frames.shape)}")
         return self._members(reward_input(self.arch, frames, next_frames, game_over), actions)
 
+    def predict_members_grey(
+        self,
+        grey: np.ndarray,
+        grey_next: np.ndarray,
+        actions: np.ndarray | torch.Tensor,
+        game_over: np.ndarray | None = None,
+    ) -> torch.Tensor:
+        """A diff model's ``predict_members`` from frames ``grey84`` has made grey already: ``grey``
+        (B, 84, 84) uint8 those the actions were chosen on, ``grey_next`` those the env showed after
+        each step (``diff_step_input``). The same (K, B) as ``predict_members`` on the RGB frames."""
+        if not self.needs_next:
+            raise ValueError(f"a reward model of arch {self.arch!r} takes RGB frames, not grey ones")
+        shape = (len(actions), POLICY_FRAME, POLICY_FRAME)
+        if tuple(grey.shape) != shape or tuple(grey_next.shape) != shape:
+            raise ValueError(f"grey frames must have shape {shape}, got {tuple(grey.shape)}, {tuple(grey_next.shape)}")
+        return self._members(diff_step_input(grey, grey_next, game_over), actions)
+
     def _members(self, x: np.ndarray | torch.Tensor, actions: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """(K, B) member predictions from ``reward_input``'s ``x``, ``chunk`` steps a forward."""
+        """(K, B) member predictions from ``reward_input``'s ``x``, ``chunk`` steps a forward. Diff
+        members that share a feature key share one ``features`` pass, each then runs its own
+        ``head``: what its ``forward`` computes, op for op."""
         a = torch.as_tensor(actions)
         if a.numel() and (int(a.min()) < 0 or int(a.max()) >= self.n_actions):
             raise ValueError(f"actions must be in 0..{self.n_actions - 1}")
@@ -528,8 +565,14 @@ class RewardPredictor:
                 e = s + self.chunk
                 fc = torch.as_tensor(x[s:e]).to(self.device, non_blocking=True)
                 ac = a[s:e].to(self.device, non_blocking=True)
-                for k, net in enumerate(self.nets):
-                    out[k, s : s + len(fc)] = net(fc, ac)
+                feats: dict[Any, torch.Tensor] = {}
+                for k, (net, key) in enumerate(zip(self.nets, self.feature_keys(), strict=True)):
+                    if key is None:
+                        out[k, s : s + len(fc)] = net(fc, ac)
+                        continue
+                    if key not in feats:
+                        feats[key] = net.features(fc)  # type: ignore[operator]
+                    out[k, s : s + len(fc)] = net.head(feats[key], ac)  # type: ignore[operator]
         return out
 
     def predict(
