@@ -4,7 +4,8 @@
 prediction normalised (``--reward-norm``), clipped (``--reward-clip``) and scaled; ``pred_rewards``
 keep the raw predictions and ``true_rewards`` the score. With ``reload`` a changed model file that
 then held still is loaded, checked and swapped in between two steps, its norm restarted from its
-stored stats, since Bradley-Terry leaves each model's offset free. Why these choices:
+stored stats, since Bradley-Terry leaves each model's offset free. A diff model's input is made
+grey once a frame: each step's frames are those the step before led to. Why these choices:
 docs/reference.md and docs/results.md."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from lib.a2c_config import REWARD_NORMS
 from lib.checkpoints import state_is_finite
+from lib.envs import grey84
 from lib.errors import UserError, warn
 from lib.files import file_state
 from lib.model import resolve_device
@@ -149,6 +151,23 @@ def model_version(model: RewardPredictor, loaded: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded - 1
 
 
+class StepFrames:
+    """The RGB frames (N, H, W, 3) of one vector step as the wrapper holds them for a diff model's
+    forward, and their grey (``grey84``), made at the first ``grey()`` and kept: the frames a step
+    led to are the frames the next step's actions are chosen on, so both forwards share one grey."""
+
+    def __init__(self, rgb: np.ndarray):
+        self.rgb = rgb
+        self._grey: np.ndarray | None = None
+
+    def grey(self) -> np.ndarray:
+        """(N, 84, 84) uint8, the wrapper's own ``grey84`` (never the policy's stack: on CUDA that
+        comes from ``TorchGrey84``, a grey level off, and the model would see other numbers)."""
+        if self._grey is None:
+            self._grey = grey84(self.rgb)
+        return self._grey
+
+
 class RewardModelWrapper:
     """A vector env whose ``rewards`` come from a reward model. It has AtariVec's interface (n_envs,
     game, env_id, n_actions, action_meanings, frames, reset, step, step_async/step_wait); any other
@@ -199,7 +218,7 @@ class RewardModelWrapper:
         self._use(self._checked(self.path))
         self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
         self._pending: torch.Tensor | None = None
-        self._before: tuple[torch.Tensor, torch.Tensor] | None = None  # a diff model's step input
+        self._before: tuple[StepFrames, torch.Tensor] | None = None  # a diff model's step input
         self._last: dict[str, float] = {}
         self._infer_s = 0.0
         self._steps = 0
@@ -235,6 +254,9 @@ class RewardModelWrapper:
         """Learn from ``model`` from the next step on, its norm started afresh from its stored stats
         (a new model's offset is its own)."""
         self.model = model
+        # the frames the last step led to (a diff model's, for the next step): none after a switch,
+        # which the next step then copies and greys afresh
+        self._shown: StepFrames | None = None
         self.version = model_version(model, self.loaded)
         if self.norm_mode == "labels":
             stats = self._stored_stats(model)
@@ -316,47 +338,56 @@ class RewardModelWrapper:
         return self.env.frames
 
     def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._shown = None  # the env shows new games: no step led to their frames
         return self.env.reset(*args, **kwargs)
 
     def step_async(self, actions: np.ndarray) -> None:
         """Start the env step, then run the reward model on the frames the actions were taken on
-        while the env's threads step (the input is copied before the env can replace ``frames``).
-        With --reward-reload a new version is switched to first (``poll``), between two steps."""
+        while the env's threads step (the input is copied before the env can replace ``frames``; a
+        diff model's is held as the last step led to it where it can be, ``_frames_now``). With
+        --reward-reload a new version is switched to first (``poll``), between two steps."""
         self.poll()
         t0 = time.perf_counter()
-        frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
         acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
-        self.env.step_async(actions)
         if self.oracle:
+            self.env.step_async(actions)
             self._before = None
             self._pending = torch.empty(0)  # the score comes with the step: step_wait uses it
             self._infer_s += time.perf_counter() - t0
             return
         if self.model.needs_next:
             # a diff model needs the frames the step leads to: its forward runs in step_wait
-            self._before = (frames, acts)
+            self._before = (self._frames_now(), acts)
+            self.env.step_async(actions)
             self._infer_s += time.perf_counter() - t0
             return
-        self._pending = self._forward(self.model, frames, acts)  # (K, N)
+        frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
+        self.env.step_async(actions)
+        self._pending = self._forward(lambda: self.model.predict_members(frames, acts))  # (K, N)
         self._infer_s += time.perf_counter() - t0
 
-    def _forward(
-        self,
-        model: RewardPredictor,
-        frames: torch.Tensor,
-        acts: torch.Tensor,
-        shown: np.ndarray | None = None,
-        game_over: np.ndarray | None = None,
-    ) -> torch.Tensor:
-        """``model``'s members' predictions (K, N), on ``infer_threads`` torch threads on CPU: the
-        env's C++ threads are busy stepping or spin-waiting, and a forward on all cores would only
-        fight them."""
-        if self.infer_threads is None:
-            return model.predict_members(frames, acts, shown, game_over)
+    def _frames_now(self) -> StepFrames:
+        """The frames this step's actions are chosen on, for a diff model. Where ``frames`` is still
+        the very array the last step led to (step_wait held it; no reset, switch or replacement
+        since), it is that step's ``StepFrames``: no copy, and its grey is made once for both
+        steps. This relies on what the env already owes ``step_wait``'s held ``shown``: it hands out
+        a new frames array at each step and never writes into one it handed out (``AtariVec``: a
+        new array from ale-py at each ``recv``). Anything else is copied before the env steps."""
+        shown, frames = self._shown, self.env.frames
+        if shown is not None and frames is shown.rgb and shown.rgb.dtype == np.uint8:
+            return shown
+        return StepFrames(np.array(frames, dtype=np.uint8, copy=True))
+
+    def _forward(self, predict: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``predict()``, the members' predictions (K, N), on ``infer_threads`` torch threads on
+        CPU: the env's C++ threads are busy stepping or spin-waiting, and a forward on all cores
+        would only fight them. The count is set only where it differs (each set costs)."""
         threads = torch.get_num_threads()
+        if self.infer_threads is None or threads == self.infer_threads:
+            return predict()
         torch.set_num_threads(self.infer_threads)
         try:
-            return model.predict_members(frames, acts, shown, game_over)
+            return predict()
         finally:
             torch.set_num_threads(threads)
 
@@ -379,17 +410,20 @@ class RewardModelWrapper:
             self._predicted(st, self._pending, self.norm)
             self._pending = None
             return st
-        frames, acts = self._before
+        before, acts = self._before
         self._before = None
         # the env hands out new frame arrays at each step_wait, so these stay this step's while the
-        # next step runs
-        shown, ended = np.asarray(self.env.frames), np.array(st.game_over, dtype=bool)
+        # next step runs; kept as the next step's frames (``_frames_now``)
+        shown = self._shown = StepFrames(np.asarray(self.env.frames))
+        ended = np.array(st.game_over, dtype=bool)
         # this step's model and norm: a switch before complete() (the next step_async) is the next step's
         model, norm = self.model, self.norm
 
         def forward() -> None:
             t0 = time.perf_counter()
-            members = self._forward(model, frames, acts, shown, ended)
+            # where the step ended the game, the frame before stands in for the next game's
+            # (``step_next_frames``) in the input only: ``shown``'s own grey stays the next step's
+            members = self._forward(lambda: model.predict_members_grey(before.grey(), shown.grey(), acts, ended))
             self._infer_s += time.perf_counter() - t0
             self._predicted(st, members, norm)
 
