@@ -528,7 +528,9 @@ def check_out(out: Path | None) -> None:
         raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
+    """The probe. Ctrl-C or SIGTERM: one line, then KeyboardInterrupt goes on up (to ``cli``, or to a
+    caller such as ``experiments.ladder``)."""
     a = ProbeSettings(**vars(build_parser().parse_args(argv)))
     check_fields(a)
     check_out(a.out)
@@ -549,10 +551,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             rows = [probe_policy(p, states, samples, a) for p in policies]
-        except KeyboardInterrupt:  # one line: a DB the finder had not finished is gone already (find_db)
+        except KeyboardInterrupt:  # a DB the finder had not finished is gone already (find_db)
             kept = "no rows were written" if read_found(a.states) else f"no state was kept in --states {a.states}"
             print(f"interrupted ({stop.signal or 'SIGINT'}): {kept}", file=sys.stderr, flush=True)
-            return EXIT_INTERRUPTED
+            raise
     print()
     print_table(rows)
     if a.out:
@@ -561,8 +563,16 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             raise UserError(f"cannot write --out {a.out}: {e.strerror or e} (the table above holds the rows)") from None
         print(f"\n{a.out}")
+
+
+def cli(argv: list[str]) -> int:
+    """``python -m experiments.probe``: ``main``, exit 130 after its line where it was interrupted."""
+    try:
+        main(argv)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     return 0
 
 
 if __name__ == "__main__":
-    run_cli(lambda: main(sys.argv[1:]))
+    run_cli(lambda: cli(sys.argv[1:]))

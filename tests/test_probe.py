@@ -261,11 +261,11 @@ def test_a_find_cut_by_ctrl_c_leaves_nothing_and_a_rerun_completes(
     db = tmp_path / "states"
     argv = in_process(monkeypatch, db, pol)
     failing_after(monkeypatch, k, KeyboardInterrupt())
-    assert probe.main(argv) == EXIT_INTERRUPTED
+    assert probe.cli(argv) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip().splitlines() == [f"interrupted (SIGINT): no state was kept in --states {db}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.pt"]  # neither the DB nor the finder's directory
     monkeypatch.setattr(probe, "save_segment", segment_writer.save_segment)
-    assert probe.main(argv) == 0
+    assert probe.cli(argv) == 0
     assert len(load_states(db)) == 2 and json.loads((db / probe.FOUND_FILE).read_text())["states"] == 2
 
 
