@@ -234,12 +234,14 @@ def surface_counts(frames: np.ndarray, life_lost: np.ndarray | None) -> SurfaceC
 
 @dataclass(frozen=True)
 class StepPay:
-    """What the surface rule pays each step of a record of consecutive steps, (T,) arrays:
-    ``pay`` float32, the score's sign + 1 on a climb step + 1 on a refill step; ``climb`` bool, the
-    sub rose with a low gauge and a diver aboard (``SurfaceCounts.diver_climb_rows`` grew); ``refill``
-    bool, the gauge began to rise from above 0 (``OxygenCounts.refills`` grew); ``low_diver`` bool, a
-    low gauge, not filling, with a diver aboard (``SurfaceCounts.low_diver_steps``): where the
-    climb's pay lives."""
+    """What the surface rule pays each step of a record of consecutive steps, (T,) arrays, each step
+    paid for what its action led to (the move from its frame to the next): ``pay`` float32, the
+    score's sign + 1 on a climb step + 1 on a refill step; ``climb`` bool, the sub rose with a low
+    gauge and a diver aboard (``SurfaceCounts.diver_climb_rows`` grew on the next frame); ``refill``
+    bool, the gauge began to rise from above 0 (``OxygenCounts.refills`` grew on the next frame);
+    ``low_diver`` bool, the step's own frame shows a low gauge, not filling, with a diver aboard
+    (``SurfaceCounts.low_diver_steps``): where the climb's pay lives. A clip's last step shows no
+    next frame: its climb and refill are False (the reward model's input shows no change there)."""
 
     pay: np.ndarray
     climb: np.ndarray
@@ -255,7 +257,9 @@ class StepPay:
 class PayTracker:
     """The one owner of the surface rule's per-step pay (``StepPay``): an ``OxygenTracker`` and a
     ``SurfaceTracker`` followed together, one agent step at a time, for a recorded clip
-    (``step_pay``) and for games being played (``experiments.refill_levers``)."""
+    (``step_pay``) and for games being played (``experiments.refill_levers``, which reads the frame
+    each action was chosen on, so it pays a climb on the step after the move: n-step returns carry
+    it back one step)."""
 
     oxygen: OxygenTracker = field(default_factory=OxygenTracker)
     surface: SurfaceTracker = field(default_factory=SurfaceTracker)
@@ -276,10 +280,13 @@ def step_pay(frames: np.ndarray, rewards: np.ndarray | None, life_lost: np.ndarr
     t = len(frames)
     lost = np.zeros(t, dtype=bool) if life_lost is None else np.asarray(life_lost, dtype=bool)
     tracker = PayTracker()
-    flags = np.zeros((3, t), dtype=bool)
+    seen = np.zeros((3, t), dtype=bool)  # what the trackers saw on reading each frame
     readings = (oxygen_levels(frames).tolist(), sub_rows(frames).tolist(), divers_aboard(frames).tolist())
     for i, (level, row, divers, dead) in enumerate(zip(*readings, lost.tolist(), strict=True)):
-        flags[:, i] = tracker.step(level, row, divers, dead)
+        seen[:, i] = tracker.step(level, row, divers, dead)
+    # A climb or a refill is seen on the frame after the move that made it: paid to the step before.
+    # (The trackers never see one on a clip's first frame, so a clip's sums are the trackers' counts.)
+    climb = np.append(seen[0, 1:], False)
+    refill = np.append(seen[1, 1:], False)
     score = np.zeros(t, dtype=np.float32) if rewards is None else np.sign(np.asarray(rewards, dtype=np.float32))
-    climb, refill, low_diver = flags
-    return StepPay(score + climb + refill, climb, refill, low_diver)
+    return StepPay(score + climb + refill, climb, refill, seen[2])

@@ -94,7 +94,9 @@ def test_the_pays_owner_gives_the_levers_counts_on_the_recorded_clip() -> None:
     assert int(pay.climb.sum()) == both.climb_steps > 0
     assert int(pay.refill.sum()) == both.refills == 1
     assert int((pay.climb | pay.refill).sum()) == both.paid_steps
-    assert np.array_equal((pay.climb | pay.refill).astype(float), bonus)  # the same steps paid
+    # The same moves paid: the levers' env reads the frame an action was chosen on, so it pays a
+    # move on the step after it; the clip's pay goes to the step whose action made the move.
+    assert np.array_equal((pay.climb | pay.refill)[:-1].astype(float), bonus[1:]) and bonus[0] == 0
     assert np.array_equal(pay.pay, np.sign(rewards) + pay.climb + pay.refill)
     assert int(pay.low_diver.sum()) == both.low_diver_steps > 0
 

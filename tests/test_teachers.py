@@ -563,6 +563,10 @@ def test_the_refill_teacher_weighs_the_per_step_pay(surface_clips: dict[str, Seg
     two_kills = dataclasses.replace(one_kill, rewards=kills)
     pay = {k: step_pay(c.frames, c.rewards, c.dones) for k, c in [("eight", eight), ("one", one_kill)]}
     assert int(pay["eight"].climb.sum()) == 8 and pay["eight"].total == 8.0
+    # Each climb is paid to the step whose action made it: the move from its frame to the next.
+    rows = sub_rows(eight.frames)
+    rose = np.flatnonzero(rows[1:] < rows[:-1])
+    assert np.array_equal(np.flatnonzero(pay["eight"].climb), rose) and len(rose) == 8
     assert int(pay["eight"].low_diver.sum()) == len(eight) - 1  # all but the first, unjudged, reading
     assert pay["one"].total == 1.0 and not pay["one"].climb.any()
 
