@@ -241,9 +241,10 @@ def rlhf_config(
     args: RoundSettings, name: str, save: Path, start: Path, reward: Path, oracle: bool = False
 ) -> A2CConfig:
     """A fine-tune on a reward model, with --ft-args: the rlhf arm (recording its DB beside ``save``,
-    for the next round) or, ``oracle``, the oracle arm (the true score through the same path, no DB)."""
+    for the next round) or, ``oracle``, the oracle arm (the true score through the same path, no DB:
+    --ft-args' recording flags are the rlhf arm's, and 01_a2c.py refuses them without --db-path)."""
     where = {"reward_oracle": True} if oracle else {"db_path": str(save.parent / "rlhf-db")}
-    return ft_config(
+    cfg = ft_config(
         args,
         name=name,
         save=str(save),
@@ -254,6 +255,7 @@ def rlhf_config(
         **where,
         **ft_settings(args.ft_layers),
     )
+    return replace(cfg, record_prob=A2CConfig.record_prob, segment_steps=A2CConfig.segment_steps) if oracle else cfg
 
 
 def round_settings(args: RoundSettings) -> dict[str, Any]:

@@ -314,10 +314,16 @@ class A2CConfig:
     def save_dir(self) -> Path:
         return Path(self.save or Path("saves") / self.name)
 
+    def given(self, name: str) -> bool:
+        """Whether the setting ``name`` was given: it is not at its default (a flag given, the checks
+        between flags say, is a flag used)."""
+        return getattr(self, name) != _DEFAULTS[name]
+
     def check(self) -> None:
         """UserError with one line for the first flag value that cannot work: each flag's own checks
         (``setting``) in ``--help`` order, then the ones between flags."""
         check_fields(self)
+        given = self.given
         wrong = [
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
@@ -325,15 +331,24 @@ class A2CConfig:
             ((self.kl or 0) > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and not (self.model or self.resume), "--kl-target pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501
-            (self.reward_norm == "window" and not self.reward, "--reward-norm window normalises a learned reward: give -r"),  # noqa: E501
-            (self.reward_clip != DEFAULT_REWARD_CLIP and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
+            (given("reward_norm") and not self.reward, f"--reward-norm {self.reward_norm} normalises a learned reward: give -r"),  # noqa: E501
+            (given("reward_scale") and not self.reward, "--reward-scale scales a learned reward: give -r"),
+            (given("norm_window") and not self.reward, "--norm-window is --reward-norm window's: give -r with --reward-norm window"),  # noqa: E501
+            (given("norm_window") and self.reward_norm != "window", f"--norm-window is --reward-norm window's: --reward-norm {self.reward_norm} has none"),  # noqa: E501
+            (given("reward_clip") and not self.reward, "--reward-clip clips a learned reward: give -r"),  # noqa: E501
             (self.reward_plus_score and not self.reward, "--reward-plus-score adds a learned reward to the score: give -r"),  # noqa: E501
+            (given("record_prob") and not self.db_path, "--record-prob is the chance to record a segment: give --db-path"),  # noqa: E501
+            (given("segment_steps") and not self.db_path, "--segment-steps is a recorded segment's length: give --db-path"),  # noqa: E501
+            (given("test_episodes") and not self.test_every, "--test-episodes is the games of an evaluation: --test-every 0 turns evaluation off"),  # noqa: E501
             (self.start_states is not None and rom_name(self.env) != "seaquest", f"--start-states restores SeaQuest states: --env {self.env} is another game"),  # noqa: E501
-            (self.start_share != DEFAULT_START_SHARE and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501
+            (given("start_share") and self.start_states is None, "--start-share is the share of lives that start from --start-states: give it"),  # noqa: E501
             (self.resume and self.force, "--resume continues the run, --force starts it over: give one of them"),
             (self.resume and bool(self.model), "--resume continues saves/<name>/last.pt; do not also give -m"),
         ]  # fmt: skip
         check_between(wrong)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(A2CConfig)}  # each setting's default (-n has none: always given)
 
 
 def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict | None) -> float:
@@ -421,9 +436,9 @@ def resumed_config(cfg: A2CConfig, ck: dict[str, Any], path: Path, say: Callable
             if name in _PATHS
             else given == had
         )
-        if given != f.default and not same:
+        if cfg.given(name) and not same:
             raise contradicts(f, had, given)
-        if given == f.default and had != f.default:
+        if not cfg.given(name) and had != f.default:
             taken[name] = had
     out = replace(cfg, finetune=bool(ck.get("finetune", cfg.finetune)), **taken)
     try:

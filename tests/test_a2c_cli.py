@@ -290,7 +290,7 @@ def test_a_choice_set_in_code_is_checked_against_its_choices() -> None:
     from lib.a2c_config import A2CConfig
     from lib.errors import UserError
 
-    A2CConfig(name="x", terminal="none", reward_norm="labels").check()
+    A2CConfig(name="x", terminal="none", reward="r.pt", reward_norm="labels").check()
     with pytest.raises(UserError, match=r"^--terminal game was retired after commit [0-9a-f]+: .*give life or none$"):
         A2CConfig(name="x", terminal="game").check()  # a retired choice: the line that says why
     with pytest.raises(UserError, match=r"^--terminal must be one of life, none, got 'lives'$"):
@@ -315,7 +315,7 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
         reward="r.pt", reward_oracle=True, reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
         record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
         lr_decay_steps=99, runs_dir="tb", precision="bf16", threads=2, env_threads=1, reward_scale=0.2,
-        reward_norm=next(n for n in ("running", "labels") if n != A2CConfig.reward_norm), terminal="none", kl=0.5,
+        reward_norm="window", terminal="none", kl=0.5,
         gamma=0.9, entropy=0.02, n_steps=3, clip_grad=0.5, kl_target=0.05, norm_window=10, reward_clip="sign",
         reward_plus_score=True,
     )  # fmt: skip
@@ -373,3 +373,40 @@ def test_a_wrong_choice_is_not_offered_the_retired_one(capsys) -> None:
         parse_config(["-n", "x", "--terminal", "gam"])
     assert e.value.code == 2
     assert "invalid choice: 'gam' (choose from 'life', 'none')" in capsys.readouterr().err
+
+
+R, WINDOW, DB = ["-r", "r.pt"], ["--reward-norm", "window"], ["--db-path", "db"]
+
+
+@pytest.mark.parametrize(
+    "given, message, with_what_it_needs",
+    [
+        (["--norm-window", "30"], "--norm-window is --reward-norm window's: give -r with --reward-norm window",
+         [*R, *WINDOW]),
+        ([*R, "--norm-window", "30"], "--norm-window is --reward-norm window's: --reward-norm running has none",
+         WINDOW),
+        ([*R, "--reward-norm", "labels", "--norm-window", "30"],
+         "--norm-window is --reward-norm window's: --reward-norm labels has none", WINDOW),
+        (["--reward-scale", "0.05"], "--reward-scale scales a learned reward: give -r", R),
+        (["--reward-norm", "labels"], "--reward-norm labels normalises a learned reward: give -r", R),
+        (["--record-prob", "0.01"], "--record-prob is the chance to record a segment: give --db-path", DB),
+        (["--segment-steps", "25"], "--segment-steps is a recorded segment's length: give --db-path", DB),
+        (["--test-every", "0", "--test-episodes", "4"],
+         "--test-episodes is the games of an evaluation: --test-every 0 turns evaluation off", ["--test-every", "5"]),
+    ],
+)  # fmt: skip
+def test_a_flag_given_without_the_flag_it_needs_is_one_line(
+    given: list[str], message: str, with_what_it_needs: list[str]
+) -> None:
+    """A flag given is a flag used: one whose setting only another flag reads (-r, --reward-norm window,
+    --db-path, evaluation) is refused in one line naming that flag, not dropped (was: the run went on
+    without it, exit 0); with the flag it needs (given after: the last one wins), it is taken."""
+    from lib.a2c_cli import parse_config
+    from lib.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        parse_config(["-n", "x", *given])
+    assert str(e.value) == message
+    flag = message.split()[0]
+    cfg = parse_config(["-n", "x", *given, *with_what_it_needs])
+    assert cfg.given(flag.removeprefix("--").replace("-", "_"))

@@ -135,3 +135,31 @@ def test_help_shows_each_default_once_and_none_where_there_is_none(script: str) 
     for block in argument_blocks(help_text(script)):
         assert "(default: None)" not in block and "(default: False)" not in block, block
         assert len(re.findall(r"\(default\b", block)) <= 1, block
+
+
+def _demo_a2c_lines() -> list[list[str]]:
+    """The 01_a2c.py command lines of scripts/demo.sh, continuation lines joined, as argument lists."""
+    import shlex
+
+    text = (ROOT / "scripts" / "demo.sh").read_text().replace("\\\n", " ")
+    lines = [shlex.split(line) for line in text.splitlines() if line.startswith("$PY 01_a2c.py")]
+    return [[a.replace("$REWARD", "r.pt") for a in words[2:]] for words in lines]
+
+
+def test_the_callers_of_01_a2c_give_no_flag_without_the_flag_it_needs(tmp_path: Path, monkeypatch) -> None:
+    """01_a2c.py refuses a flag given without the one it needs (--record-prob without --db-path, ...): the
+    demo's command lines and every arm of a round (--oracle-arm records nothing, so --ft-args' recording
+    flags stay the rlhf arm's) still pass its checks."""
+    from experiments.round import build_parser as round_parser
+    from experiments.round import check
+    from lib.a2c_cli import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    lines = _demo_a2c_lines()
+    assert len(lines) == 2
+    for argv in lines:
+        parse_config(argv)
+    ft_args = "--record-prob 0.01 --segment-steps 20 --reward-norm window --norm-window 30"
+    for extra in ([], ["--oracle-arm"], ["--oracle-arm", "--ft-args", ft_args]):
+        args = round_parser().parse_args(["--out", str(tmp_path), "--teacher", "score", "--labels", "15", *extra])
+        check(args)
