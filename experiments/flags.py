@@ -8,10 +8,12 @@ person passed through to it read as that stage reads them (``given_flags``)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lib.cli_help import DefaultsOnceFormatter
+from lib.errors import UserError
 from lib.seeds import SEED_CHECKS
 from lib.settings import Check, setting
 
@@ -37,6 +39,20 @@ def seed_setting(help: str, group: str) -> Any:
 def rows_out_setting(group: str) -> Any:
     """``--out``: a JSON file the experiment's rows are written to (none by default)."""
     return setting(None, "write the rows as JSON here", group=group, type=Path)
+
+
+def check_out(out: Path | None, kind: str = ".json") -> None:
+    """``--out`` checked before the work: a file name (``kind``) in a directory this process can
+    write (the missing directories are made at the end); None passes."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory: give a file name ({kind})")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
 
 
 class RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, DefaultsOnceFormatter):

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from experiments.branch import ENV_ID, at_branch_point
-from experiments.flags import rows_out_setting
+from experiments.flags import check_out, rows_out_setting
 from lib.a2c import act
 from lib.envs import STACK, grey84
 from lib.errors import EXIT_INTERRUPTED, UserError, run_cli
@@ -512,20 +512,6 @@ def build_parser() -> argparse.ArgumentParser:
         "does each policy refill, surface empty, drown or die otherwise (module docstring)",
         GROUPS,
     )
-
-
-def check_out(out: Path | None) -> None:
-    """``--out`` checked before the work: a file name in a directory this process can write (the
-    missing directories are made at the end)."""
-    if out is None:
-        return
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory: give a file name (.json)")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.flags import check_out
 from lib.errors import UserError, run_cli, warn
 from lib.files import atomic_write
 from lib.reward_config import DIFF_BLOCK, POLICY_FRAME, block_arg
@@ -218,24 +218,13 @@ def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str,
     return model, figures
 
 
-def _check_out(out: Path) -> None:
-    """--out is checked before the work: a file name in a directory this process can write."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory: give a file name (.pt)")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
-
-
 def main(argv: list[str] | None = None) -> int:
     s = BoundSettings(**vars(build_bound_parser().parse_args(argv)))
     check_fields(s)
     if s.diff_flow_scene and not s.diff_flow:
         raise UserError("--diff-flow-scene needs --diff-flow")
     out = Path(s.out)
-    _check_out(out)
+    check_out(out, ".pt")
     import torch
 
     from lib.reward_model import reward_checkpoint, save_reward_checkpoint

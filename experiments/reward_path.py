@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from experiments.flags import rows_out_setting
+from experiments.flags import check_out, rows_out_setting
 from experiments.readouts import diver_step_flags, diver_step_means, life_loss_means
 from lib.a2c_config import BOOK_NORM_WINDOW
 from lib.errors import UserError, run_cli
@@ -148,20 +147,6 @@ class RewardPathSettings:
 def build_parser() -> argparse.ArgumentParser:
     """The flags in groups (``--help``), one per ``RewardPathSettings`` field."""
     return settings_parser(RewardPathSettings, "python -m experiments.reward_path", __doc__.split("\n\n")[0], GROUPS)
-
-
-def check_out(out: Path | None) -> None:
-    """``--out`` checked before the work: a file name in a directory this process can write (the
-    missing directories are made at the end)."""
-    if out is None:
-        return
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory: give a file name (.json)")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write --out {out}: {parent} is not a writable directory")
 
 
 def main(argv: list[str] | None = None) -> None:
