@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from experiments.branch import ENV_ID, at_branch_point
-from experiments.flags import check_out, rows_out_setting
+from experiments.flags import check_out, given_flags, rows_out_setting
 from lib.a2c import act
 from lib.envs import STACK, grey84
 from lib.errors import EXIT_INTERRUPTED, UserError, run_cli
@@ -206,10 +206,12 @@ def find_db(finder: Path, db: Path, a: ProbeSettings, at: Callable[[np.ndarray],
     return record
 
 
-def open_states(a: ProbeSettings, finder: Path) -> dict[str, Any]:
+def open_states(a: ProbeSettings, finder: Path, given: set[str] | None = None) -> dict[str, Any]:
     """``--states`` ready to read: found now where it is missing or empty, else the record of a DB
-    this probe found with the same settings (``--find-with`` compared only when given: the first
-    ``--policy`` changes as policies are probed). One line, the directory untouched, for anything else."""
+    this probe found with the same settings, of those given on the command line (``given``, field
+    names; None: all): a found DB is probed as it is, and a finder setting given that differs is a
+    mistake (``--find-with`` compared only when given: the first ``--policy`` changes as policies are
+    probed). One line, the directory untouched, for anything else."""
     db = a.states
     if os.path.lexists(db) and not db.is_dir():
         raise UserError(f"--states {db} is a file: give a directory")
@@ -227,7 +229,8 @@ def open_states(a: ProbeSettings, finder: Path) -> dict[str, Any]:
             "directory, where the probe finds its states"
         )
     mine = {k: getattr(a, k) for k in FOUND_WITH}
-    differ = [f"{f} {found.get(k)} (this run: {mine[k]})" for k, f in FOUND_WITH.items() if found.get(k) != mine[k]]
+    asked = FOUND_WITH if given is None else {k: f for k, f in FOUND_WITH.items() if k in given}
+    differ = [f"{f} {found.get(k)} (this run: {mine[k]})" for k, f in asked.items() if found.get(k) != mine[k]]
     if a.find_with is not None and found.get("finder_sha256") != _sha256(finder):
         differ.append(f"--find-with {found.get('finder')} (this run: {finder})")
     if differ:
@@ -525,7 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     finder = policy_file(a.find_with) if a.find_with else policies[0]
     with SignalStop(at_once=True) as stop:  # SIGTERM too: the finder's directory is removed all the same
         try:
-            found = open_states(a, finder)
+            found = open_states(a, finder, set(given_flags(build_parser(), argv if argv is not None else sys.argv[1:])))
             states, samples = load_states(a.states), load_states(a.states, SAMPLE_ENV)
             if not states:
                 raise UserError(f"{a.states} holds no readable state: remove it to find new ones")

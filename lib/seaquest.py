@@ -240,13 +240,17 @@ class StepPay:
     gauge and a diver aboard (``SurfaceCounts.diver_climb_rows`` grew on the next frame); ``refill``
     bool, the gauge began to rise from above 0 (``OxygenCounts.refills`` grew on the next frame);
     ``low_diver`` bool, the step's own frame shows a low gauge, not filling, with a diver aboard
-    (``SurfaceCounts.low_diver_steps``): where the climb's pay lives. A clip's last step shows no
-    next frame: its climb and refill are False (the reward model's input shows no change there)."""
+    (``SurfaceCounts.low_diver_steps``): where the climb's pay lives; ``moves`` int8, on those
+    steps +1 where the sub rose from the step's frame to the next and -1 where it sank (0 elsewhere):
+    a climb as a function of the step alone, where ``climb`` pays a rise above the stretch's highest
+    point so far (history a reward model of one step does not see). A clip's last step shows no next
+    frame: its climb, refill and move are nothing (the reward model's input shows no change there)."""
 
     pay: np.ndarray
     climb: np.ndarray
     refill: np.ndarray
     low_diver: np.ndarray
+    moves: np.ndarray
 
     @property
     def total(self) -> float:
@@ -288,5 +292,8 @@ def step_pay(frames: np.ndarray, rewards: np.ndarray | None, life_lost: np.ndarr
     # (The trackers never see one on a clip's first frame, so a clip's sums are the trackers' counts.)
     climb = np.append(seen[0, 1:], False)
     refill = np.append(seen[1, 1:], False)
+    rows = np.asarray(readings[1], dtype=np.int64)
+    drawn = (rows[1:] >= 0) & (rows[:-1] >= 0)
+    moves = np.append(np.sign(rows[:-1] - rows[1:]) * drawn * seen[2, :-1], 0).astype(np.int8)
     score = np.zeros(t, dtype=np.float32) if rewards is None else np.sign(np.asarray(rewards, dtype=np.float32))
-    return StepPay(score + climb + refill, climb, refill, seen[2])
+    return StepPay(score + climb + refill, climb, refill, seen[2], moves)

@@ -230,6 +230,10 @@ def test_a_db_found_with_other_settings_is_refused_untouched(tmp_path: Path) -> 
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and f"--states {db} holds states found with {said}" in lines[0]
     assert tree(db) == before
+    # Given no finder setting, the DB is probed as it was found (the settings it records).
+    res = run_probe(db, "--policy", str(pol))
+    assert res.returncode == 0 and "found by" in res.stdout and "--n-states 2" in res.stdout, res.stderr
+    assert tree(db) == before
     record = json.loads((db / probe.FOUND_FILE).read_text())
     assert (record["find_seed"], record["n_states"], record["max_games"], record["states"]) == (10_000, 2, 3, 2)
 

@@ -200,7 +200,7 @@ def test_pay_scores_by_hand() -> None:
 
     def clip(pay: list[float], low: list[bool]) -> StepPay:
         z = np.zeros(len(pay), dtype=bool)
-        return StepPay(np.array(pay, dtype=np.float32), z, z, np.array(low))
+        return StepPay(np.array(pay, dtype=np.float32), z, z, np.array(low), np.zeros(len(pay), np.int8))
 
     pays = [clip([0, 1, 0, 2], [False, True, True, True]), clip([1, 0], [True, False])]
     pred = np.array([0.0, 1.0, 0.0, 2.0, 1.0, 0.0])  # the pay itself

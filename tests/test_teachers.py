@@ -523,7 +523,7 @@ def _random_facts(rng: np.random.Generator) -> SegmentFacts:
         idle_steps=int(rng.choice([0, 10, 30])),
     )
     flags = rng.random((3, 4)) < 0.3
-    pay = StepPay(flags.sum(0).astype(np.float32), flags[0], flags[1], flags[2])
+    pay = StepPay(flags.sum(0).astype(np.float32), flags[0], flags[1], flags[2], np.zeros(4, np.int8))
     return SegmentFacts(float(rng.choice([0.0, 20.0])), oxygen, surface, lives_lost=deaths, pay=pay)
 
 
@@ -567,6 +567,7 @@ def test_the_refill_teacher_weighs_the_per_step_pay(surface_clips: dict[str, Seg
     rows = sub_rows(eight.frames)
     rose = np.flatnonzero(rows[1:] < rows[:-1])
     assert np.array_equal(np.flatnonzero(pay["eight"].climb), rose) and len(rose) == 8
+    assert np.array_equal(np.flatnonzero(pay["eight"].moves == 1), rose) and not (pay["eight"].moves == -1).any()
     assert int(pay["eight"].low_diver.sum()) == len(eight) - 1  # all but the first, unjudged, reading
     assert pay["one"].total == 1.0 and not pay["one"].climb.any()
 
