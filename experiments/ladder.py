@@ -6,7 +6,8 @@ itself (``experiments.refill_levers --pay both``); (c) a net fitted to the pay
 through ``-r``. The first rung that falls below half of the rung above is where the pay is lost.
 
 Per arm this measures what the others leave on disk: the reward model's per-step correlation with
-the pay on a held-out DB (``lib.reward_eval.pay_scores``), the KL to the start policy a step and on
+the pay on a held-out DB (``lib.reward_eval.pay_scores``: the refill teacher's pay, and the moves
+teacher's, whose climb is a function of the step alone), the KL to the start policy a step and on
 low-gauge steps and the coefficient at the end (the run's TensorBoard), the probe from the held-out
 states (``experiments.probe``), and full games (``lib.play``): score, refills a game, best single
 life. Rows go to ``--out`` (JSON, one object per arm, a re-measured arm replaced); the table of all
@@ -80,8 +81,15 @@ def pay_figures(reward: Path, db: Path) -> dict[str, float]:
     from lib.segments import list_segments
 
     p = predict_segments(load_reward_model(reward), db, list_segments(db), facts=True)
-    s = pay_scores(p.pred_steps, [f.pay for f in p.facts if f.pay is not None])
-    return {"corr": s.corr, "low_diver_corr": s.low_diver_corr, "unpaid_variance": s.unpaid_variance}
+    pays = [f.pay for f in p.facts if f.pay is not None]
+    s, m = pay_scores(p.pred_steps, pays), pay_scores(p.pred_steps, pays, lambda x: x.moves_pay)
+    return {
+        "corr": s.corr,
+        "low_diver_corr": s.low_diver_corr,
+        "unpaid_variance": s.unpaid_variance,
+        "moves_corr": m.corr,
+        "moves_low_diver_corr": m.low_diver_corr,
+    }
 
 
 def measure(s: LadderSettings) -> dict[str, Any]:
@@ -138,7 +146,7 @@ def _f(v: Any, fmt: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| arm | corr (all) | corr (low-gauge diver) | KL/step | KL low gauge | coef at end | probe: refill | "
+        "| arm | corr (all) | corr (low-gauge diver) | moves corr (all) | moves corr (low-gauge diver) | KL/step | KL low gauge | coef at end | probe: refill | "
         "drowned | died otherwise | rows climbed | full games: score | refills a game | best single life |"
     )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -146,6 +154,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         life = r.get("best_life")
         lines.append(
             f"| {r['arm']} | {_f(r.get('corr'), '+.2f')} | {_f(r.get('low_diver_corr'), '+.2f')} "
+            f"| {_f(r.get('moves_corr'), '+.2f')} | {_f(r.get('moves_low_diver_corr'), '+.2f')} "
             f"| {_f(r.get('kl'), '.3f')} | {_f(r.get('kl_low'), '.3f')} | {_f(r.get('coef'), '.3f')} "
             f"| {_f(r.get('probe_refill'), '.0%')} | {_f(r.get('probe_drowned'), '.0%')} "
             f"| {_f(r.get('probe_died_otherwise'), '.0%')} | {_f(r.get('probe_climbed'), '.1f')} "

@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -156,9 +156,7 @@ def read_paid_steps(dbs: list[str]) -> PaidSteps:
 
 def target_of(p: StepPay, target: str) -> np.ndarray:
     """The per-step values fitted (``--target``): the pay, or the pay with the moves for the climb."""
-    if target == "moves":
-        return (p.pay - p.climb + p.moves).astype(np.float32)
-    return p.pay
+    return p.moves_pay if target == "moves" else p.pay
 
 
 def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str, float]]:
@@ -222,7 +220,7 @@ def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str,
     figures = {
         "held_out": pay_scores(pred[test], held_pays),
         "train": pay_scores(pred[train], train_pays),
-        "held_out_target": pay_scores(pred[test], [replace(p, pay=target_of(p, s.target)) for p in held_pays]),
+        "held_out_target": pay_scores(pred[test], held_pays, lambda p: target_of(p, s.target)),
         "epochs": epoch,
         "held_out_mse": best,
         "seconds": time.monotonic() - t0,

@@ -323,13 +323,15 @@ class PayScores:
         )
 
 
-def pay_scores(pred_steps: np.ndarray, pays: Sequence[StepPay]) -> PayScores:
+def pay_scores(
+    pred_steps: np.ndarray, pays: Sequence[StepPay], of: Callable[[StepPay], np.ndarray] = lambda p: p.pay
+) -> PayScores:
     """``PayScores`` of per-step rewards ``pred_steps`` (F,) against the pay of the same steps, clip
-    after clip (``pays``, their lengths summing to F)."""
+    after clip (``pays``, their lengths summing to F; ``of``: which pay, default the refill teacher's)."""
     pred = np.asarray(pred_steps, dtype=np.float64)
     if not pays:
         return PayScores(0, math.nan, 0, math.nan, math.nan)
-    pay = np.concatenate([p.pay for p in pays]).astype(np.float64)
+    pay = np.concatenate([of(p) for p in pays]).astype(np.float64)
     low = np.concatenate([p.low_diver for p in pays])
     if len(pay) != len(pred):
         raise ValueError(f"{len(pred)} predicted steps for {len(pay)} paid ones")
@@ -342,9 +344,10 @@ def pay_scores(pred_steps: np.ndarray, pays: Sequence[StepPay]) -> PayScores:
 
 def _pay_text(p: SegmentPredictions, teacher: Teacher) -> str:
     """``--evaluate``'s pay figures for a teacher that sums the per-step pay; "" for the others."""
-    if not TEACHER_ENTRIES[teacher.name].step_pay or any(f.pay is None for f in p.facts):
+    of = TEACHER_ENTRIES[teacher.name].step_pay
+    if of is None or any(f.pay is None for f in p.facts):
         return ""
-    return "; " + pay_scores(p.pred_steps, [f.pay for f in p.facts if f.pay is not None]).text()
+    return "; " + pay_scores(p.pred_steps, [f.pay for f in p.facts if f.pay is not None], of).text()
 
 
 def evaluate_model(

@@ -107,6 +107,13 @@ def _by_pay(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Ver
     return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
 
 
+def _by_moves(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
+    if a.pay is None or b.pay is None:
+        return None
+    pa, pb = a.pay.moves_total, b.pay.moves_total
+    return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
+
+
 # The score teacher's --death-penalty: a clip with a lost life loses 100 points (a few shots'
 # worth). Its models agreed more with the score on held-out pairs (docs/results.md), both papers'
 # oracles penalise a death, and without it a death ties with idling.
@@ -121,8 +128,8 @@ class TeacherEntry:
     where it cannot tell; ``reads_gauge``: it reads SeaQuest's gauge, so a DB of another game is
     refused; ``death_penalty``: its default (None: it takes none); ``old_facts``: the label fields,
     first to last, that say how a label written before labels named their rule was decided;
-    ``step_pay``: it sums the surface rule's per-step pay, so ``--evaluate`` also correlates a
-    model's per-step reward with that pay."""
+    ``step_pay``: the per-step pay it sums (of a clip's ``StepPay``), so that ``--evaluate`` also
+    correlates a model's per-step reward with it; None for a teacher that orders rules."""
 
     name: str
     summary: str
@@ -131,7 +138,7 @@ class TeacherEntry:
     reads_gauge: bool = False
     death_penalty: float | None = None
     old_facts: tuple[str, ...] = ()
-    step_pay: bool = False
+    step_pay: Callable[[StepPay], np.ndarray] | None = None
 
 
 TEACHER_ENTRIES: dict[str, TeacherEntry] = {
@@ -169,7 +176,17 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             ("pay", "tie"),
             _by_pay,
             reads_gauge=True,
-            step_pay=True,
+            step_pay=lambda p: p.pay,
+        ),
+        TeacherEntry(
+            "moves",
+            "(SeaQuest) weighs as 'refill' does, with each step up with a low gauge and a diver aboard +1 and each "
+            "step down -1 in place of the climb: a pay each step earns by itself, which a reward model of one step "
+            "can follow (the climb pays a rise above the highest point so far)",
+            ("pay", "tie"),
+            _by_moves,
+            reads_gauge=True,
+            step_pay=lambda p: p.moves_pay,
         ),
     )
 }

@@ -26,7 +26,7 @@ def test_the_table_has_one_row_an_arm_and_leaves_unmeasured_cells_empty() -> Non
         "| a s0 |  |  | 0.097 | 0.401 | 0.031 | 57% | 8% | 35% | 61.7 | 665.3 ± 144.8 | 0.77 | 520 in 1,110 |"
         in lines[2]
     )
-    assert lines[3].startswith("| c s0 | +0.91 |  |")  # NaN: not measured, an empty cell
+    assert lines[3].startswith("| c s0 | +0.91 |  |  |")  # NaN: not measured, an empty cell
 
 
 def test_arm_and_run_go_together_and_rows_are_kept(tmp_path: Path) -> None:
