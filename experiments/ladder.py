@@ -146,7 +146,8 @@ def _f(v: Any, fmt: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| arm | corr (all) | corr (low-gauge diver) | moves corr (all) | moves corr (low-gauge diver) | KL/step | KL low gauge | coef at end | probe: refill | "
+        "| arm | corr (all) | corr (low-gauge diver) | moves corr (all) | moves corr (low-gauge diver) "
+        "| KL/step | KL low gauge | coef at end | probe: refill | "
         "drowned | died otherwise | rows climbed | full games: score | refills a game | best single life |"
     )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
