@@ -261,10 +261,6 @@ class StepPay:
         """The pay with ``moves`` in place of ``climb``: (T,) float32."""
         return (self.pay - self.climb + self.moves).astype(np.float32)
 
-    @property
-    def moves_total(self) -> float:
-        return float(np.sum(self.moves_pay, dtype=np.float64))
-
 
 @dataclass
 class PayTracker:

@@ -100,18 +100,25 @@ def _by_surface(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) ->
     return _by_score(a, b)
 
 
-def _by_pay(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
-    if a.pay is None or b.pay is None:
-        return None
-    pa, pb = a.pay.total, b.pay.total
-    return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
+def _by_sum(pay_of: Callable[[StepPay], np.ndarray]) -> Callable[[SegmentFacts, SegmentFacts, float], Verdict | None]:
+    """The judge of a teacher that weighs: the clip whose per-step pay (``pay_of`` its ``StepPay``)
+    sums higher wins, rule "pay"; equal sums tie."""
+
+    def judge(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
+        if a.pay is None or b.pay is None:
+            return None
+        pa, pb = (float(np.sum(pay_of(p), dtype=np.float64)) for p in (a.pay, b.pay))
+        return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
+
+    return judge
 
 
-def _by_moves(a: SegmentFacts, b: SegmentFacts, death_penalty: float = 0.0) -> Verdict | None:
-    if a.pay is None or b.pay is None:
-        return None
-    pa, pb = a.pay.moves_total, b.pay.moves_total
-    return (EQUAL, "tie") if pa == pb else _more(pa, pb, "pay")
+def _pay(p: StepPay) -> np.ndarray:
+    return p.pay
+
+
+def _moves_pay(p: StepPay) -> np.ndarray:
+    return p.moves_pay
 
 
 # The score teacher's --death-penalty: a clip with a lost life loses 100 points (a few shots'
@@ -174,9 +181,9 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             "(SeaQuest) weighs: prefers the clip whose per-step pay sums higher, the score's sign on each step, "
             "+1 on each step the sub climbs with a low gauge and a diver aboard, +1 on each refill; equal sums tie",
             ("pay", "tie"),
-            _by_pay,
+            _by_sum(_pay),
             reads_gauge=True,
-            step_pay=lambda p: p.pay,
+            step_pay=_pay,
         ),
         TeacherEntry(
             "moves",
@@ -184,9 +191,9 @@ TEACHER_ENTRIES: dict[str, TeacherEntry] = {
             "step down -1 in place of the climb: a pay each step earns by itself, which a reward model of one step "
             "can follow (the climb pays a rise above the highest point so far)",
             ("pay", "tie"),
-            _by_moves,
+            _by_sum(_moves_pay),
             reads_gauge=True,
-            step_pay=lambda p: p.moves_pay,
+            step_pay=_moves_pay,
         ),
     )
 }

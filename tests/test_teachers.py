@@ -587,7 +587,7 @@ def test_the_refill_teacher_weighs_the_per_step_pay(surface_clips: dict[str, Seg
     assert t.judge_rule(blind, fx(one_kill)) == (CANT_TELL, "cant_tell")
     # The moves teacher pays each step up +1 and each step down -1 with a low gauge and a diver aboard.
     m = Teacher("moves")
-    assert pay["eight"].moves_total == 8.0 and m.judge_rule(fx(eight), fx(one_kill)) == (FIRST_BETTER, "pay")
+    assert pay["eight"].moves_pay.sum() == 8.0 and m.judge_rule(fx(eight), fx(one_kill)) == (FIRST_BETTER, "pay")
     assert m.judge_rule(fx(staying), fx(one_kill)) == (EQUAL, "tie")  # it stays at the sea bed: no move
     sinking = dataclasses.replace(eight, frames=eight.frames[::-1].copy(), rewards=np.zeros(len(eight), np.float32))
     assert step_pay(sinking.frames, sinking.rewards, None).moves.min() == -1
