@@ -1,4 +1,4 @@
-"""Pairs of clips that differ only in the climb, labelled by the surface teacher (or the refill one).
+"""Pairs of clips that differ only in the climb, labelled by a teacher of the climb (surface, refill, moves).
 
 A recorded clip that climbs differs from one that does not in everything else too (the depth, the
 enemies, the divers), and a whole-clip label does not say which steps earned it. Here a policy
@@ -55,7 +55,7 @@ from lib.settings import check_between, check_fields, in_range, setting
 from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
 
 ENV_ID = "SeaquestNoFrameskip-v4"
-CLIMB_TEACHERS = ("surface", "refill")  # the teachers that pay the climb itself: they label the climb pairs
+CLIMB_TEACHERS = ("surface", "refill", "moves")  # the teachers that pay the climb itself: they label the climb pairs
 MIN_DEPTH = 20  # rows below the surface row a branch point must be: a climb there has rows to gain
 BRANCHES = ("climb", "stay")
 DEATH_BRANCHES = ("dies", "lives")
@@ -212,7 +212,9 @@ def make_pairs(
     if at is None:
         at = lambda frame: at_branch_point(frame, s.gauge)  # noqa: E731
     if s.teacher not in CLIMB_TEACHERS:
-        raise ValueError(f"climb pairs are labelled by the {' or '.join(CLIMB_TEACHERS)} teacher, not {s.teacher}")
+        raise ValueError(
+            f"climb pairs are labelled by a teacher of the climb ({', '.join(CLIMB_TEACHERS)}), not {s.teacher}"
+        )
     game, pick, judge, order_rng = _player(policy, db, s.seed, s.teacher)
     up = up_actions(game.meanings)
     counters = [0, 0]
@@ -389,7 +391,8 @@ class BranchCommand:
     pairs: int = setting(BranchSettings.pairs, "pairs to make", group="pairs", checks=in_range("--pairs", 1, 100_000))
     kind: str = setting(
         "climb",
-        "climb: one clip may only climb, one may not (the surface or refill teacher labels them); death: the state "
+        "climb: one clip may only climb, one may not (--teacher surface, refill or moves labels them); death: the "
+        "state "
         "--steps before a lost life played again until one replay dies and one lives (module docstring)",
         group="pairs",
         choices=("climb", "death"),
@@ -411,7 +414,7 @@ class BranchCommand:
     )
     teacher: str = setting(
         BranchSettings.teacher,
-        "the teacher that labels the pairs (climb pairs: surface or refill)",
+        "the teacher that labels the pairs (climb pairs: surface, refill or moves)",
         group="pairs",
         checks=[(lambda v: v in TEACHERS, f"--teacher must be one of {', '.join(TEACHERS)}, got {{v!r}}")],
     )
@@ -470,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
             (args.policy is None, "give --policy (the policy that plays) or --measure"),
             (
                 args.kind == "climb" and args.teacher not in CLIMB_TEACHERS,
-                f"climb pairs are labelled by the {' or '.join(CLIMB_TEACHERS)} teacher (--teacher)",
+                f"climb pairs are labelled by a teacher of the climb: --teacher {', '.join(CLIMB_TEACHERS)}",
             ),
             (args.kind == "death" and args.gauge != "low", "--gauge is for climb pairs"),
         ]

@@ -154,7 +154,7 @@ def check(args: RoundSettings) -> None:
         (
             args.branch_pairs > 0 and args.teacher not in CLIMB_TEACHERS,
             "--branch-pairs are labelled by the round's teacher, which must pay the climb: give --teacher "
-            + " or ".join(CLIMB_TEACHERS),
+            + ", ".join(CLIMB_TEACHERS),
         ),
         (args.branch_pairs > 0 and args.live, "--branch-pairs is a stage of the staged rounds, not of --live"),
         (args.death_pairs > 0 and args.live, "--death-pairs is a stage of the staged rounds, not of --live"),

@@ -92,7 +92,7 @@ def test_pairs_go_into_the_db_with_the_teachers_labels(tmp_path: Path, teacher: 
         # both clips start from the one saved state: the same first frame
         assert np.array_equal(a.frames[0], b.frames[0])
         assert lab["teacher"] == teacher and lab["sampling"] == "branch" and lab["label"] in (0, 1, 2)
-    with pytest.raises(ValueError, match="climb pairs are labelled by the surface or refill teacher"):
+    with pytest.raises(ValueError, match="climb pairs are labelled by a teacher of the climb"):
         make_pairs(policy(tmp_path), tmp_path / "db2", replace(s, teacher="score"), at=lambda f: True)
 
 
