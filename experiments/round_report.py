@@ -114,6 +114,7 @@ REPORTS: dict[str, tuple[str, ...]] = {
     "oxygen": ("refills",),
     "surface": ("refills", "behaviour_labels"),
     "refill": ("refills",),
+    "moves": ("refills",),
 }
 
 

@@ -121,7 +121,7 @@ def test_a_policy_that_never_gets_there_stops_after_max_games(tmp_path: Path) ->
 def _seed_run(tmp_path: Path, pairs: int = 3, start: str = "best"):
     from experiments.stages import SeedRun
 
-    args = argparse.Namespace(branch_pairs=pairs, branch_steps=4, seed=0, start=start)
+    args = argparse.Namespace(branch_pairs=pairs, branch_steps=4, seed=0, start=start, teacher="surface")
     tdir = tmp_path / "surface-100-branch3"
     v0 = policy(tmp_path)
     return SeedRun(args, tdir, tmp_path / "db", {"train": [], "holdout": []}, v0)
