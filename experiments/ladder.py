@@ -31,7 +31,8 @@ import numpy as np
 
 from lib.errors import UserError, run_cli
 from lib.files import atomic_write
-from lib.settings import build_parser, check_fields, in_range, setting
+from lib.settings import build_parser as settings_parser
+from lib.settings import check_fields, in_range, setting
 
 GROUPS = {"arm": "the arm", "measure": "what is measured", "output": "output"}
 KL_TAIL = 20  # KL figures: the mean of the last this many logged values
@@ -53,8 +54,8 @@ class LadderSettings:
     out: str = setting("runs/ladder/rows.json", "the rows, kept between calls", group="output")
 
 
-def build_ladder_parser() -> argparse.ArgumentParser:
-    return build_parser(
+def build_parser() -> argparse.ArgumentParser:
+    return settings_parser(
         LadderSettings,
         "python -m experiments.ladder",
         "Measure one rung of the refill's ladder (module docstring)",
@@ -166,7 +167,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    s = LadderSettings(**vars(build_ladder_parser().parse_args(argv)))
+    s = LadderSettings(**vars(build_parser().parse_args(argv)))
     check_fields(s)
     if (s.arm is None) != (s.run is None):
         raise UserError("--arm and --run go together")

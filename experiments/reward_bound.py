@@ -30,7 +30,8 @@ from lib.errors import UserError, run_cli, warn
 from lib.files import atomic_write
 from lib.reward_config import DIFF_BLOCK, POLICY_FRAME, block_arg
 from lib.seaquest import OXYGEN_GAMES, StepPay, shows_gauge
-from lib.settings import at_least, build_parser, check_fields, in_range, setting, within
+from lib.settings import at_least, check_fields, in_range, setting, within
+from lib.settings import build_parser as settings_parser
 
 TARGETS = ("pay", "moves")
 GROUPS = {"data": "the data", "fit": "the fit", "model": "the input (stage 3's diff net)"}
@@ -82,8 +83,8 @@ class BoundSettings:
     diff_flow_scene: bool = setting(False, "--diff-flow: also each shift times each block, as stage 3's", group="model")
 
 
-def build_bound_parser() -> argparse.ArgumentParser:
-    return build_parser(
+def build_parser() -> argparse.ArgumentParser:
+    return settings_parser(
         BoundSettings,
         "python -m experiments.reward_bound",
         "Fit stage 3's reward net to the surface rule's per-step pay by regression and report how well it "
@@ -233,7 +234,7 @@ def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    s = BoundSettings(**vars(build_bound_parser().parse_args(argv)))
+    s = BoundSettings(**vars(build_parser().parse_args(argv)))
     check_fields(s)
     if s.diff_flow_scene and not s.diff_flow:
         raise UserError("--diff-flow-scene needs --diff-flow")
