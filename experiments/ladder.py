@@ -80,10 +80,11 @@ def pay_figures(reward: Path, db: Path) -> dict[str, float]:
     from lib.reward_eval import pay_scores, predict_segments
     from lib.reward_model import load_reward_model
     from lib.segments import list_segments
+    from lib.teachers import TEACHER_ENTRIES
 
     p = predict_segments(load_reward_model(reward), db, list_segments(db), facts=True)
     pays = [f.pay for f in p.facts if f.pay is not None]
-    s, m = pay_scores(p.pred_steps, pays), pay_scores(p.pred_steps, pays, lambda x: x.moves_pay)
+    s, m = pay_scores(p.pred_steps, pays), pay_scores(p.pred_steps, pays, TEACHER_ENTRIES["moves"].step_pay)
     return {
         "corr": s.corr,
         "low_diver_corr": s.low_diver_corr,

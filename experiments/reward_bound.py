@@ -32,8 +32,9 @@ from lib.reward_config import DIFF_BLOCK, POLICY_FRAME, block_arg
 from lib.seaquest import OXYGEN_GAMES, StepPay, shows_gauge
 from lib.settings import at_least, check_fields, in_range, setting, within
 from lib.settings import build_parser as settings_parser
+from lib.teachers import TEACHER_ENTRIES
 
-TARGETS = ("pay", "moves")
+TARGETS = {"pay": "refill", "moves": "moves"}  # --target: the teacher whose per-step pay is fitted
 GROUPS = {"data": "the data", "fit": "the fit", "model": "the input (stage 3's diff net)"}
 
 
@@ -56,7 +57,7 @@ class BoundSettings:
         "what is fitted: pay, the refill teacher's per-step pay; moves, the same with each step up with a low "
         "gauge and a diver aboard +1 and each step down -1 in place of the climb (a function of the step alone)",
         group="data",
-        choices=TARGETS,
+        choices=tuple(TARGETS),
     )
     epochs: int = setting(200, "epochs at most", group="fit", checks=in_range("--epochs", 1, 100_000))
     patience: int = setting(
@@ -156,8 +157,10 @@ def read_paid_steps(dbs: list[str]) -> PaidSteps:
 
 
 def target_of(p: StepPay, target: str) -> np.ndarray:
-    """The per-step values fitted (``--target``): the pay, or the pay with the moves for the climb."""
-    return p.moves_pay if target == "moves" else p.pay
+    """The per-step values fitted (``--target``): the pay its teacher sums (``TeacherEntry.step_pay``)."""
+    pay_of = TEACHER_ENTRIES[TARGETS[target]].step_pay
+    assert pay_of is not None
+    return pay_of(p)
 
 
 def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str, float]]:

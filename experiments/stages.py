@@ -483,7 +483,7 @@ def branch_round(sr: SeedRun, k: int, kind: str = "climb") -> tuple[Path, dict[s
         steps,
         seed=seed,
         max_games=most,
-        teacher=args.teacher if not climb or args.teacher in branch.CLIMB_TEACHERS else "surface",
+        teacher=args.teacher,  # climb pairs: a teacher of the climb (the round's checks refuse others)
     )
     log(f"{kind} pairs: {s.pairs} of {s.steps} steps from {policy} into {bdb} (at most {most} games)")
     t0 = time.time()

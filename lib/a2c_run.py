@@ -613,76 +613,91 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
     try:
         if cfg.save_dir.is_dir():
             hold()  # before a second run's --force removes, or its eval writes, anything of this one's
-        if resume_ck is not None:
-            cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
-        dist.barrier()  # every rank has checked before any writes
-        torch.manual_seed(cfg.seed)
-        rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
-        threads = env_threads(cfg, dist)
-        offset = dist.rank * cfg.envs
-        starts = _starts(cfg, dist)
-        base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
-        net, finetune, progress = _policy(cfg, resume_ck, base_env)
-        if finetune:
-            net.freeze_conv()
-        net.to(device)
-        if device.type == "cpu":
-            # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
-            # either way.
-            net.conv.to(memory_format=torch.channels_last)
-        dist.broadcast_module(net)
-        start = _start_policy(cfg, net, resume_ck)
-        cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
-        env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
-        eval_env = None
-        if cfg.test_every and dist.is_main:
-            seed = cfg.seed + EVAL_SEED_OFFSET
-            eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
-        optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
-
-        writer: Any = NullWriter()
-        tb_dir = Path(cfg.runs_dir)
-        if dist.is_main:
-            _make_dirs(_run_dirs(cfg))  # made already where the run records (make_env_stack)
-            hold()  # a new directory: held from now on, before anything is written into it
-            if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
-                print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
-            extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
-            writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
-        if cfg.reward:
-            note_reward_versions(env, writer, progress, recorder)
-            if cfg.reward_reload and dist.is_main:
-                print(
-                    f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True
-                )
-        return Run(
-            cfg=cfg,
-            device=device,
-            game=game,
-            base_env=base_env,
-            env=env,
-            recorder=recorder,
-            eval_env=eval_env,
-            net=net,
-            finetune=finetune,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            lr=lr,
-            decay_steps=decay_steps,
-            progress=progress,
-            writer=writer,
-            tb_dir=tb_dir,
-            resumed=resume_ck is not None,
-            eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
-            dist=dist,
-            start=start,
-            kl_coef=kl_coef_at_start(cfg, resume_ck),
-            dir_lock=held[0] if held else None,
-        )
+        return _assemble(cfg, resume_ck, make_env, dist, device, game, say, hold, held)
     except BaseException:
         for fd in held:
             os.close(fd)
         raise
+
+
+def _assemble(
+    cfg: A2CConfig,
+    resume_ck: dict[str, Any] | None,
+    make_env: Callable[..., Any],
+    dist: Dist,
+    device: torch.device,
+    game: str,
+    say: Callable[[str], None],
+    hold: Callable[[], None],
+    held: list[int],
+) -> Run:
+    """``build_run``'s second half, once the files are checked: the settings a resumed run goes on
+    with, the envs, the policy, the optimiser and TensorBoard. ``hold()`` takes rank 0's lock of the
+    checkpoint dir (into ``held``) once that directory exists."""
+    if resume_ck is not None:
+        cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
+    dist.barrier()  # every rank has checked before any writes
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])
+    threads = env_threads(cfg, dist)
+    offset = dist.rank * cfg.envs
+    starts = _starts(cfg, dist)
+    base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
+    net, finetune, progress = _policy(cfg, resume_ck, base_env)
+    if finetune:
+        net.freeze_conv()
+    net.to(device)
+    if device.type == "cpu":
+        # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
+        # either way.
+        net.conv.to(memory_format=torch.channels_last)
+    dist.broadcast_module(net)
+    start = _start_policy(cfg, net, resume_ck)
+    cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
+    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
+    eval_env = None
+    if cfg.test_every and dist.is_main:
+        seed = cfg.seed + EVAL_SEED_OFFSET
+        eval_env = make_env(cfg.env, cfg.test_episodes, seed=seed, num_threads=threads, device=device)
+    optimizer, scheduler, lr, decay_steps = _optimiser(cfg, net, finetune, resume_ck, say)
+
+    writer: Any = NullWriter()
+    tb_dir = Path(cfg.runs_dir)
+    if dist.is_main:
+        _make_dirs(_run_dirs(cfg))  # made already where the run records (make_env_stack)
+        hold()  # a new directory: held from now on, before anything is written into it
+        if cfg.force and (n := remove_run_checkpoints(cfg.save_dir)):  # -m DIR must not find the old run's best
+            print(f"--force: removed the old run's {n} checkpoint(s) from {cfg.save_dir}", flush=True)
+        extra = {"finetune": finetune, "n_actions": base_env.n_actions, "ranks": dist.world, "env_threads": threads}
+        writer, tb_dir = _tensorboard(cfg, game, progress, resume_ck, lr, decay_steps, extra)
+    if cfg.reward:
+        note_reward_versions(env, writer, progress, recorder)
+        if cfg.reward_reload and dist.is_main:
+            print(f"reward model: v{env.version} ({cfg.reward}); --reward-reload switches to each new one", flush=True)
+    return Run(
+        cfg=cfg,
+        device=device,
+        game=game,
+        base_env=base_env,
+        env=env,
+        recorder=recorder,
+        eval_env=eval_env,
+        net=net,
+        finetune=finetune,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        lr=lr,
+        decay_steps=decay_steps,
+        progress=progress,
+        writer=writer,
+        tb_dir=tb_dir,
+        resumed=resume_ck is not None,
+        eval_rng=np.random.default_rng(cfg.seed + EVAL_SEED_OFFSET),
+        dist=dist,
+        start=start,
+        kl_coef=kl_coef_at_start(cfg, resume_ck),
+        dir_lock=held[0] if held else None,
+    )
 
 
 def _tensorboard(

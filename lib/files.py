@@ -89,20 +89,27 @@ def open_append(path: str | os.PathLike) -> BinaryIO:
     UnsafeFileError when it is a symlink or not a regular file: never writes through a link. The
     caller closes the returned file."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = _open_regular(path, flags, ": refusing to write through it", ": refusing to write to it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+b")
+
+
+def _open_regular(path: str | os.PathLike, flags: int, link_note: str = "", other_note: str = "") -> int:
+    """``os.open(path, flags)`` with ``O_NOFOLLOW`` in ``flags``, created with the umask's
+    permissions, kept only if it is a regular file: UnsafeFileError when it is a symlink or anything
+    else (``link_note`` / ``other_note`` end those messages); OSError for what else fails."""
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UnsafeFileError(f"{path} is a symlink: refusing to write through it") from None
+            raise UnsafeFileError(f"{path} is a symlink{link_note}") from None
         if e.errno == errno.ENXIO:  # a FIFO without a reader
-            raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it") from None
+            raise UnsafeFileError(f"{path} is not a regular file{other_note}") from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UnsafeFileError(f"{path} is not a regular file: refusing to write to it")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "r+b")
+        raise UnsafeFileError(f"{path} is not a regular file{other_note}")
+    return fd
 
 
 class LockHeld(OSError):
@@ -119,17 +126,8 @@ def hold_lock(path: str | os.PathLike) -> int:
     open descriptor: the lock lasts until it is closed or the process ends, so a killed holder leaves
     none behind. LockHeld, naming the holder, when another process has it; UnsafeFileError when
     ``path`` is a symlink or not a regular file; OSError when it cannot be opened or locked."""
+    fd = _open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UnsafeFileError(f"{path} is a symlink") from None
-        if e.errno == errno.ENXIO:  # a FIFO without a reader
-            raise UnsafeFileError(f"{path} is not a regular file") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeFileError(f"{path} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -12,7 +12,6 @@ native bf16 runs what a bf16 one would (``make test`` does so for this file).
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import torch
 
 import lib.a2c as a2c
 import lib.a2c_config as a2c_config
-from lib.a2c_run import _optimiser
 from lib.envs import VecStep
 from lib.errors import UserError
 from lib.experience import Transitions
@@ -470,7 +468,7 @@ def test_kl_target_adapts_the_coefficient_in_the_loop_and_across_a_resume(tmp_pa
 def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
     """a2c_loss with ``low`` flags logs finetune/kl_low_gauge: KL(pi || pi_start) averaged over the
     flagged transitions only."""
-    from lib.model import AtariA2C, StartPolicy, kl_to_start
+    from lib.model import StartPolicy, kl_to_start
 
     torch.manual_seed(0)
     start_net, net = AtariA2C(OBS, 3), AtariA2C(OBS, 3)
@@ -515,29 +513,3 @@ def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
 def test_the_new_reward_path_and_kl_flags_refuse_bad_values(kw, message):
     with pytest.raises(UserError, match=message):
         a2c_config.A2CConfig(name="x", **kw).check()
-
-
-def test_resume_takes_the_moments_of_an_unfused_adam(tmp_path: Path) -> None:
-    """A last.pt written before the optimiser was torch's fused Adam resumes with its moments and
-    step count, and the next update is the one the per-tensor Adam would have made."""
-    torch.manual_seed(0)
-    net = AtariA2C((4, 84, 84), 6)
-    old = torch.optim.Adam(net.parameters(), lr=7e-4, eps=a2c_config.ADAM_EPS)  # the book's, as stage 1 runs it
-    sched = torch.optim.lr_scheduler.LambdaLR(old, lambda it: 1.0)
-    grads = [torch.randn_like(p) for p in net.parameters()]
-    for _ in range(3):
-        for p, g in zip(net.parameters(), grads, strict=True):
-            p.grad = g.clone()
-        old.step()
-    resumed = copy.deepcopy(net)
-    ck = {"optimizer": copy.deepcopy(old.state_dict()), "scheduler": sched.state_dict(), "lr": 7e-4}
-    cfg = a2c_config.A2CConfig(name="x", save=str(tmp_path))
-    optimizer, _, _, _ = _optimiser(cfg, resumed, False, ck)
-    assert optimizer.defaults["fused"] is True
-    assert all(float(st["step"]) == 3 for st in optimizer.state.values())
-    for p, q, g in zip(net.parameters(), resumed.parameters(), grads, strict=True):
-        p.grad, q.grad = g.clone(), g.clone()
-    old.step()
-    optimizer.step()
-    for p, q in zip(net.parameters(), resumed.parameters(), strict=True):
-        assert torch.allclose(p, q, atol=1e-6)
