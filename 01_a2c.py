@@ -8,8 +8,8 @@ Examples:
         (a live round: switches to each new version 03_reward_train.py --follow installs there)
 """
 
-from lib.a2c_cli import main
-from lib.errors import run_cli
+from lib.a2c.cli import main
+from lib.core.errors import run_cli
 
 if __name__ == "__main__":
     run_cli(main)

@@ -8,8 +8,8 @@ Examples:
 The best model (lowest test loss) goes to OUTDIR/reward-NAME.pt, for 01_a2c.py -r and 04_play.py.
 """
 
-from lib.errors import run_cli
-from lib.reward_cli import main
+from lib.core.errors import run_cli
+from lib.reward.cli import main
 
 if __name__ == "__main__":
     run_cli(main)

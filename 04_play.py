@@ -7,8 +7,8 @@ Examples:
     python 04_play.py -m saves/v1 -r videos/v1 --reward saves/reward/reward-v1.pt --gif
 """
 
-from lib.errors import run_cli
-from lib.play_cli import main
+from lib.core.errors import run_cli
+from lib.play.cli import main
 
 if __name__ == "__main__":
     run_cli(main)

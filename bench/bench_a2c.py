@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.table import Rows, print_table
-from lib.a2c_run import cpu_has_native_bf16
-from lib.envs import AtariVec, default_env_threads
-from lib.recorder import DEFAULT_RECORD_PROB
+from lib.a2c.recorder import DEFAULT_RECORD_PROB
+from lib.a2c.run import cpu_has_native_bf16
+from lib.atari.envs import AtariVec, default_env_threads
+from lib.core.table import Rows, print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def make_reward_model(path: Path, arch: str) -> None:
     its weights."""
     import torch
 
-    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import new_reward_model, reward_checkpoint, save_reward_checkpoint
 
     torch.manual_seed(0)
     model = new_reward_model(arch, 18)
@@ -248,8 +248,8 @@ def make_policy(path: Path) -> None:
     """A fresh policy checkpoint to fine-tune from (-m): its speed does not depend on its weights."""
     import torch
 
-    from lib.envs import POLICY_FRAME, STACK
-    from lib.model import AtariA2C, policy_checkpoint
+    from lib.atari.envs import POLICY_FRAME, STACK
+    from lib.models.policy import AtariA2C, policy_checkpoint
 
     torch.manual_seed(0)
     net = AtariA2C((STACK, POLICY_FRAME, POLICY_FRAME), 18)

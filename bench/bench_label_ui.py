@@ -28,12 +28,12 @@ import numpy as np
 
 from bench.dbs import make_atari_db
 from bench.label_harness import Beside, LabelServer, answer_and_wait, chromium, small_png, wait_shown
-from bench.table import print_table
+from lib.core.table import print_table
 from lib.label_ui.clips import encode_clip_file
-from lib.labels import Label, append_labels
-from lib.oracle import oracle_label_db
-from lib.segment_writer import encode_segment
-from lib.segments import Segment, list_segments
+from lib.label_ui.oracle import oracle_label_db
+from lib.store.labels import Label, append_labels
+from lib.store.segment_writer import encode_segment
+from lib.store.segments import Segment, list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def encode_times(db: Path, cache: Path) -> tuple[list[float], list[float]]:
 
 def big_db(src: Path, dst: Path, n: int) -> None:
     """A DB of ``n`` segments: copies of real segments, 100 per env dir (copies, not hard links: a
-    second name of one file is one segment, ``lib.segments.DbListing.one_per_file``)."""
+    second name of one file is one segment, ``lib.store.segments.DbListing.one_per_file``)."""
     segs = [src / rel for rel in list_segments(src)]
     for k in range(n):
         d = dst / f"{k // 100:02d}"
@@ -341,7 +341,7 @@ def scale_rows(tmp: Path, n_segments: int, n_labels: int, recent: int = 50, repe
     ``LabelWatch.read`` after one label is appended to ``n_labels`` lines."""
     from lib.label_ui.label_page import next_list
     from lib.label_ui.state import AppState, DbState, TabSession
-    from lib.reward_follow import LabelWatch, OnceWarn
+    from lib.reward.follow import LabelWatch, OnceWarn
 
     db = tmp / "scale"
     tiny_db(db, n_segments)

@@ -23,19 +23,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.table import print_table
-from lib.envs import AtariVec
-from lib.oracle import oracle_label_db
-from lib.recorder import EpisodeRecorderWrapper
-from lib.reward_model import (
+from lib.a2c.recorder import EpisodeRecorderWrapper
+from lib.a2c.reward_env import RewardModelWrapper
+from lib.atari.envs import AtariVec
+from lib.core.table import print_table
+from lib.label_ui.oracle import oracle_label_db
+from lib.models.reward import (
     RewardModel,
     load_reward_model,
     new_reward_model,
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.reward_wrapper import RewardModelWrapper
-from lib.segments import list_segments
+from lib.store.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 

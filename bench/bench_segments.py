@@ -17,9 +17,9 @@ import numpy as np
 import zstandard
 
 from bench.dbs import make_atari_db
-from bench.table import print_table
-from lib.segment_writer import encode_segment, save_segment
-from lib.segments import FORMAT_NAME, decode_segment, list_segments, read_segment
+from lib.core.table import print_table
+from lib.store.segment_writer import encode_segment, save_segment
+from lib.store.segments import FORMAT_NAME, decode_segment, list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

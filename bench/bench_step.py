@@ -5,8 +5,8 @@ Each part is timed alone, as the training loop calls it, in microseconds per age
 a vector step is 16 agent steps, an update 128):
 
 - env: ``AtariVec.step`` (ale-py's C++ threads, RGB frames, the 84x84 stack made here);
-- acting forward: ``lib.a2c.act`` on the 16 envs' stacks;
-- learner: ``lib.a2c.a2c_loss`` on a batch of 128 transitions, its backward, the gradient clip and
+- acting forward: ``lib.a2c.train.act`` on the 16 envs' stacks;
+- learner: ``lib.a2c.train.a2c_loss`` on a batch of 128 transitions, its backward, the gradient clip and
   Adam's step; and for a fine-tune (``--finetune``, the conv layers frozen) the same on the heads
   alone, from the features the acting forward kept, beside the frozen trunk run again on the frames;
 - reward model: what ``RewardModelWrapper`` adds to a step (the default ``--arch diff`` model);
@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from bench.bench_a2c import GAME, cpu_name, make_reward_model, train_run
-from bench.table import Rows, print_table
-from lib.a2c import a2c_loss, act
-from lib.a2c_config import ADAM_EPS, BATCH_SIZE, CLIP_GRAD, ENTROPY_BETA, LEARNING_RATE
-from lib.a2c_run import FUSED_ADAM_DEVICES, autocast, cpu_has_native_bf16
-from lib.envs import AtariVec, default_env_threads
-from lib.experience import BOOT_NEXT, Transitions
-from lib.model import AtariA2C
+from lib.a2c.config import ADAM_EPS, BATCH_SIZE, CLIP_GRAD, ENTROPY_BETA, LEARNING_RATE
+from lib.a2c.experience import BOOT_NEXT, Transitions
+from lib.a2c.run import FUSED_ADAM_DEVICES, autocast, cpu_has_native_bf16
+from lib.a2c.train import a2c_loss, act
+from lib.atari.envs import AtariVec, default_env_threads
+from lib.core.table import Rows, print_table
+from lib.models.policy import AtariA2C
 
 ENVS = 16
 Row = tuple[str, str, str, str]
@@ -91,7 +91,7 @@ def real_obs(env: AtariVec, steps: int, rng: np.random.Generator) -> np.ndarray:
 
 def part_rows(rows: list[Row], bf16: bool, seconds: float) -> dict[str, float]:
     """The env, acting, learner and reward-model parts, microseconds per agent step."""
-    from lib.reward_wrapper import RewardModelWrapper
+    from lib.a2c.reward_env import RewardModelWrapper
 
     dev = torch.device("cpu")
     rng = np.random.default_rng(0)

@@ -2,7 +2,7 @@
 
 ``make_synthetic_db``: segments whose frames are a coloured block moving over a background
 (so a clip visibly animates), with random true rewards; any size, in milliseconds.
-``make_atari_db``: real SeaQuest segments from random play in ``lib.envs.AtariVec``, for
+``make_atari_db``: real SeaQuest segments from random play in ``lib.atari.envs.AtariVec``, for
 realistic clip sizes and encode times.
 ``make_square_db``: a known reward rule for the reward-model tests: a step's true reward is 1
 when its frame shows a bright square, else 0. Frames are small (48x48; the smallest the book's
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from lib.segment_writer import save_segment
-from lib.segments import Segment
+from lib.store.segment_writer import save_segment
+from lib.store.segments import Segment
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 SEAQUEST_ACTIONS = (
@@ -195,7 +195,7 @@ def make_synthetic_db(
 
 def make_atari_db(root: str | Path, n_segments: int, t: int = 50, n_envs: int = 4, seed: int = 0) -> list[str]:
     """Record ``n_segments`` real segments of ``t`` steps of random SeaQuest play into ``root``."""
-    from lib.envs import AtariVec
+    from lib.atari.envs import AtariVec
 
     env = AtariVec(n_envs=n_envs, seed=seed, num_threads=1)
     rng = np.random.default_rng(seed)
@@ -253,7 +253,7 @@ ENEMY_DEATH_PLAN = (1, [("NOOP", 5), ("DOWN", 60), ("NOOP", 150)])
 def play_plan(plan: tuple[int, list[tuple[str, int]]]) -> Segment:
     """Play a (seed, [(action name, repeat)]) plan in one real SeaQuest env; the whole record as a
     ``Segment`` (frame, action, true reward, life-or-game ended, game over, lives of each step)."""
-    from lib.envs import AtariVec
+    from lib.atari.envs import AtariVec
 
     seed, steps = plan
     env = AtariVec(n_envs=1, seed=seed, noop_max=0, num_threads=1)
@@ -334,7 +334,7 @@ def action_model(size: int | tuple[int, int], path: Path, members: list[dict[int
     conv features are weighted 0, the action's one-hot feeds one hidden unit."""
     import torch
 
-    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import RewardModel, reward_checkpoint, save_reward_checkpoint
 
     nets = []
     for values in members:

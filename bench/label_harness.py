@@ -251,7 +251,7 @@ class Beside:
 
     def a2c_final_step(self) -> int | None:
         """Agent steps the stopped A2C saved in its ``last.pt`` (None when there is none)."""
-        from lib.checkpoints import read_checkpoint
+        from lib.store.checkpoints import read_checkpoint
 
         last = self.save / "last.pt"
         if not last.exists():
@@ -260,13 +260,13 @@ class Beside:
 
     @property
     def versions_path(self) -> Path:
-        from lib.reward_follow import versions_log
+        from lib.reward.follow import versions_log
 
         return versions_log(self.out, BESIDE_NAME)
 
     def versions(self) -> list[dict[str, Any]]:
-        """The trainer's versions so far (``lib.reward_follow.read_versions``)."""
-        from lib.reward_follow import read_versions
+        """The trainer's versions so far (``lib.reward.follow.read_versions``)."""
+        from lib.reward.follow import read_versions
 
         return read_versions(self.versions_path)
 

@@ -42,17 +42,25 @@ import numpy as np
 import torch
 
 from experiments.flags import seed_setting
-from lib.errors import UserError, run_cli
-from lib.labels import Label, append_labels
-from lib.model import AtariA2C, load_policy, policy_file
-from lib.oracle import label_extra
-from lib.saved_states import SingleGame
-from lib.seaquest import HIGH_OXYGEN, LOW_OXYGEN, SURFACE_ROW, divers_aboard, in_gauge_band, oxygen_levels, sub_rows
-from lib.segment_writer import claim_db, save_segment, segment_relpath
-from lib.segments import Segment, list_segments, read_segment
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_between, check_fields, in_range, setting
-from lib.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
+from lib.atari.saved_states import SingleGame
+from lib.atari.seaquest import (
+    HIGH_OXYGEN,
+    LOW_OXYGEN,
+    SURFACE_ROW,
+    divers_aboard,
+    in_gauge_band,
+    oxygen_levels,
+    sub_rows,
+)
+from lib.core.errors import UserError, run_cli
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_between, check_fields, in_range, setting
+from lib.label_ui.oracle import label_extra
+from lib.models.policy import AtariA2C, load_policy, policy_file
+from lib.models.teachers import TEACHERS, Teacher, death_penalty_for, segment_facts
+from lib.store.labels import Label, append_labels
+from lib.store.segment_writer import claim_db, save_segment, segment_relpath
+from lib.store.segments import Segment, list_segments, read_segment
 
 ENV_ID = "SeaquestNoFrameskip-v4"
 CLIMB_TEACHERS = ("surface", "refill", "moves")  # the teachers that pay the climb itself: they label the climb pairs
@@ -323,8 +331,8 @@ def climb_gap(reward: Path, db: Path, ref_db: Path, ref_names: list[str], dev: s
     of the clips of ``db``, in the units the learner would see on ``ref_names`` of ``ref_db``
     (their median step 0, their std 1): a test of the climb on clips that start alike."""
     from experiments.readouts import diver_step_flags, diver_step_means
-    from lib.reward_eval import predict_segments
-    from lib.reward_model import load_reward_model
+    from lib.models.reward import load_reward_model
+    from lib.reward.eval import predict_segments
 
     rm = load_reward_model(reward, device=dev)
     ref = predict_segments(rm, ref_db, ref_names).pred_steps.astype(np.float64)
@@ -447,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         "python -m experiments.branch",
         __doc__.split("\n\n")[0],
         GROUPS,
-        epilog="The labels are --teacher's (lib/teachers.py); the DB's clips are meta "
+        epilog="The labels are --teacher's (lib/models/teachers.py); the DB's clips are meta "
         '"branch": "climb" or "stay" (death pairs: "dies" or "lives").',
     )
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from experiments.round_report import _binned
 from experiments.stages import tb_scalars
-from lib.errors import UserError, run_cli
-from lib.settings import build_parser as settings_parser
-from lib.settings import setting
+from lib.core.errors import UserError, run_cli
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import setting
 
 PANELS = [
     ("eval/score_mean", "mean eval score (10 games)", False),

@@ -1,4 +1,4 @@
-"""What the experiments' command lines share, beside ``lib.settings`` (the one way a setting is
+"""What the experiments' command lines share, beside ``lib.core.settings`` (the one way a setting is
 declared): the settings several experiments take alike, each with its one default (a device, a
 seed, a JSON file of rows), a check of a count, the ``--help`` formatter of an experiment whose
 description is its module docstring, laid out as written; and the two ways an experiment talks to
@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from lib.cli_help import DefaultsOnceFormatter
-from lib.errors import UserError
-from lib.seeds import SEED_CHECKS
-from lib.settings import Check, setting
+from lib.core.errors import UserError
+from lib.core.help import DefaultsOnceFormatter
+from lib.core.seeds import SEED_CHECKS
+from lib.core.settings import Check, setting
 
 if TYPE_CHECKING:
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.config import A2CConfig
 
 
 def at_least_one(message: str) -> tuple[Check]:
@@ -32,7 +32,7 @@ def dev_setting(help: str, group: str) -> Any:
 
 
 def seed_setting(help: str, group: str) -> Any:
-    """``--seed``: 0 by default, in the one range every stage takes (``lib.seeds``)."""
+    """``--seed``: 0 by default, in the one range every stage takes (``lib.core.seeds``)."""
     return setting(0, help, group=group, checks=SEED_CHECKS)
 
 
@@ -56,7 +56,7 @@ def check_out(out: Path | None, kind: str = ".json") -> None:
 
 
 class RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, DefaultsOnceFormatter):
-    """``lib.settings``' ``--help`` (each default shown once) with the description's lines kept as
+    """``lib.core.settings``' ``--help`` (each default shown once) with the description's lines kept as
     written: for a description that is a module docstring with lists and commands."""
 
 
@@ -66,7 +66,7 @@ def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
     defaults is written, so the command reads as a person would type it."""
     argv: list[str] = []
     for action in parser._actions:
-        if action.dest in ("help", argparse.SUPPRESS):  # -h, and a retired flag (``lib.settings.retire``)
+        if action.dest in ("help", argparse.SUPPRESS):  # -h, and a retired flag (``lib.core.settings.retire``)
             continue
         value = getattr(cfg, action.dest)
         if not action.option_strings:
@@ -91,7 +91,7 @@ def to_argv(parser: argparse.ArgumentParser, cfg: Any) -> list[str]:
 
 def a2c_argv(cfg: A2CConfig) -> list[str]:
     """``cfg`` as ``01_a2c.py``'s documented flags: ``parse_config(a2c_argv(cfg)) == cfg``."""
-    from lib.a2c_cli import build_parser
+    from lib.a2c.cli import build_parser
 
     return to_argv(build_parser(), cfg)
 

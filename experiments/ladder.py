@@ -6,10 +6,10 @@ itself (``experiments.refill_levers --pay both``); (c) a net fitted to the pay
 through ``-r``. The first rung that falls below half of the rung above is where the pay is lost.
 
 Per arm this measures what the others leave on disk: the reward model's per-step correlation with
-the pay on a held-out DB (``lib.reward_eval.pay_scores``: the refill teacher's pay, and the moves
+the pay on a held-out DB (``lib.reward.eval.pay_scores``: the refill teacher's pay, and the moves
 teacher's, whose climb is a function of the step alone), the KL to the start policy a step and on
 low-gauge steps and the coefficient at the end (the run's TensorBoard), the probe from the held-out
-states (``experiments.probe``), and full games (``lib.play``): score, refills a game, best single
+states (``experiments.probe``), and full games (``lib.play.play``): score, refills a game, best single
 life. Rows go to ``--out`` (JSON, one object per arm, a re-measured arm replaced); the table of all
 rows is printed.
 
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, in_range, setting
+from lib.core.errors import UserError, run_cli
+from lib.core.files import atomic_write
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, in_range, setting
 
 GROUPS = {"arm": "the arm", "measure": "what is measured", "output": "output"}
 KL_TAIL = 20  # KL figures: the mean of the last this many logged values
@@ -77,10 +77,10 @@ def tb_tail(tb_dir: Path, tag: str, n: int = KL_TAIL) -> float:
 
 def pay_figures(reward: Path, db: Path) -> dict[str, float]:
     """The model's per-step correlation with the pay on ``db`` (``PayScores``)."""
-    from lib.reward_eval import pay_scores, predict_segments
-    from lib.reward_model import load_reward_model
-    from lib.segments import list_segments
-    from lib.teachers import TEACHER_ENTRIES
+    from lib.models.reward import load_reward_model
+    from lib.models.teachers import TEACHER_ENTRIES
+    from lib.reward.eval import pay_scores, predict_segments
+    from lib.store.segments import list_segments
 
     p = predict_segments(load_reward_model(reward), db, list_segments(db), facts=True)
     pays = [f.pay for f in p.facts if f.pay is not None]
@@ -98,10 +98,10 @@ def measure(s: LadderSettings) -> dict[str, Any]:
     import torch
 
     from experiments.probe import main as probe_main
-    from lib.behaviour import behaviour_stats
-    from lib.games import best_life
-    from lib.play import play
-    from lib.play_config import PlayConfig
+    from lib.atari.behaviour import behaviour_stats
+    from lib.atari.games import best_life
+    from lib.play.config import PlayConfig
+    from lib.play.play import play
 
     run = Path(s.run or "")
     last = run / "last.pt"

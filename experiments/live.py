@@ -18,7 +18,7 @@ Two uses:
 Every process is one of the pipeline's scripts; this module only starts, watches and stops them.
 Stopping is always SIGINT first (each script's Ctrl-C path: labels flushed, checkpoints whole),
 SIGTERM after a grace period, SIGKILL last. Ctrl-C, SIGTERM and SIGHUP to this module all take that
-path for every child (``lib.signals.PARENT_SIGNALS``); a second signal does not cut it short.
+path for every child (``lib.core.signals.PARENT_SIGNALS``); a second signal does not cut it short.
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ from experiments.stages import (
     teacher_evidence,
     wait_for,
 )
-from lib.errors import UserError, run_cli
-from lib.reward_follow import read_versions, versions_log
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, setting
-from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import DEFAULT_TEACHER, TEACHERS
+from lib.core.errors import UserError, run_cli
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, setting
+from lib.core.signals import PARENT_SIGNALS, SignalStop
+from lib.models.teachers import DEFAULT_TEACHER, TEACHERS
+from lib.reward.follow import read_versions, versions_log
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -77,7 +77,7 @@ def log(msg: str) -> None:
 
 def count_labels(db: Path) -> int:
     """Training labels in ``db`` (the last answer per pair, 1 / 2 / 0)."""
-    from lib.labels import load_labels
+    from lib.store.labels import load_labels
 
     if not (db / "labels.jsonl").exists():
         return 0
@@ -127,8 +127,8 @@ def live_plan(args: RoundSettings) -> dict[str, Any]:
 
 def run_live(sr: SeedRun) -> dict[str, Any]:
     """One seed's live round: its rows, versions and figures."""
-    from lib.files import atomic_write
-    from lib.segments import list_segments
+    from lib.core.files import atomic_write
+    from lib.store.segments import list_segments
 
     args = sr.args
     ldir = sr.tdir / "live"
@@ -238,7 +238,7 @@ def staged_rows(sr: SeedRun) -> list[dict[str, dict[str, float]]]:
 def report_live(sr: SeedRun, res: dict[str, Any], t0: float) -> list[dict[str, dict[str, float]]]:
     """The live row beside the staged rounds' (same evaluation games), the versions, the final
     model's held-out figures against round 1's, live.png and live.json."""
-    from lib.files import atomic_write
+    from lib.core.files import atomic_write
 
     args, plan = sr.args, res["plan"]
     staged = staged_rows(sr)[: args.rounds]

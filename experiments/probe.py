@@ -1,13 +1,13 @@
 """The behaviour probe: does a policy go up for air when it has a diver aboard and little oxygen left?
 
 A whole round takes hours before its evaluation games say whether the agent refills; this asks in
-minutes. A finder policy (v0) plays SeaQuest in one emulator (``lib.saved_states.SingleGame``,
+minutes. A finder policy (v0) plays SeaQuest in one emulator (``lib.atari.saved_states.SingleGame``,
 stepped as stage 1 steps it) on seeds no round plays, and where its gauge is low with a diver aboard
 and the sub is deep (``experiments.branch.at_branch_point``) the emulator's state is saved, at most
 one state a life. From each saved state every probed policy plays ``--tries`` times with actions
 sampled from its own softmax, until the first thing that settles the life:
 
-- **refill**: the gauge rises (the sub surfaced with a diver aboard; ``lib.seaquest.OxygenTracker``);
+- **refill**: the gauge rises (the sub surfaced with a diver aboard; ``lib.atari.seaquest.OxygenTracker``);
 - **surfaced empty**: the life is lost at the surface with no diver aboard (the surfacing rule);
 - **drowned**: the life is lost with the gauge run out;
 - **died otherwise**: the life is lost to an enemy;
@@ -23,7 +23,7 @@ States and the sample frames are kept on disk as a segment DB (``--states``): a 
 segment (the frames of the policy input's stack) whose meta holds the emulator state as hex; the
 samples are 4-step segments too. They are read with the segment DB's strict reader like any DB a
 user hands over: no code runs from them, and a broken file is skipped with a warning. The emulator
-state itself is parsed by ALE's own C++ reader once ``lib.saved_states`` found it laid out as this
+state itself is parsed by ALE's own C++ reader once ``lib.atari.saved_states`` found it laid out as this
 emulator lays out one. The DB is found once, in a directory beside ``--states`` renamed into place
 when complete, with ``probe.json`` saying how (the finder, its seed, the counts asked for): a run cut
 short leaves nothing a later run would take for a DB, a later run reuses it only with the same
@@ -54,18 +54,18 @@ import torch
 
 from experiments.branch import ENV_ID, at_branch_point
 from experiments.flags import check_out, given_flags, rows_out_setting
-from lib.a2c import act
-from lib.envs import STACK, grey84
-from lib.errors import EXIT_INTERRUPTED, UserError, run_cli
-from lib.files import atomic_write, read_regular
-from lib.model import AtariA2C, load_policy, policy_file
-from lib.saved_states import SAMPLE_ENV, STATE_ENV, SavedState, SingleGame, load_states
-from lib.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
-from lib.segment_writer import claim_db, save_segment
-from lib.segments import Segment
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, in_range, setting
-from lib.signals import SignalStop, critical
+from lib.a2c.train import act
+from lib.atari.envs import STACK, grey84
+from lib.atari.saved_states import SAMPLE_ENV, STATE_ENV, SavedState, SingleGame, load_states
+from lib.atari.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
+from lib.core.errors import EXIT_INTERRUPTED, UserError, run_cli
+from lib.core.files import atomic_write, read_regular
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, in_range, setting
+from lib.core.signals import SignalStop, critical
+from lib.models.policy import AtariA2C, load_policy, policy_file
+from lib.store.segment_writer import claim_db, save_segment
+from lib.store.segments import Segment
 
 OUTCOMES = ("refill", "surfaced_empty", "drowned", "died_otherwise", "none")
 FIND_SEED = 10_000  # the finder's games: seeds no round plays (rounds use 0..N)

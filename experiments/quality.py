@@ -3,7 +3,7 @@
 For each seed:
 1. record a DB with a short A2C run (``01_a2c.py --db-path``), or reuse one with ``--db``;
 2. set aside ``--holdout`` of its segments (a split of its own per seed), never trained on;
-3. a synthetic teacher (``--teacher``, ``lib/teachers.py``) labels ``--labels`` random pairs of the
+3. a synthetic teacher (``--teacher``, ``lib/models/teachers.py``) labels ``--labels`` random pairs of the
    other segments;
 4. each ``--variant`` (a name and 03_reward_train.py flags, the levers of the ablation) trains on
    exactly these labels, with ``--seed`` set to the seed;
@@ -41,17 +41,17 @@ from typing import Any
 
 import numpy as np
 
-from bench.table import print_table
 from experiments.flags import RawDescriptionFormatter, dev_setting
 from experiments.readouts import LIFE_LOSS_LEAD, held_out_figures
-from lib.errors import UserError, run_cli
-from lib.labels import EQUAL, load_labels
-from lib.oracle import OracleSettings, oracle_label_db
-from lib.reward_model import load_reward_model
-from lib.segments import list_segments
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, setting
-from lib.teachers import DEFAULT_TEACHER, TEACHERS
+from lib.core.errors import UserError, run_cli
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, setting
+from lib.core.table import print_table
+from lib.label_ui.oracle import OracleSettings, oracle_label_db
+from lib.models.reward import load_reward_model
+from lib.models.teachers import DEFAULT_TEACHER, TEACHERS
+from lib.store.labels import EQUAL, load_labels
+from lib.store.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -161,7 +161,9 @@ class QualitySettings:
     record_prob: float = setting(0.004, "recording probability of that run", group="data")
     labels: int = setting(300, "teacher labels to train on", group="data")
     holdout: float = setting(0.25, "share of segments never trained on", group="data")
-    teacher: str = setting(DEFAULT_TEACHER, "the synthetic labeler (lib/teachers.py)", group="data", choices=TEACHERS)
+    teacher: str = setting(
+        DEFAULT_TEACHER, "the synthetic labeler (lib/models/teachers.py)", group="data", choices=TEACHERS
+    )
     seeds: str = setting(
         "0",
         "comma-separated seeds: split, labels and training seed",

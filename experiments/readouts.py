@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from lib.labels import FIRST_BETTER, SECOND_BETTER, load_labels
-from lib.reward_eval import predict_segments, score, teacher_agreement
-from lib.reward_model import load_reward_model
-from lib.reward_wrapper import normalised
-from lib.seaquest import divers_aboard, in_gauge_band, oxygen_levels, shows_gauge, sub_rows
-from lib.segments import db_game, list_segments, read_segment
-from lib.teachers import Teacher
+from lib.a2c.reward_env import normalised
+from lib.atari.seaquest import divers_aboard, in_gauge_band, oxygen_levels, shows_gauge, sub_rows
+from lib.models.reward import load_reward_model
+from lib.models.teachers import Teacher
+from lib.reward.eval import predict_segments, score, teacher_agreement
+from lib.store.labels import FIRST_BETTER, SECOND_BETTER, load_labels
+from lib.store.segments import db_game, list_segments, read_segment
 
 HELD_OUT_FIGURES = 2  # the version of held_out_figures' figures: 2, the climbing step aligned (2026-11-27)
 LIFE_LOSS_LEAD = 15  # steps before a life loss that ``life_loss_rewards`` also averages
@@ -59,9 +59,9 @@ def held_out_figures(
 
 
 def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
-    """SeaQuest: the model's mean normalised reward (``lib.reward_wrapper.normalised``, the
+    """SeaQuest: the model's mean normalised reward (``lib.a2c.reward_env.normalised``, the
     learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
-    ``lib.seaquest``'s low) and a diver aboard, split by whether the step climbs (``diver_step_flags``):
+    ``lib.atari.seaquest``'s low) and a diver aboard, split by whether the step climbs (``diver_step_flags``):
     ``diver_climb_z`` and ``diver_still_z`` (NaN where there are none), with their counts.
     A model that has learned what the surface teacher asks for pays more for the climb."""
     return _diver_step_figures(pred_steps, [diver_step_flags(f) for f in frames])
@@ -105,7 +105,7 @@ def diver_step_means(z: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) 
 
 def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
     """What a reward model pays around a lost life, in the learner's units: per-step predictions
-    normalised as ``RewardModelWrapper`` does (``lib.reward_wrapper.normalised``). The true
+    normalised as ``RewardModelWrapper`` does (``lib.a2c.reward_env.normalised``). The true
     reward there is 0, so a model the agent cannot exploit pays about 0 or less.
 
     ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the

@@ -3,17 +3,17 @@ without lives started from saved low-gauge states.
 
 A fine-tune on a learned reward is paid what the reward model learnt of the surface teacher's climb
 rule, which is little beside what it learnt of a lost life, and it meets the situation the rule is
-about (a low gauge with a diver aboard) on few of its steps. Stage 1 (``lib.a2c.train``, every flag
+about (a low gauge with a diver aboard) on few of its steps. Stage 1 (``lib.a2c.train.train``, every flag
 of ``01_a2c.py`` through ``--a2c-args``) runs here with its reward changed:
 
-- ``--pay``: the true score plus, read from the screen (``lib.seaquest``), one point on each step of
+- ``--pay``: the true score plus, read from the screen (``lib.atari.seaquest``), one point on each step of
   ``climb`` (the sub rose toward the surface with a low gauge and a diver aboard: the rows the
   surface teacher's ``diver_climb`` rule counts, ``SurfaceTracker.diver_climb_rows``), ``refill``
   (the gauge began to rise from above 0, ``OxygenTracker``) or ``both``. Stage 1 sign-clips the
   score (DeepMind's set-up), so a paid step is worth what a kill is worth, +1, however many rows it
   climbed. ``none`` pays the score alone, or with ``-r`` the learned reward (the rule's pay and a
   reward model do not mix: the model replaces the reward).
-- ``01_a2c.py --start-states DIR`` in ``--a2c-args`` (``lib.saved_states``): lives start from saved
+- ``01_a2c.py --start-states DIR`` in ``--a2c-args`` (``lib.atari.saved_states``): lives start from saved
   low-gauge states (found by ``experiments.probe``'s finder on seeds of their own: never the probe's
   held-out states); the counts then give the jumps too.
 
@@ -47,14 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from lib.a2c_cli import parse_config
-from lib.envs import rom_name
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
-from lib.saved_states import vec_env
-from lib.seaquest import PayTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, setting
+from lib.a2c.cli import parse_config
+from lib.atari.envs import rom_name
+from lib.atari.saved_states import vec_env
+from lib.atari.seaquest import PayTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
+from lib.core.errors import UserError, run_cli
+from lib.core.files import atomic_write
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, setting
 
 PAYS = ("none", "climb", "refill", "both")
 SUMMARY_FILE = "refill_levers.json"
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--pay {a.pay} with -r: the reward model replaces the rule's pay (give --pay none)")
     if rom_name(cfg.env) != "seaquest":
         raise UserError(f"--a2c-args --env {cfg.env}: the levers read SeaQuest's screen")
-    from lib.a2c import train
+    from lib.a2c.train import train
 
     wrapped: list[RuleRewardVec] = []
 

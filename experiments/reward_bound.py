@@ -1,5 +1,5 @@
 """The reward net's reach: stage 3's own network and input, fitted by regression to the surface
-rule's per-step pay (``lib.seaquest.step_pay``: the score's sign, +1 on each step the sub climbs
+rule's per-step pay (``lib.atari.seaquest.step_pay``: the score's sign, +1 on each step the sub climbs
 with a low gauge and a diver aboard, +1 on each refill) of a DB's segments, no preferences at all.
 
 Preferences tell a model about a clip's sum; this fit tells it each step's pay outright. If even
@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from experiments.flags import check_out
-from lib.errors import UserError, run_cli, warn
-from lib.files import atomic_write
-from lib.reward_config import DIFF_BLOCK, POLICY_FRAME, block_arg
-from lib.seaquest import OXYGEN_GAMES, StepPay, shows_gauge
-from lib.settings import at_least, check_fields, in_range, setting, within
-from lib.settings import build_parser as settings_parser
-from lib.teachers import TEACHER_ENTRIES
+from lib.atari.seaquest import OXYGEN_GAMES, StepPay, shows_gauge
+from lib.core.errors import UserError, run_cli, warn
+from lib.core.files import atomic_write
+from lib.core.settings import at_least, check_fields, in_range, setting, within
+from lib.core.settings import build_parser as settings_parser
+from lib.models.teachers import TEACHER_ENTRIES
+from lib.reward.config import DIFF_BLOCK, POLICY_FRAME, block_arg
 
 TARGETS = {"pay": "refill", "moves": "moves"}  # --target: the teacher whose per-step pay is fitted
 GROUPS = {"data": "the data", "fit": "the fit", "model": "the input (stage 3's diff net)"}
@@ -113,9 +113,9 @@ def read_paid_steps(dbs: list[str]) -> PaidSteps:
     """The segments of ``dbs`` with their per-step pay; a segment that cannot be read, or has no true
     rewards, is skipped with one warning. UserError for a DB that is missing, holds another game or
     no usable segment."""
-    from lib.reward_model import reward_input
-    from lib.seaquest import step_pay
-    from lib.segments import SegmentError, db_game, list_segments, read_db_info, read_segment
+    from lib.atari.seaquest import step_pay
+    from lib.models.reward import reward_input
+    from lib.store.segments import SegmentError, db_game, list_segments, read_db_info, read_segment
 
     xs, acts, pays, owners, names = [], [], [], [], []
     ident: tuple[str, str, tuple[str, ...]] | None = None
@@ -168,8 +168,8 @@ def fit(s: BoundSettings, data: PaidSteps, log=print) -> tuple[object, dict[str,
     figures (held-out and training pay scores, epochs, seconds)."""
     import torch
 
-    from lib.reward_eval import pay_scores
-    from lib.reward_model import new_reward_model
+    from lib.models.reward import new_reward_model
+    from lib.reward.eval import pay_scores
 
     torch.manual_seed(s.seed)
     rng = np.random.default_rng(s.seed)
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     check_out(out, ".pt")
     import torch
 
-    from lib.reward_model import reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import reward_checkpoint, save_reward_checkpoint
 
     torch.set_num_threads(s.threads)
     data = read_paid_steps(s.dbs)

@@ -27,15 +27,15 @@ import numpy as np
 
 from experiments.flags import check_out, rows_out_setting
 from experiments.readouts import diver_step_flags, diver_step_means, life_loss_means
-from lib.a2c_config import BOOK_NORM_WINDOW
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
-from lib.reward_eval import predict_segments
-from lib.reward_model import load_reward_model
-from lib.reward_wrapper import DEFAULT_CLIP, WindowNorm, normalised
-from lib.segments import list_segments, read_segment
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_fields, in_range, setting
+from lib.a2c.config import BOOK_NORM_WINDOW
+from lib.a2c.reward_env import DEFAULT_CLIP, WindowNorm, normalised
+from lib.core.errors import UserError, run_cli
+from lib.core.files import atomic_write
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_fields, in_range, setting
+from lib.models.reward import load_reward_model
+from lib.reward.eval import predict_segments
+from lib.store.segments import list_segments, read_segment
 
 PATHS = ("running", "window")
 CLIPS = ("5", "sign")

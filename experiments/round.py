@@ -3,7 +3,7 @@
 Per seed (``--seeds``, each under ``--out/seed<S>``):
 
 1. v0: A2C from scratch for --v0-steps, recording a segment DB (``01_a2c.py --db-path``);
-2. round k: --holdout of the round's DB is set aside; a synthetic teacher (``lib/teachers.py``)
+2. round k: --holdout of the round's DB is set aside; a synthetic teacher (``lib/models/teachers.py``)
    labels --labels random pairs of the rest (``02_label_ui.py --oracle``'s code). Round 1's DB
    is v0's; round k > 1's is the DB the rlhf fine-tune of round k-1 recorded of its own play,
    where a new behaviour first shows (the book's rounds). All of a round's labels come from its
@@ -77,15 +77,15 @@ from experiments.stages import (
     tb_scalars,
     train_a2c,
 )
-from lib.a2c_config import A2CConfig
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
-from lib.seeds import MAX_SEED
-from lib.segments import list_segments
-from lib.settings import build_parser as settings_parser
-from lib.settings import check_between, check_fields
-from lib.signals import PARENT_SIGNALS, SignalStop
-from lib.teachers import death_penalty_for
+from lib.a2c.config import A2CConfig
+from lib.core.errors import UserError, run_cli
+from lib.core.files import atomic_write
+from lib.core.seeds import MAX_SEED
+from lib.core.settings import build_parser as settings_parser
+from lib.core.settings import check_between, check_fields
+from lib.core.signals import PARENT_SIGNALS, SignalStop
+from lib.models.teachers import death_penalty_for
+from lib.store.segments import list_segments
 
 V0_EVALS = 10  # evaluations during v0: its best checkpoint is the policy both arms start from
 PROG = "python -m experiments.round"
@@ -116,7 +116,7 @@ class RoundParser(argparse.ArgumentParser):
 
 
 def build_parser() -> RoundParser:
-    """The round's flags in groups (``--help``), one per ``RoundSettings`` field: ``lib.settings``'
+    """The round's flags in groups (``--help``), one per ``RoundSettings`` field: ``lib.core.settings``'
     parser, read by a ``RoundParser``."""
     fields = settings_parser(RoundSettings, PROG, DESCRIPTION, GROUPS)
     return RoundParser(
@@ -186,8 +186,8 @@ def pass_through(flag: str, text: str) -> dict[str, Any]:
     as that stage reads them, prefixes and attached short options too: the settings given, by destination,
     a flag given at the stage's default kept. UserError (one line) for what the stage would refuse to
     parse and for a setting the round makes itself."""
-    from lib.a2c_cli import build_parser as a2c_parser
-    from lib.reward_cli import build_parser as reward_parser
+    from lib.a2c.cli import build_parser as a2c_parser
+    from lib.reward.cli import build_parser as reward_parser
 
     ft = flag == "--ft-args"
     if ft:
@@ -214,9 +214,9 @@ def check_pass_through(args: RoundSettings) -> None:
     """--ft-args and --reward-args parsed (``pass_through``) and checked by their stage's own checks on
     the settings the round will run them with: a wrong value is one line now, not an arm's failure
     after v0, the labels and a reward model."""
-    from lib.reward_cli import build_parser as reward_parser
-    from lib.reward_cli import config_from_args
-    from lib.reward_config import RewardArgs
+    from lib.reward.cli import build_parser as reward_parser
+    from lib.reward.cli import config_from_args
+    from lib.reward.config import RewardArgs
 
     pass_through("--reward-args", args.reward_args)
     parsed = reward_parser().parse_args([A_DB, "-n", "x", "-o", "x", *shlex.split(args.reward_args)])

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.games import best_of_lives
+from lib.atari.games import best_of_lives
 
 ARMS = ("v0", "control", "rlhf", "oracle")  # oracle: only with --oracle-arm
 Z95 = 1.96  # normal approximation of the 95% interval of a mean

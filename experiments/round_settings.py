@@ -1,5 +1,5 @@
 """``experiments.round``'s settings, declared once: each field of ``RoundSettings`` is one flag
-(``lib.settings.setting``: its default, ``--help`` text and group, the checks of its own value).
+(``lib.core.settings.setting``: its default, ``--help`` text and group, the checks of its own value).
 The checks between flags and those of the flags passed through to the stages are
 ``experiments.round.check``'s. A module of its own so that the stages the round runs
 (``experiments.stages``, ``experiments.live``) name what they are given without importing the
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.flags import at_least_one, dev_setting
-from lib.sampling import RETIRED_SAMPLING_MODES, SAMPLING_MODES
-from lib.settings import in_range, setting, within
-from lib.teachers import DEFAULT_DEATH_PENALTY, TEACHERS
+from lib.core.settings import in_range, setting, within
+from lib.label_ui.sampling import RETIRED_SAMPLING_MODES, SAMPLING_MODES
+from lib.models.teachers import DEFAULT_DEATH_PENALTY, TEACHERS
 
 ROUND_MODES = tuple(m for m in SAMPLING_MODES if m != "exploits")  # the modes that need no fine-tuning DB
 FT_LAYERS = ("frozen", "full")
@@ -47,7 +47,7 @@ class RoundSettings:
     ``check`` resolves ``--death-penalty``'s default for the teacher in place."""
 
     # the round: teacher, budget, seeds
-    teacher: str = setting("oxygen", "who labels (lib/teachers.py)", group="round", choices=TEACHERS)
+    teacher: str = setting("oxygen", "who labels (lib/models/teachers.py)", group="round", choices=TEACHERS)
     teacher_noise: float = setting(
         0.0, "share of random answers of the teacher", group="round", checks=within("--teacher-noise", 0, 1)
     )

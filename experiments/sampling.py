@@ -37,19 +37,19 @@ from typing import Any
 
 import numpy as np
 
-from bench.table import print_table
 from experiments.flags import at_least_one, dev_setting
 from experiments.readouts import held_out_figures
 from experiments.stages import log, run_stage, split_db, teacher_db
-from lib.errors import UserError, run_cli
-from lib.files import atomic_write
-from lib.labels import LABELS_FILE, check_relpath, load_labels
-from lib.oracle import OracleSettings, oracle_label_db
-from lib.seaquest import OXYGEN_GAMES
-from lib.segments import db_game
-from lib.settings import Check, check_between, check_fields, setting
-from lib.settings import build_parser as settings_parser
-from lib.teachers import TEACHERS
+from lib.atari.seaquest import OXYGEN_GAMES
+from lib.core.errors import UserError, run_cli
+from lib.core.files import atomic_write
+from lib.core.settings import Check, check_between, check_fields, setting
+from lib.core.settings import build_parser as settings_parser
+from lib.core.table import print_table
+from lib.label_ui.oracle import OracleSettings, oracle_label_db
+from lib.models.teachers import TEACHERS
+from lib.store.labels import LABELS_FILE, check_relpath, load_labels
+from lib.store.segments import db_game
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ class SamplingSettings:
     holdout: float = setting(0.2, "share of the DB's segments never labeled", group="db")
     teachers: str = setting(
         "score,oxygen",
-        "comma-separated teachers (lib/teachers.py)",
+        "comma-separated teachers (lib/models/teachers.py)",
         group="curves",
         checks=[
             *_csv_checks("--teachers"),

@@ -34,20 +34,20 @@ from experiments.flags import a2c_argv, given_flags
 from experiments.readouts import HELD_OUT_FIGURES, held_out_figures, label_agreement
 from experiments.round_report import behaviour_share
 from experiments.round_settings import RoundSettings
-from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
-from lib.checkpoints import read_checkpoint
-from lib.errors import UserError
-from lib.files import atomic_write
-from lib.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
-from lib.model import BEST_GLOB, best_checkpoint, best_checkpoint_figures
-from lib.oracle import OracleSettings, oracle_label_db
-from lib.play import play
-from lib.play_config import PlayConfig
-from lib.reward_model import reward_training_finished
-from lib.sampling import MODEL_MODES, SAMPLING_MODES
-from lib.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
-from lib.signals import critical
-from lib.teachers import RULE_FACTS, segment_facts
+from lib.a2c.config import FINETUNE_LEARNING_RATE, A2CConfig
+from lib.core.errors import UserError
+from lib.core.files import atomic_write
+from lib.core.signals import critical
+from lib.label_ui.oracle import OracleSettings, oracle_label_db
+from lib.label_ui.sampling import MODEL_MODES, SAMPLING_MODES
+from lib.models.policy import BEST_GLOB, best_checkpoint, best_checkpoint_figures
+from lib.models.reward import reward_training_finished
+from lib.models.teachers import RULE_FACTS, segment_facts
+from lib.play.config import PlayConfig
+from lib.play.play import play
+from lib.store.checkpoints import read_checkpoint
+from lib.store.labels import FIRST_BETTER, LABELS_FILE, SECOND_BETTER, load_labels
+from lib.store.segments import DB_INFO_FILE, SegmentError, db_game, list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_MODEL_MODES = tuple(m for m in SAMPLING_MODES if m not in MODEL_MODES)  # random, rare
@@ -129,7 +129,7 @@ def stop(proc: Proc, grace: float = STOP_GRACE_S) -> int:
 def stop_piped(name: str, popen: subprocess.Popen, echo: Callable[[str], None]) -> int:
     """Stop a child whose output this process reads line by line (``experiments.round``'s stages, in
     their own sessions) as ``stop`` does, then ``echo`` the lines it wrote meanwhile: its exit code.
-    A stop signal meanwhile waits until it is stopped (``lib.signals.critical``)."""
+    A stop signal meanwhile waits until it is stopped (``lib.core.signals.critical``)."""
     with critical():
         rc = stop(Proc(name, popen, Path(os.devnull)))
         if popen.stdout is not None:
@@ -140,7 +140,7 @@ def stop_piped(name: str, popen: subprocess.Popen, echo: Callable[[str], None]) 
 
 def stop_all(procs: list[Proc]) -> dict[str, int]:
     """Stop every running process, newest first (the agent before the trainer it reads from). A stop
-    signal meanwhile waits until all are stopped (``lib.signals.critical``): none is left running."""
+    signal meanwhile waits until all are stopped (``lib.core.signals.critical``): none is left running."""
     with critical():
         return {p.name: stop(p) for p in reversed(procs)}
 
@@ -196,7 +196,7 @@ def _last_checkpoint(save_dir: Path) -> dict[str, Any] | None:
 
 def _recorded(ck: dict[str, Any], spec: dict[str, tuple[Any, bool]], name: str, path: Path, within: str = "") -> Any:
     """``ck[name]`` (None when missing), a field of a run's last.pt the round reads, once it passes
-    the check ``01_a2c.py --resume`` makes of it (``spec``: ``lib.a2c_run``'s field checks; ``within``:
+    the check ``01_a2c.py --resume`` makes of it (``spec``: ``lib.a2c.run``'s field checks; ``within``:
     the dict it sits in); UserError with one line naming the file for a value no run writes."""
     value = ck.get(name)
     if value is not None:
@@ -211,7 +211,7 @@ def _recorded(ck: dict[str, Any], spec: dict[str, tuple[Any, bool]], name: str, 
 
 def _steps_done(ck: dict[str, Any], path: Path) -> int:
     """The agent steps a run's last.pt (``ck``, read from ``path``) says it has done (0: none recorded)."""
-    from lib.a2c_run import PROGRESS_FIELDS
+    from lib.a2c.run import PROGRESS_FIELDS
 
     progress = ck.get("progress", {})
     if not isinstance(progress, dict):
@@ -231,7 +231,7 @@ def check_same_kl(cfg: A2CConfig, last: dict[str, Any]) -> None:
     """A run in ``cfg.save_dir`` is reused or continued only if it pulled toward its start policy
     with the --kl the arm asks for now: its last.pt (``last``) records the B it ran with (a run from
     before that record, whose B the directory's name alone told, is reused only where --kl was given)."""
-    from lib.a2c_run import RESUME_FIELDS, kl_beta
+    from lib.a2c.run import RESUME_FIELDS, kl_beta
 
     had, want = _recorded(last, RESUME_FIELDS, "kl", cfg.save_dir / "last.pt"), kl_beta(cfg, bool(cfg.model), None)
     if had is None and (cfg.kl is not None or want == 0):
@@ -249,7 +249,7 @@ def check_same_steps(cfg: A2CConfig, last: dict[str, Any]) -> None:
     asks for now: its last.pt records the length of its learning-rate schedule (``--max-steps``
     unless ``--lr-decay-steps`` set it), so a v0 of 500k is not extended toward 1M, or a 500k
     fine-tune passed off as a 250k one, because a later command gave other steps."""
-    from lib.a2c_run import RESUME_FIELDS, lr_schedule_steps
+    from lib.a2c.run import RESUME_FIELDS, lr_schedule_steps
 
     had, want = _recorded(last, RESUME_FIELDS, "lr_decay_steps", cfg.save_dir / "last.pt"), lr_schedule_steps(cfg)
     if had is None:  # a run from before the record
@@ -301,7 +301,7 @@ def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings) -> None:
 
 
 def best_policy(save_dir: Path) -> Path:
-    """A run's best checkpoint (``lib.model.best_checkpoint``)."""
+    """A run's best checkpoint (``lib.models.policy.best_checkpoint``)."""
     best = best_checkpoint(save_dir)
     if best is None:
         raise UserError(f"no {BEST_GLOB} in {save_dir}: the run never finished an evaluation")
@@ -341,7 +341,7 @@ def ft_config(args: RoundSettings, **fields: Any) -> A2CConfig:
     """An rlhf or oracle arm's A2CConfig: the round's ``fields`` with --ft-args on top, read by
     01_a2c.py's parser; a flag given is used even where its value is 01_a2c.py's default (checked
     before: ``experiments.round.check``)."""
-    from lib.a2c_cli import build_parser as a2c_parser
+    from lib.a2c.cli import build_parser as a2c_parser
 
     return A2CConfig(**{**fields, **given_flags(a2c_parser(), shlex.split(args.ft_args))})
 
@@ -615,7 +615,7 @@ def teacher_evidence(db: Path, tdb: Path, train: list[str], teacher: str) -> dic
     for lab in load_labels(tdb, warn=None).values():
         ev["labels"] += 1
         rule = lab.extra.get("rule")
-        if isinstance(rule, str):  # the rule the teacher recorded (lib.oracle)
+        if isinstance(rule, str):  # the rule the teacher recorded (lib.label_ui.oracle)
             rules[rule] = rules.get(rule, 0) + 1
         if lab.label not in (FIRST_BETTER, SECOND_BETTER):
             ev["ties" if lab.label == 0 else "cant_tell"] += 1
@@ -689,7 +689,7 @@ EVAL_RECORD = 2
 
 
 def _surface(res: Any, key: str) -> float | None:
-    """A game's surface figure (``lib.behaviour``'s observer), None where the game had none."""
+    """A game's surface figure (``lib.atari.behaviour``'s observer), None where the game had none."""
     counts = getattr(res, "surface", None)
     return None if counts is None else float(getattr(counts, key))
 

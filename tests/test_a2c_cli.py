@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.checkpoints import atomic_torch_save
-from lib.model import AtariA2C, load_policy, policy_checkpoint
-from lib.segments import list_segments, load_segment
+from lib.models.policy import AtariA2C, load_policy, policy_checkpoint
+from lib.store.checkpoints import atomic_torch_save
+from lib.store.segments import list_segments, load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "01_a2c.py")
@@ -178,12 +178,12 @@ def test_help_explains_every_flag():
     import argparse
     import re
 
-    from lib.a2c_cli import build_parser
+    from lib.a2c.cli import build_parser
 
     parser = build_parser()
     text = parser.format_help()
     for action in parser._actions:
-        if action.help == argparse.SUPPRESS:  # a retired flag (lib.settings.retire)
+        if action.help == argparse.SUPPRESS:  # a retired flag (lib.core.settings.retire)
             continue
         for flag in action.option_strings:
             assert action.help and len(action.help) > 10, flag
@@ -234,9 +234,9 @@ def test_mistakes_are_one_line_and_touch_nothing(tmp_path, monkeypatch, case, ar
     """In-process (no subprocess per case): train() raises UserError, one line, before it writes
     anything: no saves/, runs/ or DB (issue 39 item 5: every check, not only -r's, comes before the
     recorder writes the DB's db.json)."""
-    from lib.a2c import train
-    from lib.a2c_cli import parse_config
-    from lib.errors import UserError
+    from lib.a2c.cli import parse_config
+    from lib.a2c.train import train
+    from lib.core.errors import UserError
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("e\n" * 200)  # torch.load of a text file raised KeyError: 101
@@ -270,8 +270,8 @@ def test_force_starts_a_run_over(tmp_path):
 
 
 def test_help_groups_the_flags_and_m_takes_a_run_directory(tmp_path) -> None:
-    from lib.a2c_cli import build_parser, parse_config
-    from lib.model import best_checkpoint_name
+    from lib.a2c.cli import build_parser, parse_config
+    from lib.models.policy import best_checkpoint_name
 
     groups = [g.title for g in build_parser()._action_groups]
     assert {"core", "speed"} <= set(groups) and any(t.startswith("labels") for t in groups)
@@ -287,8 +287,8 @@ def test_a_choice_set_in_code_is_checked_against_its_choices() -> None:
     """A setting with choices (``--terminal``, ``--reward-norm``) refuses another value when the
     config is made in code (experiments build an A2CConfig), not only when argparse read the flag;
     the line names the flag and its choices."""
-    from lib.a2c_config import A2CConfig
-    from lib.errors import UserError
+    from lib.a2c.config import A2CConfig
+    from lib.core.errors import UserError
 
     A2CConfig(name="x", terminal="none", reward="r.pt", reward_norm="labels").check()
     with pytest.raises(UserError, match=r"^--terminal game was retired after commit [0-9a-f]+: .*give life or none$"):
@@ -305,8 +305,8 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     from dataclasses import fields
 
     from experiments.flags import a2c_argv
-    from lib.a2c_cli import parse_config
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.cli import parse_config
+    from lib.a2c.config import A2CConfig
 
     policy = tmp_path / "p.pt"
     policy.write_bytes(b"")
@@ -367,7 +367,7 @@ def test_a_retired_flag_is_one_line_exit_2_naming_its_last_commit(tmp_path, give
 
 def test_a_wrong_choice_is_not_offered_the_retired_one(capsys) -> None:
     """argparse's "invalid choice" line lists the choices kept, not the retired ``game``."""
-    from lib.a2c_cli import parse_config
+    from lib.a2c.cli import parse_config
 
     with pytest.raises(SystemExit) as e:
         parse_config(["-n", "x", "--terminal", "gam"])
@@ -401,8 +401,8 @@ def test_a_flag_given_without_the_flag_it_needs_is_one_line(
     """A flag given is a flag used: one whose setting only another flag reads (-r, --reward-norm window,
     --db-path, evaluation) is refused in one line naming that flag, not dropped (was: the run went on
     without it, exit 0); with the flag it needs (given after: the last one wins), it is taken."""
-    from lib.a2c_cli import parse_config
-    from lib.errors import UserError
+    from lib.a2c.cli import parse_config
+    from lib.core.errors import UserError
 
     with pytest.raises(UserError) as e:
         parse_config(["-n", "x", *given])

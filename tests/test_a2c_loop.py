@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-import lib.a2c as a2c
-import lib.a2c_config as a2c_config
-from lib.envs import VecStep
-from lib.errors import UserError
-from lib.experience import Transitions
-from lib.model import AtariA2C
+import lib.a2c.config as a2c_config
+import lib.a2c.train as a2c
+from lib.a2c.experience import Transitions
+from lib.atari.envs import VecStep
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C
 
 LIFE, LIVES = 7, 2
 GAME = LIFE * LIVES  # steps of one game
@@ -161,7 +161,7 @@ def test_checkpoints_games_and_resume(tmp_path):
 def test_force_replaces_the_old_runs_best_checkpoints(tmp_path):
     """-m saves/<name> plays a run's best: after --force that must be the new run's, not a better
     one the old run left (here a later best, planted as the audit did)."""
-    from lib.model import best_checkpoints, policy_file
+    from lib.models.policy import best_checkpoints, policy_file
 
     saves = tmp_path / "saves"
     assert a2c.train(config(tmp_path, max_steps=280, test_every=280, test_episodes=2), make_env=FakeVec) == 0
@@ -274,12 +274,12 @@ def test_tb_dir_named_by_last_pt_must_be_under_runs_dir(tmp_path):
 def test_segments_lost_to_a_full_disk_are_reported(tmp_path, monkeypatch, capsys):
     import errno
 
-    import lib.segment_writer
+    import lib.store.segment_writer
 
     def full(path, data, fsync=True):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lib.segment_writer, "create_exclusive", full)
+    monkeypatch.setattr(lib.store.segment_writer, "create_exclusive", full)
     cfg = config(tmp_path, max_steps=200, db_path=str(tmp_path / "db"), record_prob=1.0, segment_steps=5)
     assert a2c.train(cfg, make_env=FakeVec) == 0
     out, err = capsys.readouterr()
@@ -393,7 +393,7 @@ def test_gamma_n_steps_entropy_and_clip_are_settings(tmp_path, monkeypatch):
 def test_kl_defaults_to_the_learned_rewards_pull_only_for_a_fine_tune_on_one():
     """--kl unset: KL_LEARNED_REWARD for -r with a start policy, 0 for any other run; a resumed run
     keeps the B its last.pt recorded; a B given on the command line always wins."""
-    from lib.a2c_run import kl_beta
+    from lib.a2c.run import kl_beta
 
     start = True  # a run from -m, or a resumed one whose last.pt kept its start policy
     auto = a2c_config.KL_LEARNED_REWARD
@@ -468,7 +468,7 @@ def test_kl_target_adapts_the_coefficient_in_the_loop_and_across_a_resume(tmp_pa
 def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
     """a2c_loss with ``low`` flags logs finetune/kl_low_gauge: KL(pi || pi_start) averaged over the
     flagged transitions only."""
-    from lib.model import StartPolicy, kl_to_start
+    from lib.models.policy import StartPolicy, kl_to_start
 
     torch.manual_seed(0)
     start_net, net = AtariA2C(OBS, 3), AtariA2C(OBS, 3)

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from lib.a2c import a2c_loss
-from lib.experience import BOOT_NEXT, BOOT_NONE, Transitions
-from lib.model import AtariA2C
+from lib.a2c.experience import BOOT_NEXT, BOOT_NONE, Transitions
+from lib.a2c.train import a2c_loss
+from lib.models.policy import AtariA2C
 
 
 def batch(actions, returns, mode=BOOT_NONE, seed=0):

@@ -1,12 +1,12 @@
-"""lib/behaviour.py: what real SeaQuest games show beyond the score, counted by the observer that
+"""lib/atari/behaviour.py: what real SeaQuest games show beyond the score, counted by the observer that
 play_games is given, the same as the segment functions count on the same frames."""
 
 import numpy as np
 
-from lib.behaviour import OxygenObserver, behaviour_observers, behaviour_stats
-from lib.envs import AtariVec
-from lib.games import EpisodeResult, play_games
-from lib.seaquest import oxygen_counts, surface_counts
+from lib.atari.behaviour import OxygenObserver, behaviour_observers, behaviour_stats
+from lib.atari.envs import AtariVec
+from lib.atari.games import EpisodeResult, play_games
+from lib.atari.seaquest import oxygen_counts, surface_counts
 
 NOOP, DOWN, UP = 0, 5, 2  # SeaQuest's action indices (full action set)
 

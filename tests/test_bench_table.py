@@ -1,10 +1,10 @@
-"""The benchmarks' one table format (bench/table.py)."""
+"""The benchmarks' one table format (lib/core/table.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.table import Rows, print_table
+from lib.core.table import Rows, print_table
 
 
 def test_rows_reach_stderr_as_measured_and_the_table_comes_at_the_end(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,10 +22,10 @@ from experiments.branch import (
     policy_picker,
     up_actions,
 )
-from lib.checkpoints import atomic_torch_save
-from lib.model import AtariA2C, policy_checkpoint
-from lib.saved_states import SingleGame
-from lib.segments import list_segments, read_db_info, read_segment
+from lib.atari.saved_states import SingleGame
+from lib.models.policy import AtariA2C, policy_checkpoint
+from lib.store.checkpoints import atomic_torch_save
+from lib.store.segments import list_segments, read_db_info, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_the_climb_clip_takes_only_up_actions_and_the_stay_clip_none(tmp_path: P
     assert {m for m, u in zip(game.meanings, up, strict=True) if u} == {
         "UP", "UPRIGHT", "UPLEFT", "UPFIRE", "UPRIGHTFIRE", "UPLEFTFIRE"
     }  # fmt: skip
-    from lib.model import load_policy
+    from lib.models.policy import load_policy
 
     net, _ = load_policy(policy(tmp_path), ENV_ID, "seaquest", (4, 84, 84), 18)
     pick = policy_picker(net.eval(), np.random.default_rng(0))
@@ -155,7 +155,7 @@ def test_a_rounds_branch_db_is_played_by_the_rlhf_arms_start_and_made_once(tmp_p
     round 1's best rlhf policy; a finished DB is reused, a stopped one (.partial) made again."""
     from experiments import branch
     from experiments.stages import BRANCH_DONE, branch_round
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     real = branch.make_pairs
     played: list[Path] = []
@@ -207,8 +207,8 @@ def test_climb_gap_is_in_the_units_of_the_reference_steps(tmp_path: Path, monkey
     (median of the reference steps 0, their std 1); worked out here from the model's own steps."""
     from experiments import readouts
     from experiments.branch import climb_gap
-    from lib.reward_eval import predict_segments
-    from lib.reward_model import load_reward_model, new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import load_reward_model, new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.reward.eval import predict_segments
 
     db, ref = tmp_path / "db", tmp_path / "ref"
     pol = policy(tmp_path)
@@ -288,7 +288,7 @@ def test_a_rounds_death_pairs_go_into_their_own_db_and_are_trained_on(tmp_path: 
 def _branch_cli(capsys, *args: str) -> tuple[int, list[str]]:
     """``python -m experiments.branch ARGS`` in this process: its exit code and stderr lines."""
     from experiments.branch import main
-    from lib.errors import run_cli
+    from lib.core.errors import run_cli
 
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: main(list(args)))
@@ -316,7 +316,7 @@ def test_branch_mistakes_are_one_line_exit_2_and_leave_no_directory(tmp_path: Pa
 def test_branch_db_that_is_a_file_or_measured_empty_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
     """--db naming a file (was: FileExistsError), --measure on a --db without segments (was: numpy's
     "need at least one array"): one line, exit 2."""
-    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import new_reward_model, reward_checkpoint, save_reward_checkpoint
 
     pol = policy(tmp_path)
     (tmp_path / "a-file").write_text("x")
@@ -346,7 +346,7 @@ def test_a_high_gauge_branch_point_and_step_is_where_the_low_one_is_not() -> Non
     from bench.dbs import play_plan
     from experiments.branch import at_branch_point
     from experiments.readouts import diver_step_flags
-    from lib.seaquest import HIGH_OXYGEN, divers_aboard, oxygen_levels
+    from lib.atari.seaquest import HIGH_OXYGEN, divers_aboard, oxygen_levels
 
     frames = play_plan(CLIMB_PLAN).frames
     levels, divers = oxygen_levels(frames), divers_aboard(frames)

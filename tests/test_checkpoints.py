@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import lib.model
-from lib.checkpoints import atomic_torch_save, read_checkpoint
-from lib.errors import UserError
-from lib.model import AtariA2C, load_policy, policy_checkpoint
-from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+import lib.models.policy
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C, load_policy, policy_checkpoint
+from lib.models.reward import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+from lib.store.checkpoints import atomic_torch_save, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = (48, 48, 3)
@@ -190,7 +190,7 @@ def test_fifo_and_device_as_checkpoint_never_hang(tmp_path):
 def test_file_size_is_bounded_before_loading(tmp_path, monkeypatch):
     path = tmp_path / "r.pt"
     save_reward_checkpoint(_reward_ck(), path)
-    monkeypatch.setattr(lib.checkpoints, "MAX_CHECKPOINT_BYTES", path.stat().st_size - 1)
+    monkeypatch.setattr(lib.store.checkpoints, "MAX_CHECKPOINT_BYTES", path.stat().st_size - 1)
     with pytest.raises(UserError, match="more than the"):
         load_reward_model(path)
 
@@ -210,14 +210,14 @@ def test_a_deflated_giant_tensor_is_refused_before_loading(tmp_path, monkeypatch
     _deflate(tmp_path / "plain.pt", tmp_path / "deflated.pt")
     assert (tmp_path / "deflated.pt").stat().st_size < 1 << 20
     torch.load(tmp_path / "deflated.pt", weights_only=True)  # torch itself loads it
-    monkeypatch.setattr(lib.checkpoints, "MAX_CHECKPOINT_BYTES", 4 << 20)
+    monkeypatch.setattr(lib.store.checkpoints, "MAX_CHECKPOINT_BYTES", 4 << 20)
     with pytest.raises(UserError, match="unpacks to") as e:
         load_reward_model(tmp_path / "deflated.pt")
     _one_line(e)
 
 
 def test_check_fields_for_other_callers():
-    from lib.checkpoints import check_ck_fields, float_in, int_in
+    from lib.store.checkpoints import check_ck_fields, float_in, int_in
 
     spec = {"lr": (float_in(0, 1, lo_open=True), True), "step": (int_in(0, 10), False)}
     check_ck_fields({"lr": 0.1}, spec, "checkpoint x")
@@ -246,7 +246,7 @@ def test_disk_full_checkpoint_save_is_one_line_and_keeps_the_old_file(tmp_path, 
 
 
 def test_stale_checkpoint_temps_are_removed(tmp_path):
-    from lib.checkpoints import remove_stale_checkpoint_temps
+    from lib.store.checkpoints import remove_stale_checkpoint_temps
 
     path = tmp_path / "last.pt"
     stale = tmp_path / ".last.pt.abc123.tmp"

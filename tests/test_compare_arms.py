@@ -9,7 +9,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from experiments.compare_arms import arm_runs, figure, label, main
-from lib.errors import UserError
+from lib.core.errors import UserError
 
 
 def _run(tb: Path, name: str, scores: list[float], stamp: str = "20261127-000000", learned: bool = False) -> None:

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import torch
 
-from lib.a2c_config import BATCH_SIZE, REWARD_STEPS
-from lib.distributed import env_uniforms, init_dist
-from lib.errors import UserError
-from lib.model import AtariA2C
-from lib.segments import list_segments, load_segment
+from lib.a2c.config import BATCH_SIZE, REWARD_STEPS
+from lib.a2c.distributed import env_uniforms, init_dist
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C
+from lib.store.segments import list_segments, load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "01_a2c.py")
@@ -142,8 +142,8 @@ A2C_TINY = [
     ],
 )  # fmt: skip
 def test_a_hand_set_world_that_cannot_work_is_one_line(monkeypatch, env, message):
-    from lib.distributed import init_dist
-    from lib.errors import UserError
+    from lib.a2c.distributed import init_dist
+    from lib.core.errors import UserError
 
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -277,7 +277,7 @@ def test_env_uniforms_are_per_env_streams():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("dev", ["cuda", "cuda:1"])
 def test_rank_on_cuda_without_a_gpu_is_the_one_device_line(monkeypatch: pytest.MonkeyPatch, dev: str) -> None:
-    # A torchrun rank asks the one --dev resolver (lib.model.resolve_device): the same line as every stage.
+    # A torchrun rank asks the one --dev resolver (lib.models.policy.resolve_device): the same line as every stage.
     for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=f"--dev {dev} given but no CUDA GPU is available here: use --dev cpu"):

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from lib.envs import AtariVec, TorchGrey84, area_matrix, default_env_threads, grey84
+from lib.atari.envs import AtariVec, TorchGrey84, area_matrix, default_env_threads, grey84
 
 
 def per_frame(frames: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lib.experience import BOOT_FINAL, BOOT_NEXT, BOOT_NONE, NStepCollector, Transitions
+from lib.a2c.experience import BOOT_FINAL, BOOT_NEXT, BOOT_NONE, NStepCollector, Transitions
 
 GAMMA = 0.5  # powers of 0.5 keep the hand-computed sums exact
 

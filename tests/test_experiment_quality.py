@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.dbs import make_square_db
-from lib.segments import read_segment
+from lib.store.segments import read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

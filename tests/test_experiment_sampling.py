@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.dbs import make_square_db
-from lib.labels import read_label_log
+from lib.store.labels import read_label_log
 
 ROOT = Path(__file__).resolve().parents[1]
 

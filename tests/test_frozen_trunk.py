@@ -13,10 +13,10 @@ import pytest
 import torch
 from test_a2c_loop import PRECISION, FakeVec, config
 
-import lib.a2c as a2c
-from lib.a2c_run import resolve_precision
-from lib.experience import BOOT_FINAL, BOOT_NEXT, BOOT_NONE, NStepCollector, Transitions
-from lib.model import AtariA2C, StartPolicy
+import lib.a2c.train as a2c
+from lib.a2c.experience import BOOT_FINAL, BOOT_NEXT, BOOT_NONE, NStepCollector, Transitions
+from lib.a2c.run import resolve_precision
+from lib.models.policy import AtariA2C, StartPolicy
 
 CPU = torch.device("cpu")
 ENVS = 16  # the acting forward's batch, as stage 1 runs it

@@ -22,12 +22,12 @@ import zstandard
 from numpy._core import multiarray, numeric
 
 from bench.dbs import SEAQUEST, SEAQUEST_ACTIONS, book_pickle, make_square_db, make_synthetic_db
-from lib.errors import UserError
-from lib.files import UMASK
-from lib.labels import Label, append_labels, load_labels, read_label_log
-from lib.oracle import oracle_label_db
-from lib.segment_writer import check_db_game, claim_db, encode_segment, save_segment
-from lib.segments import (
+from lib.core.errors import UserError
+from lib.core.files import UMASK
+from lib.label_ui.oracle import oracle_label_db
+from lib.store.labels import Label, append_labels, load_labels, read_label_log
+from lib.store.segment_writer import check_db_game, claim_db, encode_segment, save_segment
+from lib.store.segments import (
     FORMAT_NAME,
     Segment,
     SegmentError,
@@ -154,7 +154,7 @@ def test_crafted_pickles_resolve_no_numpy_code(monkeypatch):
 
 def test_new_files_unpickle_with_no_global(tmp_path, monkeypatch):
     """A format-2 file asks the unpickler for no global at all."""
-    import lib.segments as segments
+    import lib.store.segments as segments
 
     asked = []
     monkeypatch.setattr(segments._Strict, "find_class", lambda self, m, n: asked.append((m, n)))
@@ -201,7 +201,7 @@ FUZZ = textwrap.dedent(
     import json, random, resource, sys, zstandard
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
     sys.path.insert(0, sys.argv[2])
-    from lib.segments import SegmentError, decode_segment
+    from lib.store.segments import SegmentError, decode_segment
     data = open(sys.argv[1], "rb").read()
     raw = zstandard.ZstdDecompressor().decompress(data)
     rng = random.Random(0)
@@ -371,7 +371,7 @@ def test_load_segment_refuses_devices_and_fifos(tmp_path):
 
 
 def test_written_files_get_the_umask_and_leave_no_temp(tmp_path):
-    from lib.checkpoints import atomic_torch_save
+    from lib.store.checkpoints import atomic_torch_save
 
     path = save_segment(tmp_path, _tiny())
     assert path.stat().st_mode & 0o777 == 0o666 & ~UMASK
@@ -663,7 +663,7 @@ def test_broken_db_json_or_directory_loop_is_a_warning_for_every_reader(tmp_path
 def test_broken_db_json_or_directory_loop_stops_the_recorder_with_one_line(tmp_path, case):
     from test_recorder import CountingEnv
 
-    from lib.recorder import EpisodeRecorderWrapper
+    from lib.a2c.recorder import EpisodeRecorderWrapper
 
     db = tmp_path / "db"
     _broken_db_json(db, case)
@@ -683,10 +683,10 @@ def test_broken_db_json_or_directory_loop_stops_the_recorder_with_one_line(tmp_p
 
 def test_the_legacy_decoded_size_bound_is_the_format_2_one(monkeypatch):
     """The legacy path is bounded by MAX_RAW_BYTES, like a format-2 file (cheap: a 20 MB bound)."""
-    import lib.segments
+    import lib.store.segments
 
     frame = np.zeros((210, 160, 3), np.uint8)
-    monkeypatch.setattr(lib.segments, "MAX_RAW_BYTES", 20 << 20)
+    monkeypatch.setattr(lib.store.segments, "MAX_RAW_BYTES", 20 << 20)
     assert len(decode_segment(book_pickle([(frame, 0)] * 200), "ok.dat")) == 200  # 20.2 MB < 20 MiB
     with pytest.raises(SegmentError, match="decode to more than"):
         decode_segment(book_pickle([(frame, 0)] * 300), "big.dat")  # 30 MB

@@ -1,4 +1,4 @@
-"""Saved states a user hands over, crafted or damaged (lib/saved_states.py): each is skipped with one
+"""Saved states a user hands over, crafted or damaged (lib/atari/saved_states.py): each is skipped with one
 warning before ALE's reader sees it, and none crashes the process. States are saved by the real
 emulator, then changed byte by byte; every restore runs in a child process here, so that a crash
 fails the test instead of killing pytest."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from experiments import probe
-from lib import saved_states
-from lib.errors import UserError
-from lib.saved_states import STATE_ENV, SavedState, SingleGame, load_states, seaquest_layout
+from lib.atari import saved_states
+from lib.atari.saved_states import STATE_ENV, SavedState, SingleGame, load_states, seaquest_layout
+from lib.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 MEANINGS = SingleGame(0).meanings
@@ -25,7 +25,7 @@ FACTS = {"level": 12, "divers": 1, "row": 141, "game": 0, "life": 0}
 # Restores every state start_states takes (01_a2c.py --start-states does the same), then plays each.
 CHILD = """
 import sys
-from lib.saved_states import SingleGame, start_states
+from lib.atari.saved_states import SingleGame, start_states
 states = start_states(sys.argv[1])
 game = SingleGame(1)
 for k, s in enumerate(states):
@@ -139,7 +139,7 @@ def test_a_layout_this_code_does_not_know_refuses_the_db_in_one_line(
     monkeypatch.setitem(saved_states.PARTS, "TIA", "19i")  # as if another ale-py wrote other fields
     seaquest_layout.cache_clear()
     try:
-        with pytest.raises(UserError, match="lays out SeaQuest states otherwise than lib/saved_states.py knows"):
+        with pytest.raises(UserError, match="lays out SeaQuest states otherwise than lib/atari/saved_states.py knows"):
             load_states(tmp_path / "db")
     finally:
         monkeypatch.undo()

@@ -12,7 +12,7 @@ import pytest
 
 from bench.dbs import action_model, make_atari_db
 from bench.label_harness import LabelServer, answer_and_wait, chromium, shown_pair, wait_shown
-from lib.labels import CANT_TELL, pair_key
+from lib.store.labels import CANT_TELL, pair_key
 
 pytestmark = pytest.mark.browser
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.dbs import make_synthetic_db
 from lib.label_ui.state import LabelIndex
-from lib.labels import RETRACTED, Label, append_labels
+from lib.store.labels import RETRACTED, Label, append_labels
 
 
 def random_label(rng: random.Random, segs: list[str], clock: list[float]) -> Label:

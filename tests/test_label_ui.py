@@ -26,9 +26,9 @@ from nicegui.testing import User
 from nicegui.testing.user_simulation import user_simulation
 
 from bench.dbs import action_model, make_synthetic_db, write_action_db
+from lib.core.seeds import MAX_SEED
 from lib.label_ui.cli import main
-from lib.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
-from lib.seeds import MAX_SEED
+from lib.store.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "02_label_ui.py"
@@ -585,7 +585,7 @@ def test_port_in_use_is_one_line_and_exit_2(db: Path, tmp_path: Path) -> None:
 def test_a_retired_sampling_mode_is_one_line_exit_2_naming_its_last_commit(extra, db: Path, tmp_path: Path) -> None:
     """``--sampling gauge`` (docs/reference.md, "Retired flags") is refused by 02_label_ui.py in one
     line, exit 2, before a label is written or a server starts: it names the last commit that had
-    the mode (a real commit of this repository, whose lib/sampling.py still lists it) and where
+    the mode (a real commit of this repository, whose lib/label_ui/sampling.py still lists it) and where
     its figures are."""
     argv = ["-d", str(db), "--cache-dir", str(tmp_path / "c"), "--sampling", "gauge", *extra]
     r = subprocess.run([sys.executable, str(MAIN), *argv], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -822,14 +822,14 @@ async def test_overview_reads_only_new_label_lines_off_the_event_loop(
     appended lines) is read in a worker thread, not on the event loop; consistency stays right."""
     import threading
 
-    import lib.labels
+    import lib.store.labels
     from lib.label_ui.state import LabelIndex
 
     segs = sorted(p.relative_to(db).as_posix() for p in db.glob("*/*.dat"))
     pairs = [(a, b) for i, a in enumerate(segs) for b in segs[i + 1 :]]
     append_labels(db, [Label(a, b, 1, source="human", extra={"labeler": "ann"}) for a, b in pairs[:20]])
     whole, on_loop = [], []
-    read_regular, refresh = lib.labels.read_regular, LabelIndex.refresh
+    read_regular, refresh = lib.store.labels.read_regular, LabelIndex.refresh
 
     def spy_read(path, max_bytes):
         whole.append(str(path))
@@ -841,7 +841,7 @@ async def test_overview_reads_only_new_label_lines_off_the_event_loop(
         return refresh(self)
 
     async with label_app("-d", str(db)) as user:
-        monkeypatch.setattr(lib.labels, "read_regular", spy_read)
+        monkeypatch.setattr(lib.store.labels, "read_regular", spy_read)
         monkeypatch.setattr(LabelIndex, "refresh", spy_refresh)
         await user.open("/")
         await see(user, "20 labels")

@@ -1,4 +1,4 @@
-"""Label file semantics (lib/labels.py and the label server's LabelIndex): last line wins, order-free
+"""Label file semantics (lib/store/labels.py and the label server's LabelIndex): last line wins, order-free
 pairs, undo, torn lines, paths inside the DB, and no answer lost with several writers at once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lib.label_ui.state import LabelIndex
-from lib.labels import (
+from lib.store.labels import (
     CANT_TELL,
     RETRACTED,
     ConsistencyTracker,
@@ -277,17 +277,17 @@ def test_a_failed_write_leaves_no_torn_line(tmp_path: Path, monkeypatch: pytest.
     earlier label is intact, and the error names the file."""
     import errno
 
-    import lib.labels
+    import lib.store.labels
 
     append_labels(tmp_path, [Label("00/a.dat", "01/b.dat", 1)])
     before = (tmp_path / "labels.jsonl").read_bytes()
-    real_write = lib.labels.os.write
+    real_write = lib.store.labels.os.write
 
     def disk_full(fd: int, data: bytes) -> int:
         real_write(fd, data[: len(data) // 2])  # part of the line reaches the disk, then no space
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lib.labels, "_os_write", disk_full, raising=False)
+    monkeypatch.setattr(lib.store.labels, "_os_write", disk_full, raising=False)
     with pytest.raises(OSError, match="No space left") as e:
         append_labels(tmp_path, [Label("00/a.dat", f"02/{i:08d}.dat", 2) for i in range(50)])
     assert "labels.jsonl" in str(e.value)
@@ -301,7 +301,7 @@ def test_labels_are_never_appended_to_a_hard_link(tmp_path: Path) -> None:
     """Low 5: O_NOFOLLOW does not see a hard link; the link count does."""
     import os
 
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     other = tmp_path / "profile"
     other.write_text("# someone else's file\n")
@@ -336,7 +336,7 @@ def test_a_page_that_loads_while_an_append_is_half_written_reads_the_line_when_i
     disk: the line without its newline is left for the next look, which reads it whole (was: taken
     as a torn line at load, the rest skipped as a bad line at the next look: one label lost from the
     page's view, two warnings). The kernel taking part of the write is played by ``_os_write``."""
-    import lib.labels as labels
+    import lib.store.labels as labels
 
     append_labels(tmp_path, [Label(f"00/{i:08d}.dat", "01/00000001.dat", 1) for i in range(5)])
     half, go = threading.Event(), threading.Event()

@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CODE = """
 import sys
 sys.modules["imageio_ffmpeg"] = None  # any import of it now raises ImportError
-import lib.a2c, lib.play, lib.oracle, lib.label_ui.clips, lib.reward_train, lib.reward_wrapper
-from lib.errors import UserError
-from lib.video import _ffmpeg
+import lib.a2c.train, lib.play.play, lib.label_ui.oracle, lib.label_ui.clips, lib.reward.train, lib.a2c.reward_env
+from lib.core.errors import UserError
+from lib.atari.video import _ffmpeg
 try:
     _ffmpeg()
 except UserError as e:

@@ -45,7 +45,7 @@ def test_live_plan_is_the_staged_budget() -> None:
 )
 def test_live_round_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
     from experiments.round import check
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     with pytest.raises(UserError, match=msg):
         check(_round_args(tmp_path, *extra))
@@ -125,7 +125,7 @@ def test_stop_sends_ctrl_c_first_and_harder_only_when_ignored(tmp_path: Path) ->
 
 def test_wait_for_names_a_process_that_died(tmp_path: Path) -> None:
     from experiments.stages import spawn, wait_for
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     p = spawn("dies", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], tmp_path / "dies.log")
     with pytest.raises(UserError, match=r"dies ended \(exit 3\)[\s\S]*boom"):
@@ -149,7 +149,7 @@ def test_live_round_runs_the_three_processes_and_continues(tmp_path: Path) -> No
     import subprocess
 
     from experiments.stages import tb_scalars
-    from lib.labels import read_label_log
+    from lib.store.labels import read_label_log
 
     out = tmp_path / "round"
     cmd = [sys.executable, "-m", "experiments.round", "--out", str(out), *TINY, "--live"]
@@ -305,9 +305,9 @@ def test_a_live_arm_made_for_other_steps_is_refused_as_the_staged_arms_are(tmp_p
     from experiments.live import run_live
     from experiments.round import check, round_name, seed_args
     from experiments.stages import SeedRun
-    from lib.a2c_config import KL_LEARNED_REWARD
-    from lib.checkpoints import atomic_torch_save
-    from lib.errors import UserError
+    from lib.a2c.config import KL_LEARNED_REWARD
+    from lib.core.errors import UserError
+    from lib.store.checkpoints import atomic_torch_save
 
     given = _round_args(tmp_path, "--live", "--rounds", "2", "--ft-steps", "1000", "--labels", "10")
     check(given)

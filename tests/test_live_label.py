@@ -28,15 +28,15 @@ from nicegui import ui
 from test_label_ui import label_app, label_lines, list_texts, see, until  # noqa: F401 (label_app: a fixture)
 
 from bench.dbs import make_atari_db, make_synthetic_db
-from lib.errors import UserError
-from lib.files import atomic_write
+from lib.core.errors import UserError
+from lib.core.files import atomic_write
+from lib.core.signals import SignalStop
 from lib.label_ui.cli import main
-from lib.labels import Label, append_labels, pair_key, parse_label_line, read_label_log
-from lib.oracle import FollowSettings, OracleSettings, labels_due, oracle_follow, oracle_label_db
-from lib.sampling import SegmentLooks, recent_segments
-from lib.segment_writer import save_segment
-from lib.segments import RACY_NS, SegmentWatch, load_segment
-from lib.signals import SignalStop
+from lib.label_ui.oracle import FollowSettings, OracleSettings, labels_due, oracle_follow, oracle_label_db
+from lib.label_ui.sampling import SegmentLooks, recent_segments
+from lib.store.labels import Label, append_labels, pair_key, parse_label_line, read_label_log
+from lib.store.segment_writer import save_segment
+from lib.store.segments import RACY_NS, SegmentWatch, load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "02_label_ui.py"
@@ -147,7 +147,7 @@ def test_watch_lists_only_whole_new_segments_and_counts_agent_steps(seaquest: Pa
     """T is the sum over env dirs of their largest step counter of a readable segment (the cut one
     is said once, left out, and env 01 counts its 100 steps); temp files never show; a directory
     that did not change is not listed again; a name that is not a segment is said once."""
-    import lib.segments
+    import lib.store.segments
 
     db = db_of(seaquest, tmp_path / "db")
     said: list[str] = []
@@ -169,14 +169,14 @@ def test_watch_lists_only_whole_new_segments_and_counts_agent_steps(seaquest: Pa
         os.utime(db / env, ns=(past, past))
     watch.refresh()  # lists them once more (they were racy), now they are settled
     listed: list[str] = []
-    scan = lib.segments._scan_env_dir
+    scan = lib.store.segments._scan_env_dir
     try:
-        lib.segments._scan_env_dir = lambda d, *a: (listed.append(d.name), scan(d, *a))[1]
+        lib.store.segments._scan_env_dir = lambda d, *a: (listed.append(d.name), scan(d, *a))[1]
         assert watch.refresh() == [] and listed == []
         newer = record(db, seaquest, "01/00000050.dat", 1, 6000)
         assert watch.refresh() == [newer] and listed == ["01"]
     finally:
-        lib.segments._scan_env_dir = scan
+        lib.store.segments._scan_env_dir = scan
     assert temp not in watch.segments and watch.agent_steps() == 5000 + 6000
 
 
@@ -193,12 +193,14 @@ def test_watch_lists_a_racy_directory_again(seaquest: Path, tmp_path: Path) -> N
 
 
 def test_rare_looks_fold_new_segments_without_reading_old_ones(seaquest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lib.sampling
+    import lib.label_ui.sampling
 
     rels = sorted(p.relative_to(seaquest).as_posix() for p in seaquest.glob("*/*.dat"))
     reads: list[str] = []
-    read = lib.sampling.read_segment
-    monkeypatch.setattr(lib.sampling, "read_segment", lambda root, rel: (reads.append(rel), read(root, rel))[1])
+    read = lib.label_ui.sampling.read_segment
+    monkeypatch.setattr(
+        lib.label_ui.sampling, "read_segment", lambda root, rel: (reads.append(rel), read(root, rel))[1]
+    )
     looks = SegmentLooks(seaquest)
     looks.rarity(rels[:4])
     assert sorted(reads) == rels[:4]
@@ -378,10 +380,10 @@ def test_a_rescan_gives_new_segments_the_models_view_off_the_event_loop(tmp_path
     """--reward with a model's mode: a segment found by a rescan (run off the event loop by the
     pages) gets the model's view there, so picking the next list never waits on the model."""
     from bench.dbs import SEAQUEST, action_model, synthetic_frames, write_action_db
+    from lib.label_ui.sampling import SegmentBeliefs
     from lib.label_ui.state import AppState, DbState
-    from lib.reward_model import load_reward_model
-    from lib.sampling import SegmentBeliefs
-    from lib.segments import Segment
+    from lib.models.reward import load_reward_model
+    from lib.store.segments import Segment
 
     db = tmp_path / "db"
     write_action_db(db, [(0, 0.0), (1, 0.0), (4, 0.0)], 10, 64)
@@ -511,7 +513,7 @@ def test_follow_oracle_stopped_mid_batch_writes_what_it_labelled(tmp_path: Path,
     """A real SIGINT to this process while the teacher answers the 150th pair of 720 owed (the
     first batch of 100 written, 50 more in hand): the labeler stops after that label, writes the
     50 and returns; the file holds exactly what the summary counts, every line whole."""
-    from lib.teachers import Teacher
+    from lib.models.teachers import Teacher
 
     db = tmp_path / "db"
     make_synthetic_db(db, 60, seed=2)  # 4 envs up to step 180: T = 720; 1,770 pairs

@@ -15,9 +15,9 @@ import pytest
 
 from bench.dbs import make_atari_db
 from bench.label_harness import Beside, LabelServer, answer_and_wait, chromium, shown_pair, wait_shown
-from lib.labels import pair_key
-from lib.oracle import oracle_label_db
-from lib.segments import list_segments
+from lib.label_ui.oracle import oracle_label_db
+from lib.store.labels import pair_key
+from lib.store.segments import list_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -1,10 +1,10 @@
-"""lib/model.py's file conventions: which best checkpoint stands for a run."""
+"""lib/models/policy.py's file conventions: which best checkpoint stands for a run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lib.model import best_checkpoint, best_checkpoint_figures, best_checkpoint_name, policy_file
+from lib.models.policy import best_checkpoint, best_checkpoint_figures, best_checkpoint_name, policy_file
 
 
 def test_best_checkpoint_is_the_highest_step_even_past_nine_digits(tmp_path: Path) -> None:

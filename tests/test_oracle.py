@@ -1,4 +1,4 @@
-"""Oracle labels from true rewards (lib/oracle.py) and ``02_label_ui.py --oracle N``."""
+"""Oracle labels from true rewards (lib/label_ui/oracle.py) and ``02_label_ui.py --oracle N``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from bench.dbs import make_synthetic_db, write_legacy_segment
-from lib.errors import UserError
-from lib.labels import (
+from lib.core.errors import UserError
+from lib.label_ui.oracle import oracle_label_db
+from lib.store.labels import (
     EQUAL,
     FIRST_BETTER,
     SECOND_BETTER,
@@ -22,8 +23,7 @@ from lib.labels import (
     read_label_log,
     sample_unlabeled_pairs,
 )
-from lib.oracle import oracle_label_db
-from lib.segments import load_segment
+from lib.store.segments import load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "02_label_ui.py"
@@ -112,17 +112,17 @@ def test_concurrent_oracles_never_label_a_pair_twice(db: Path, monkeypatch: pyte
     import contextlib
     import threading
 
-    import lib.oracle
+    import lib.label_ui.oracle
 
     barrier = threading.Barrier(4)
-    choose = lib.oracle.choose_pairs
+    choose = lib.label_ui.oracle.choose_pairs
 
     def choose_together(*args, **kwargs):
         with contextlib.suppress(threading.BrokenBarrierError):  # serialized runs: no one else comes
             barrier.wait(timeout=1.0)
         return choose(*args, **kwargs)
 
-    monkeypatch.setattr(lib.oracle, "choose_pairs", choose_together)
+    monkeypatch.setattr(lib.label_ui.oracle, "choose_pairs", choose_together)
     results: list[int] = []
     runs = [threading.Thread(target=lambda: results.append(oracle_label_db(db, 12, seed=0).labeled)) for _ in range(4)]
     for t in runs:
@@ -139,12 +139,12 @@ def test_a_full_disk_ends_the_oracle_in_one_line(tmp_path: Path, monkeypatch: py
     were kept, exit 2, no traceback, no torn line; the labels written before stay."""
     import errno
 
-    import lib.labels
+    import lib.store.labels
     from lib.label_ui.cli import main
 
     db = tmp_path / "db"
     make_synthetic_db(db, 24, seed=3)  # 276 pairs
-    real_write, calls = lib.labels.os.write, []
+    real_write, calls = lib.store.labels.os.write, []
 
     def fills_up(fd: int, data: bytes) -> int:
         calls.append(len(data))
@@ -153,7 +153,7 @@ def test_a_full_disk_ends_the_oracle_in_one_line(tmp_path: Path, monkeypatch: py
         real_write(fd, data[:100])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lib.labels, "_os_write", fills_up, raising=False)
+    monkeypatch.setattr(lib.store.labels, "_os_write", fills_up, raising=False)
     with pytest.raises(SystemExit) as e:
         main(["-d", str(db), "--oracle", "250", "--seed", "0"])
     assert e.value.code == 2

@@ -1,4 +1,4 @@
-"""04_play.py and lib/play.py, lib/video.py: real ALE games, real MP4 files decoded back.
+"""04_play.py and lib/play/play.py, lib/atari/video.py: real ALE games, real MP4 files decoded back.
 
 The policies are randomly initialised AtariA2C nets saved in the real checkpoint format: a
 random SeaQuest policy loses all its lives in ~400-600 agent steps (under a second), so whole
@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-import lib.play
-from lib.checkpoints import atomic_torch_save
-from lib.envs import AtariVec
-from lib.errors import UserError
-from lib.model import AtariA2C, policy_checkpoint
-from lib.play import play, prepare_video_dir, summary, video_stem
-from lib.play_config import PlayConfig
-from lib.reward_model import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
-from lib.reward_wrapper import RunningNorm, norm_prior
-from lib.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
+import lib.play.play
+from lib.a2c.reward_env import RunningNorm, norm_prior
+from lib.atari.envs import AtariVec
+from lib.atari.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C, policy_checkpoint
+from lib.models.reward import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
+from lib.play.config import PlayConfig
+from lib.play.play import play, prepare_video_dir, summary, video_stem
+from lib.store.checkpoints import atomic_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "04_play.py"
@@ -155,7 +155,7 @@ def test_seeded_games_repeat_and_differ_between_envs(models: dict[str, Path]) ->
 
 def test_slot_reused_after_game_over(models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # One env slot: the second game starts in the env the first one ended in (same-step reset).
-    monkeypatch.setattr(lib.play, "MAX_PARALLEL", 1)
+    monkeypatch.setattr(lib.play.play, "MAX_PARALLEL", 1)
     res = play(PlayConfig(model=str(models["policy"]), episodes=2, record=str(tmp_path), seed=4), log=lambda _: None)
     assert [(r.index, r.end) for r in res] == [(1, "game over"), (2, "game over")]
     assert res[0].steps != res[1].steps
@@ -173,7 +173,7 @@ def test_max_steps_cuts_games_and_starts_fresh_ones(models: dict[str, Path]) -> 
 
 
 def test_summary_line() -> None:
-    from lib.play import EpisodeResult
+    from lib.play.play import EpisodeResult
 
     res = [EpisodeResult(1, 100.0, 500, "game over"), EpisodeResult(2, 300.0, 700, "game over")]
     line = summary(res)
@@ -184,7 +184,7 @@ def test_summary_line() -> None:
     assert "length mean 600 steps; best life 240 in 350 steps" in summary(res)
     res[1].lives = [(60.0, 350), (40.0, 350)]  # the same score in two lives: the longer one
     assert "best life 60 in 350 steps" in summary(res)
-    from lib.seaquest import OxygenCounts
+    from lib.atari.seaquest import OxygenCounts
 
     res[0].oxygen, res[1].oxygen = OxygenCounts(1, 4, 1), OxygenCounts(2, 4, 0)
     assert "refills 1.50/game, lives lost 4.00/game (12% to oxygen)" in summary(res)
@@ -192,8 +192,8 @@ def test_summary_line() -> None:
 
 def test_summary_without_a_life_lost_gives_no_shares_of_lives_lost() -> None:
     """No life lost: the shares of lives lost to oxygen and to surfacing are undefined, not 0%."""
-    from lib.play import EpisodeResult
-    from lib.seaquest import OxygenCounts, SurfaceCounts
+    from lib.atari.seaquest import OxygenCounts, SurfaceCounts
+    from lib.play.play import EpisodeResult
 
     res = [EpisodeResult(1, 100.0, 500, "max steps"), EpisodeResult(2, 300.0, 700, "max steps")]
     res[0].oxygen, res[1].oxygen = OxygenCounts(1, 0, 0), OxygenCounts(2, 0, 0)
@@ -257,7 +257,7 @@ def test_video_names_say_model_and_episode() -> None:
 
 
 def test_reward_model_normalisation(models: dict[str, Path]) -> None:
-    from lib.reward_model import load_reward_model
+    from lib.models.reward import load_reward_model
 
     rm = load_reward_model(models["reward"], game="seaquest", n_actions=18)
     raw = np.array([0.5, 2.5, -1.5], dtype=np.float32)
@@ -267,7 +267,7 @@ def test_reward_model_normalisation(models: dict[str, Path]) -> None:
 
 
 def test_a_real_game_splits_into_lives_where_the_lives_counter_drops() -> None:
-    from lib.games import play_games
+    from lib.atari.games import play_games
 
     env = AtariVec(n_envs=1, seed=4)  # a game whose lives score differently
     lives_before: list[int] = []  # the env's lives counter when each step's action was chosen
@@ -305,7 +305,7 @@ def test_lives_end_where_one_is_lost_where_the_game_ends_and_where_it_is_cut() -
     frame limit (a truncation: no life lost) ends the game; a second game is cut by max steps."""
     from types import SimpleNamespace
 
-    from lib.games import _Games, best_life
+    from lib.atari.games import _Games, best_life
 
     def step(reward: float, lost: bool = False, truncated: bool = False, max_steps: int | None = None) -> None:
         flags = {"terminated": [lost], "truncated": [truncated], "game_over": [truncated]}
@@ -327,8 +327,8 @@ def test_lives_end_where_one_is_lost_where_the_game_ends_and_where_it_is_cut() -
 
 
 def test_play_games_hands_predict_the_frame_each_step_showed_next() -> None:
-    from lib.envs import AtariVec
-    from lib.games import play_games
+    from lib.atari.envs import AtariVec
+    from lib.atari.games import play_games
 
     env = AtariVec(n_envs=2, seed=3)
     seen: list[tuple[np.ndarray, np.ndarray]] = []
@@ -531,8 +531,8 @@ def test_cli_help_lists_every_flag() -> None:
 
 def test_a_run_directory_stands_for_its_best_policy(tmp_path: Path) -> None:
     """-m saves/RUN (01_a2c.py, 04_play.py): the best_*.pt with the highest step, else last.pt."""
-    from lib.errors import UserError
-    from lib.model import best_checkpoint_name, policy_file
+    from lib.core.errors import UserError
+    from lib.models.policy import best_checkpoint_name, policy_file
 
     run = tmp_path / "v0"
     run.mkdir()

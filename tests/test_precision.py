@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lib.a2c_run import cpu_has_native_bf16, resolve_precision
+from lib.a2c.run import cpu_has_native_bf16, resolve_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

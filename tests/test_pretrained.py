@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lib.envs import DEFAULT_ENV
-from lib.model import load_policy
-from lib.saved_states import SingleGame
+from lib.atari.envs import DEFAULT_ENV
+from lib.atari.saved_states import SingleGame
+from lib.models.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 V0 = ROOT / "saves" / "pretrained" / "seaquest-v0-2.25M.pt"

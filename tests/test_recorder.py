@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from lib.envs import AtariVec, VecStep
-from lib.recorder import EpisodeRecorderWrapper
-from lib.segments import list_segments, load_segment
+from lib.a2c.recorder import EpisodeRecorderWrapper
+from lib.atari.envs import AtariVec, VecStep
+from lib.store.segments import list_segments, load_segment
 
 
 class CountingEnv:
@@ -117,7 +117,7 @@ def test_a_second_recorder_on_the_same_db_is_one_line_naming_the_holder(tmp_path
 
     import pytest
 
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     first = EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
     with pytest.raises(UserError, match=f"being recorded into by another run \\(pid {os.getpid()} on ") as e:
@@ -139,14 +139,14 @@ def test_the_lock_goes_with_a_killed_process(tmp_path):
     root = Path(__file__).resolve().parents[1]
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[1]);"
-        "from lib.recorder import lock_db; lock_db(sys.argv[2]); print('locked', flush=True); time.sleep(60)"
+        "from lib.a2c.recorder import lock_db; lock_db(sys.argv[2]); print('locked', flush=True); time.sleep(60)"
     )
     p = subprocess.Popen([sys.executable, "-c", code, str(root), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "locked"
         import pytest
 
-        from lib.errors import UserError
+        from lib.core.errors import UserError
 
         with pytest.raises(UserError, match=f"pid {p.pid}"):
             EpisodeRecorderWrapper(CountingEnv(1), tmp_path, record_prob=1.0, segment_steps=2)
@@ -172,13 +172,13 @@ def test_an_existing_segment_is_never_replaced_and_the_clash_is_counted(tmp_path
 def test_disk_full_segments_are_counted_and_reported(tmp_path, monkeypatch):
     import errno
 
-    import lib.segment_writer
+    import lib.store.segment_writer
 
     def full(path, data, fsync=True):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     env = EpisodeRecorderWrapper(CountingEnv(2), tmp_path, record_prob=1.0, segment_steps=2)
-    monkeypatch.setattr(lib.segment_writer, "create_exclusive", full)
+    monkeypatch.setattr(lib.store.segment_writer, "create_exclusive", full)
     _record(env, 6)
     env.close()
     assert env.segments_written == 0 and env.segments_failed == 6
@@ -191,8 +191,8 @@ def test_disk_full_segments_are_counted_and_reported(tmp_path, monkeypatch):
 def test_segment_steps_are_bounded_by_what_readers_accept(tmp_path):
     import pytest
 
-    from lib.recorder import MAX_SEGMENT_STEPS
-    from lib.segments import MAX_RAW_BYTES
+    from lib.a2c.recorder import MAX_SEGMENT_STEPS
+    from lib.store.segments import MAX_RAW_BYTES
 
     assert MAX_SEGMENT_STEPS * 210 * 160 * 3 < MAX_RAW_BYTES
     with pytest.raises(ValueError, match="segment_steps must be in 1..1000"):
@@ -202,9 +202,9 @@ def test_segment_steps_are_bounded_by_what_readers_accept(tmp_path):
 
 def test_the_longest_segment_a_recorder_may_write_is_read_back(tmp_path):
     """MAX_SEGMENT_STEPS full-size frames of noise (incompressible): every reader takes it."""
-    from lib.recorder import MAX_SEGMENT_STEPS
-    from lib.segment_writer import encode_segment
-    from lib.segments import Segment, load_segment
+    from lib.a2c.recorder import MAX_SEGMENT_STEPS
+    from lib.store.segment_writer import encode_segment
+    from lib.store.segments import Segment, load_segment
 
     t = MAX_SEGMENT_STEPS
     frames = np.random.default_rng(0).integers(0, 256, (t, 210, 160, 3), dtype=np.uint8)

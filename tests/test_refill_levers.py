@@ -12,16 +12,16 @@ import pytest
 
 from experiments import refill_levers as levers
 from experiments.branch import ENV_ID
-from lib.envs import VecStep
-from lib.errors import UserError
-from lib.saved_states import SingleGame
-from lib.seaquest import step_pay
+from lib.atari.envs import VecStep
+from lib.atari.saved_states import SingleGame
+from lib.atari.seaquest import step_pay
+from lib.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 class OneGame:
-    """One real SeaQuest emulator behind the vector env's interface (``lib.envs.AtariVec``'s
+    """One real SeaQuest emulator behind the vector env's interface (``lib.atari.envs.AtariVec``'s
     ``frames``, ``step_async`` / ``step_wait``), so its RAM can be set: divers aboard, oxygen."""
 
     game, env_id, n_envs = "seaquest", ENV_ID, 1
@@ -79,7 +79,7 @@ def test_a_climb_with_a_diver_and_a_low_gauge_is_paid_each_step_and_the_refill_o
 
 
 def test_the_pays_owner_gives_the_levers_counts_on_the_recorded_clip() -> None:
-    """lib.seaquest.step_pay on the frames the levers' env showed (the ones each action was chosen
+    """lib.atari.seaquest.step_pay on the frames the levers' env showed (the ones each action was chosen
     on), its true rewards and life ends: the same climb steps, refills and paid steps, step by step."""
     both = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
     up = np.array([both.env.g.meanings.index("UP")])

@@ -16,11 +16,11 @@ import pytest
 import torch
 from test_a2c_loop import FakeVec, config
 
-import lib.a2c as a2c
-import lib.a2c_config as a2c_config
-from lib.a2c_run import _optimiser
-from lib.errors import UserError
-from lib.model import AtariA2C
+import lib.a2c.config as a2c_config
+import lib.a2c.train as a2c
+from lib.a2c.run import _optimiser
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,8 +47,8 @@ import sys
 from pathlib import Path
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
 from test_a2c_loop import FakeVec, config
-import lib.a2c as a2c
-from lib.errors import run_cli
+import lib.a2c.train as a2c
+from lib.core.errors import run_cli
 cfg = config(Path(sys.argv[2]), max_steps=int(sys.argv[3]), resume=sys.argv[4] == "resume")
 run_cli(lambda: a2c.train(cfg, make_env=FakeVec))
 """
@@ -239,7 +239,7 @@ FINE_TUNE = dict(reward_norm="window", kl_target=0.1, terminal="none", gamma=0.9
 def fine_tuned(tmp_path_factory) -> Path:
     """A fine-tune of 400 steps on a learned reward (-m v0 -r r.pt with FINE_TUNE's flags): a
     directory each test copies."""
-    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import RewardModel, reward_checkpoint, save_reward_checkpoint
 
     root = tmp_path_factory.mktemp("fine_tuned")
     torch.manual_seed(0)
@@ -283,7 +283,7 @@ def test_last_pt_records_how_the_run_learned_and_a_resume_goes_on_with_it(
     """A fine-tune with -r MODEL --reward-norm window --kl-target 0.1 --terminal none, resumed without
     those flags, goes on learning from the model, with that norm, terminal and KL controller (was: the
     game score with a fixed KL of 1, and no word)."""
-    from lib.reward_wrapper import RewardModelWrapper
+    from lib.a2c.reward_env import RewardModelWrapper
 
     path = _copy(fine_tuned, tmp_path)
     ck = torch.load(path, weights_only=True)

@@ -16,7 +16,7 @@ import torch
 from test_seaquest import CLIMB_PLAN, STAY_PLAN
 
 from bench.dbs import REFILL_PLAN, cut, play_plan
-from lib.segment_writer import save_segment
+from lib.store.segment_writer import save_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Scoring a trained reward model on DBs (lib/reward_eval.py, ``03_reward_train.py --evaluate``)."""
+"""Scoring a trained reward model on DBs (lib/reward/eval.py, ``03_reward_train.py --evaluate``)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from bench.dbs import action_model, make_square_db, write_action_db, write_legacy_segment
-from lib.checkpoints import read_checkpoint
-from lib.oracle import oracle_label_db
-from lib.reward_config import TrainConfig
-from lib.reward_data import load_preferences
-from lib.reward_eval import all_pairs_agreement, evaluate_model, predict_segments, score
-from lib.reward_model import load_reward_model
-from lib.reward_train import train_reward_model
-from lib.segments import list_segments, read_segment
-from lib.teachers import Teacher
+from lib.label_ui.oracle import oracle_label_db
+from lib.models.reward import load_reward_model
+from lib.models.teachers import Teacher
+from lib.reward.config import TrainConfig
+from lib.reward.data import load_preferences
+from lib.reward.eval import all_pairs_agreement, evaluate_model, predict_segments, score
+from lib.reward.train import train_reward_model
+from lib.store.checkpoints import read_checkpoint
+from lib.store.segments import list_segments, read_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,8 +195,8 @@ def test_evaluate_teacher_mistakes_one_line_exit_2(died_for_points, tmp_path: Pa
 def test_pay_scores_by_hand() -> None:
     """``--evaluate --teacher refill``'s figures: the per-step correlation with the pay over all steps
     and over the low-gauge diver steps, and the share of the reward's variance where the pay is 0."""
-    from lib.reward_eval import pay_scores
-    from lib.seaquest import StepPay
+    from lib.atari.seaquest import StepPay
+    from lib.reward.eval import pay_scores
 
     def clip(pay: list[float], low: list[bool]) -> StepPay:
         z = np.zeros(len(pay), dtype=bool)

@@ -20,12 +20,12 @@ import pytest
 from test_reward_train import _cli_in_process, _label, one_thread  # noqa: F401 (one_thread: an autouse fixture)
 
 from bench.dbs import make_atari_db, make_square_db
-from lib.labels import CANT_TELL, FIRST_BETTER, RETRACTED, SECOND_BETTER, pair_key
-from lib.reward_config import FollowConfig, TrainConfig
-from lib.reward_follow import Follower, LabelWatch, answers, count_new, versions_log
-from lib.reward_model import load_reward_model
-from lib.reward_train import held_out, split_by_pair, train_reward_model
-from lib.segments import load_segment
+from lib.models.reward import load_reward_model
+from lib.reward.config import FollowConfig, TrainConfig
+from lib.reward.follow import Follower, LabelWatch, answers, count_new, versions_log
+from lib.reward.train import held_out, split_by_pair, train_reward_model
+from lib.store.labels import CANT_TELL, FIRST_BETTER, RETRACTED, SECOND_BETTER, pair_key
+from lib.store.segments import load_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -325,7 +325,7 @@ def test_an_installed_model_of_another_network_is_one_line(tmp_path):
     """A warm start copies the installed model's weights: --follow refuses one of another --arch
     (a real process; the model is dated before the labels and --retrain-every is 1, so without the
     check a version would start from it at once)."""
-    from lib.reward_data import load_preferences
+    from lib.reward.data import load_preferences
 
     db = tmp_path / "db"
     rels = make_square_db(db, n_segments=20, steps=10, seed=0)
@@ -350,7 +350,7 @@ def test_an_installed_model_of_another_network_is_one_line(tmp_path):
 def test_a_huge_version_in_the_versions_log_is_skipped(tmp_path):
     """A versions-log line {"version": <400 digits>} (audit 5 item 1) is a bad line: skipped by every
     reader; the next version is the one after the highest sane line, and it is trained and installed."""
-    from lib.reward_follow import next_version, read_versions
+    from lib.reward.follow import next_version, read_versions
 
     db = tmp_path / "db"
     rels = make_square_db(db, n_segments=20, steps=10, seed=0)
@@ -371,8 +371,8 @@ def test_evaluate_a_model_with_a_huge_number_is_one_line(tmp_path, monkeypatch, 
     """--evaluate MODEL whose metrics hold 10**400 (audit 5 item 1): one line, exit 2."""
     import torch
 
-    from lib.checkpoints import atomic_torch_save
-    from lib.reward_model import RewardModel, reward_checkpoint
+    from lib.models.reward import RewardModel, reward_checkpoint
+    from lib.store.checkpoints import atomic_torch_save
 
     db = tmp_path / "db"
     rels = make_square_db(db, n_segments=6, steps=10, seed=0)
@@ -438,7 +438,7 @@ def test_a_full_disk_while_writing_a_version_leaves_no_trace_of_it(tmp_path, whe
     no v2 file, no log line, no temp file. With room again the same labels make v2."""
     import resource
 
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     db = tmp_path / "db"
     rels = make_square_db(db, n_segments=20, steps=10, seed=0)
@@ -506,9 +506,9 @@ def test_a_warm_start_from_a_model_with_another_diff_flow_or_a_retired_input_is_
     """--follow copies the installed model's weights into each version: an installed diff net
     trained with --diff-flow (296 features) cannot start one without it (294), and back; a book net
     on half-size frames (the retired --input half) cannot start one at all."""
-    from lib.errors import UserError
-    from lib.reward_follow import check_warm_start
-    from lib.reward_model import DiffRewardModel, RewardModel
+    from lib.core.errors import UserError
+    from lib.models.reward import DiffRewardModel, RewardModel
+    from lib.reward.follow import check_warm_start
 
     path = tmp_path / "reward-t.pt"
     book = TrainConfig(arch="book")

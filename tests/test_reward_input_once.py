@@ -14,9 +14,10 @@ import pytest
 import torch
 from test_reward_wrapper import SEAQUEST, FakeVec
 
-import lib.reward_wrapper as reward_wrapper
-from lib.envs import AtariVec
-from lib.reward_model import (
+import lib.a2c.reward_env as reward_wrapper
+from lib.a2c.reward_env import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RewardModelWrapper, RunningNorm, norm_prior
+from lib.atari.envs import AtariVec
+from lib.models.reward import (
     DiffRewardModel,
     RewardPredictor,
     load_reward_model,
@@ -24,7 +25,6 @@ from lib.reward_model import (
     reward_input,
     save_reward_checkpoint,
 )
-from lib.reward_wrapper import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RewardModelWrapper, RunningNorm, norm_prior
 
 N_ENVS = 3
 STEPS = 120

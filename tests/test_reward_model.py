@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib.checkpoints import atomic_torch_save
-from lib.errors import UserError
-from lib.model import AtariA2C, policy_checkpoint, policy_conv
-from lib.reward_model import (
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C, policy_checkpoint, policy_conv
+from lib.models.reward import (
     FLOW_FEATURES,
     FULL_FRAME,
     DiffRewardModel,
@@ -30,6 +29,7 @@ from lib.reward_model import (
     segment_next_frames,
     step_next_frames,
 )
+from lib.store.checkpoints import atomic_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = (48, 48, 3)
@@ -250,7 +250,7 @@ def test_load_errors_are_one_line(tmp_path):
 def test_cuda_without_gpu_is_a_user_error():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    from lib.model import resolve_device
+    from lib.models.policy import resolve_device
 
     with pytest.raises(UserError, match="no CUDA GPU"):
         resolve_device("cuda")
@@ -269,7 +269,7 @@ def test_the_frame_each_step_led_to():
 
 def _seaquest_frames(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n + 1 real SeaQuest frames of random play (a few seconds), and the actions."""
-    from lib.envs import AtariVec
+    from lib.atari.envs import AtariVec
 
     env = AtariVec(n_envs=1, seed=4)
     env.reset()

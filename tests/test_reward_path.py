@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from experiments import reward_path
-from lib.errors import UserError
-from lib.reward_wrapper import WindowNorm, normalised
+from lib.a2c.reward_env import WindowNorm, normalised
+from lib.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,10 +60,10 @@ def test_the_figures_average_the_flagged_steps() -> None:
 def reward_and_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A reward model (untrained) and a DB of pairs a policy played (experiments.branch)."""
     from experiments.branch import ENV_ID, BranchSettings, make_pairs
-    from lib.checkpoints import atomic_torch_save
-    from lib.model import AtariA2C, policy_checkpoint
-    from lib.reward_model import new_reward_model, reward_checkpoint, save_reward_checkpoint
-    from lib.saved_states import SingleGame
+    from lib.atari.saved_states import SingleGame
+    from lib.models.policy import AtariA2C, policy_checkpoint
+    from lib.models.reward import new_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.store.checkpoints import atomic_torch_save
 
     tmp_path = tmp_path_factory.mktemp("reward_path")
     meanings = SingleGame(0).meanings

@@ -18,10 +18,10 @@ import pytest
 import torch
 from test_reward_wrapper import SEAQUEST, FakeVec, _model_file
 
-from lib.checkpoints import atomic_torch_save
-from lib.files import atomic_write
-from lib.reward_model import DiffRewardModel, RewardModel, load_reward_model, reward_checkpoint
-from lib.reward_wrapper import RewardModelWrapper, RunningNorm
+from lib.a2c.reward_env import RewardModelWrapper, RunningNorm
+from lib.core.files import atomic_write
+from lib.models.reward import DiffRewardModel, RewardModel, load_reward_model, reward_checkpoint
+from lib.store.checkpoints import atomic_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "01_a2c.py")
@@ -139,7 +139,7 @@ def test_the_same_model_again_is_no_switch_and_keeps_the_norm(tmp_path):
 def test_a_file_replaced_while_it_is_read_waits_for_the_newer_one(tmp_path, monkeypatch):
     """Stage 3 may install v3 while v2 is being read: what was read is dropped (it may be either),
     and v3 is switched to once it has held still."""
-    import lib.reward_wrapper as rw
+    import lib.a2c.reward_env as rw
 
     path = _model_file(tmp_path)
     w = RewardModelWrapper(FakeVec(n_envs=2), path, reload=True, poll_s=0)
@@ -386,11 +386,11 @@ def _tb(tmp_path: Path):
 
 
 def _checkpoints_whole(tmp_path: Path, live: Live) -> None:
-    from lib.model import load_policy
+    from lib.models.policy import load_policy
 
     assert "interrupted at step" in "\n".join(live.out), live.out[-5:]
     saves = tmp_path / "saves"
-    from lib.a2c_run import RUN_LOCK
+    from lib.a2c.run import RUN_LOCK
 
     # no temp file left beside it (the run's lock file stays: a lock dies with its holder, not its file)
     assert sorted(p.name for p in saves.iterdir() if p.name != RUN_LOCK) == ["last.pt"]
@@ -403,7 +403,7 @@ def test_a_running_agent_switches_to_v2_and_skips_broken_files(tmp_path):
     """A truncated and a NaN-weight file are skipped with one warning each while the agent trains
     on v1; then v2 is switched to (stdout, TensorBoard, the segments it records); SIGTERM leaves
     its checkpoint whole."""
-    from lib.segments import list_segments, load_segment
+    from lib.store.segments import list_segments, load_segment
 
     path = _tiny_real_model(tmp_path / "tiny.pt")
     v1 = _tiny_real_model(tmp_path / "v1.pt")  # the source of the broken files
@@ -459,10 +459,10 @@ def test_ctrl_c_after_a_switch_leaves_the_checkpoint_whole(tmp_path):
 def test_a_fine_tune_on_a_learned_reward_pulls_toward_its_start_by_default(tmp_path, monkeypatch):
     """The real emulator, a reward model and a start policy: with --kl unset the learner's loss gets
     B = KL_LEARNED_REWARD and last.pt records it; the same fine-tune on the score gets 0."""
-    import lib.a2c as a2c
-    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
-    from lib.envs import AtariVec
-    from lib.model import AtariA2C, policy_checkpoint
+    import lib.a2c.train as a2c
+    from lib.a2c.config import KL_LEARNED_REWARD, A2CConfig
+    from lib.atari.envs import AtariVec
+    from lib.models.policy import AtariA2C, policy_checkpoint
 
     env = AtariVec("SeaquestNoFrameskip-v4", n_envs=1)
     torch.manual_seed(0)

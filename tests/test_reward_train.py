@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from bench.dbs import appear_frames, make_appear_db, make_square_db, square_frames, write_legacy_segment
-from lib.errors import UserError
-from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
-from lib.oracle import oracle_label_db
-from lib.reward_config import TrainConfig
-from lib.reward_data import load_preferences, model_inputs
-from lib.reward_model import RewardModel, load_reward_model, preference_loss
-from lib.reward_train import _build_fit, _pair_returns, micro_batches, split_pairs, train_reward_model
+from lib.core.errors import UserError
+from lib.label_ui.oracle import oracle_label_db
+from lib.models.reward import RewardModel, load_reward_model, preference_loss
+from lib.reward.config import TrainConfig
+from lib.reward.data import load_preferences, model_inputs
+from lib.reward.train import _build_fit, _pair_returns, micro_batches, split_pairs, train_reward_model
+from lib.store.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_bad_hyper_parameters(square_db, tmp_path):
 def test_diff_flow_trains_a_net_on_the_scene_flow_too(square_db, tmp_path):
     """TrainConfig.diff_flow reaches the net it trains and its checkpoint: two features more,
     "diff_flow" recorded, the model and its lean twin load back with the flow; --arch book refuses it."""
-    from lib.reward_model import FLOW_FEATURES, load_reward_models
+    from lib.models.reward import FLOW_FEATURES, load_reward_models
 
     db, _ = square_db
     oracle_label_db(db, 20, seed=0)
@@ -340,7 +340,7 @@ def test_cli_trains_and_writes_model_and_tensorboard(square_db, tmp_path):
 
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
-    tags = set(acc.Tags()["scalars"])  # the tag scheme of every stage (lib/tb.py)
+    tags = set(acc.Tags()["scalars"])  # the tag scheme of every stage (lib/core/tb.py)
     want = {"losses/train", "losses/test", "eval/test_accuracy", "eval/oracle_agreement", "charts/s_per_pair"}
     assert want <= tags, tags
     assert "hyperparameters" in " ".join(acc.Tags()["tensors"])
@@ -416,7 +416,7 @@ def test_ctrl_c_installs_a_model_that_says_it_was_stopped_by_hand(square_db, tmp
     assert "stopped early by hand" in stdout and "Traceback" not in err
     ck = torch.load(out, weights_only=True)
     assert ck["finished"] is False and "by hand" in ck["stopped"]
-    from lib.reward_model import reward_training_finished
+    from lib.models.reward import reward_training_finished
 
     assert not reward_training_finished(out)
     assert load_reward_model(out).metrics  # still a usable model, for whoever wants it
@@ -426,7 +426,7 @@ def test_only_a_finished_training_passes_for_one(square_db, tmp_path):
     db, _ = square_db
     oracle_label_db(db, 40, seed=1)
     data = load_preferences([db], log=_quiet)
-    from lib.reward_model import reward_training_finished
+    from lib.models.reward import reward_training_finished
 
     out = tmp_path / "reward-x.pt"
     assert not reward_training_finished(out)  # missing
@@ -448,7 +448,7 @@ def test_output_dir_that_is_a_file_is_one_line(square_db, tmp_path):
 
 
 def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ties():
-    from lib.reward_eval import oracle_agreement
+    from lib.reward.eval import oracle_agreement
 
     pred1 = np.array([2.0, 1.0, 3.0, 2.0, 5.0, 0.0, 1.0])
     pred2 = np.array([1.0, 2.0, 3.0, 2.0, 4.0, 9.0, 0.0])
@@ -466,7 +466,7 @@ def test_oracle_agreement_counts_a_predicted_tie_as_wrong_and_leaves_out_true_ti
 def test_the_flags_defaults_are_the_configs():
     """03_reward_train.py's flags take their defaults from TrainConfig: parsed with no flag they
     give TrainConfig(); every flag named like a field reaches that field."""
-    from lib.reward_cli import build_parser, config_from_args
+    from lib.reward.cli import build_parser, config_from_args
 
     args = build_parser().parse_args(["db"])
     assert config_from_args(args, "cpu") == TrainConfig()
@@ -502,7 +502,7 @@ RETIRED = ["--encoder p.pt", "--pseudo-labels 0.9", "--pseudo-weight 1", "--crop
 @pytest.mark.parametrize("flags", RETIRED)
 def test_retired_levers_are_unknown_flags(flags, capsys):
     """The levers that lost the few-labels ablation are gone, flags and all."""
-    from lib.reward_cli import build_parser
+    from lib.reward.cli import build_parser
 
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["-n", "x", "-o", "y", *flags.split(), "db"])
@@ -550,8 +550,8 @@ def test_a_retired_flag_is_one_line_exit_2_naming_its_last_commit(square_db, tmp
 def test_a_wrong_input_is_not_offered_the_retired_one(capsys):
     """argparse's "invalid choice" line lists the --input kept, not the retired ``half``; a RewardArgs
     made in code with it is refused with the line that says why."""
-    from lib.reward_cli import build_parser
-    from lib.reward_config import RewardArgs
+    from lib.reward.cli import build_parser
+    from lib.reward.config import RewardArgs
 
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--input", "hal", "db"])
@@ -601,7 +601,7 @@ def test_patience_defaults_to_the_archs(square_db, tmp_path):
 def test_a_non_finite_loss_stops_training_and_installs_nothing(square_db, tmp_path, monkeypatch):
     """Issue 24 (High): training that turns NaN ends with one line and never installs its model;
     a model already there stays as it was."""
-    import lib.reward_train as rt
+    import lib.reward.train as rt
 
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
@@ -628,7 +628,7 @@ def test_a_non_finite_loss_stops_training_and_installs_nothing(square_db, tmp_pa
 
 def test_weights_that_turn_non_finite_are_never_saved(square_db, tmp_path, monkeypatch):
     """The loss was finite, the step made the weights inf: caught before the epoch's checkpoint."""
-    import lib.reward_train as rt
+    import lib.reward.train as rt
 
     db, _ = square_db
     oracle_label_db(db, 40, seed=0)
@@ -704,20 +704,20 @@ def test_stale_temp_files_of_a_killed_install_are_removed(square_db, tmp_path):
 def test_disk_full_at_install_is_one_line_naming_what_was_kept(square_db, tmp_path, monkeypatch):
     import errno
 
-    import lib.checkpoints
+    import lib.store.checkpoints
 
     db, _ = square_db
     oracle_label_db(db, 20, seed=0)
     data = load_preferences([db], log=_quiet)
     out = tmp_path / "reward-x.pt"
-    real = lib.checkpoints.temp_beside  # where a checkpoint's bytes are written before the rename
+    real = lib.store.checkpoints.temp_beside  # where a checkpoint's bytes are written before the rename
 
     def full(path, *args, **kw):
         if str(path) == str(out):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, *args, **kw)
 
-    monkeypatch.setattr(lib.checkpoints, "temp_beside", full)
+    monkeypatch.setattr(lib.store.checkpoints, "temp_beside", full)
     with pytest.raises(UserError, match="No space left on device") as e:
         train_reward_model(data, TrainConfig(epochs=1, batch=8, arch="diff"), out, progress=False, log=_quiet)
     assert "\n" not in str(e.value) and "kept in" in str(e.value) and str(out) in str(e.value)

@@ -1,4 +1,4 @@
-"""The reward-hacking watch (``reward_model/true_vs_pred_corr``, lib/a2c.py ``GameStats``): the
+"""The reward-hacking watch (``reward_model/true_vs_pred_corr``, lib/a2c/train.py ``GameStats``): the
 correlation over recent games of the true score and the return the learner was paid. It must sum
 what the learner receives (the normalised reward), not the raw predictions, whose offset the
 Bradley-Terry loss leaves free: with a negative offset a longer game sums to a lower raw return
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from lib.a2c_run import GameStats, Progress
-from lib.envs import VecStep
-from lib.reward_wrapper import RunningNorm
-from lib.stats import pearson
+from lib.a2c.reward_env import RunningNorm
+from lib.a2c.run import GameStats, Progress
+from lib.atari.envs import VecStep
+from lib.core.stats import pearson
 
 OFFSET, PER_POINT = -0.3, 0.025  # a raw prediction: the free offset, plus 0.5 for a 20-point kill
 

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from lib.envs import VecStep
-from lib.errors import UserError
-from lib.reward_model import (
+from lib.a2c.reward_env import MIN_STD, RewardModelWrapper, RunningNorm
+from lib.atari.envs import VecStep
+from lib.core.errors import UserError
+from lib.models.reward import (
     DiffRewardModel,
     RewardModel,
     load_reward_model,
     reward_checkpoint,
     save_reward_checkpoint,
 )
-from lib.reward_wrapper import MIN_STD, RewardModelWrapper, RunningNorm
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 
@@ -202,7 +202,7 @@ def test_constructor_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_real_atari_env(tmp_path):
     """Full-resolution model on real SeaQuest frames: one batched forward per step."""
-    from lib.envs import AtariVec
+    from lib.atari.envs import AtariVec
 
     env = AtariVec(n_envs=3, seed=0)
     torch.manual_seed(0)
@@ -246,7 +246,7 @@ def test_diff_model_reads_the_frame_each_step_led_to(tmp_path):
 def test_diff_forward_can_run_while_the_next_step_is_in_flight(tmp_path):
     """The training loop sends the next step before ``VecStep.complete()``: the diff model must
     still read the frames this step led to (copied at step_wait), not the next step's."""
-    from lib.envs import AtariVec
+    from lib.atari.envs import AtariVec
 
     torch.manual_seed(0)
     ck = reward_checkpoint([DiffRewardModel(18).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
@@ -334,19 +334,19 @@ class NetSpy(torch.nn.Module):
 def test_the_wrapper_feeds_the_net_what_training_feeds_it_for_the_same_recorded_clip(tmp_path):
     """01_a2c.py -r --db-path: the reward wrapper's per-step input (frame, next frame, action) and
     the input stage 3 trains on for the clip the recorder wrote of the same steps are the same bytes
-    (one function makes both: lib.reward_model.reward_input). A step that ended the game, inside
+    (one function makes both: lib.models.reward.reward_input). A step that ended the game, inside
     the clip, has its own frame for the next in both. The clip's last step is the one exception:
     its next frame was not recorded, so training gives it its own; the wrapper saw the real one."""
-    from lib.labels import Label, append_labels
-    from lib.recorder import EpisodeRecorderWrapper
-    from lib.reward_data import load_preferences, model_inputs
-    from lib.segments import list_segments
+    from lib.a2c.recorder import EpisodeRecorderWrapper
+    from lib.reward.data import load_preferences, model_inputs
+    from lib.store.labels import Label, append_labels
+    from lib.store.segments import list_segments
 
     steps = 8
     ck = reward_checkpoint([DiffRewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
     save_reward_checkpoint(ck, tmp_path / "d.pt")
     base = RecordedVec(n_envs=2, seed=5)
-    w = RewardModelWrapper(base, tmp_path / "d.pt")  # stacked as lib.a2c_run does it
+    w = RewardModelWrapper(base, tmp_path / "d.pt")  # stacked as lib.a2c.run does it
     recorder = EpisodeRecorderWrapper(base, tmp_path / "db", record_prob=1.0, segment_steps=steps)
     w.env = recorder
     spy = NetSpy()
@@ -378,7 +378,7 @@ def test_the_wrapper_feeds_the_net_what_training_feeds_it_for_the_same_recorded_
 def test_window_norm_normalises_each_env_over_exactly_its_last_w_steps():
     """--reward-norm window: env k's reward is (x - mean) / std of env k's own last W predictions,
     the current one included; a prediction W steps back no longer counts, another env's never."""
-    from lib.reward_wrapper import WindowNorm
+    from lib.a2c.reward_env import WindowNorm
 
     w, n = 5, 3
     norm = WindowNorm(w, n)
@@ -405,7 +405,7 @@ def test_window_norm_normalises_each_env_over_exactly_its_last_w_steps():
 def test_window_norm_and_sign_clip_reach_the_learner(tmp_path):
     """The wrapper with --reward-norm window --reward-clip sign gives the learner the sign of each
     env's windowed prediction (times --reward-scale), the book's reward path; ±5 keeps the size."""
-    from lib.reward_wrapper import WindowNorm
+    from lib.a2c.reward_env import WindowNorm
 
     path = _model_file(tmp_path, stats=None)
     book = RewardModelWrapper(FakeVec(n_envs=4), path, norm="window", norm_window=6, clip="sign", scale=0.5)
@@ -431,7 +431,7 @@ def test_plus_score_reaches_the_learner(tmp_path):
     """--reward-plus-score adds the sign of the game's score on top of the learned reward as the
     path made it (normalised, clipped, --reward-scale), and without it the score never reaches the
     learner."""
-    from lib.reward_wrapper import RunningNorm
+    from lib.a2c.reward_env import RunningNorm
 
     path = _model_file(tmp_path, stats=None)
     alone = RewardModelWrapper(ScoredVec(n_envs=4), path, norm_window=40, clip=1.5, scale=0.5)
@@ -452,8 +452,8 @@ def test_plus_score_reaches_the_learner(tmp_path):
 def test_stage_1s_flags_build_the_books_reward_path(tmp_path):
     """01_a2c.py -r M --reward-norm window --norm-window W --reward-clip sign builds the wrapper with
     exactly those; the defaults keep the running median and the ±5 clip."""
-    from lib.a2c_config import A2CConfig
-    from lib.a2c_run import make_env_stack
+    from lib.a2c.config import A2CConfig
+    from lib.a2c.run import make_env_stack
 
     path = _model_file(tmp_path, stats=None)
     rng = np.random.default_rng(0)

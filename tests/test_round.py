@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lib.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
-from lib.seeds import MAX_SEED
-from lib.segments import list_segments
+from lib.core.seeds import MAX_SEED
+from lib.store.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
+from lib.store.segments import list_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--v0-steps", "2000", "--ft-steps", "2000", "--labels", "15", "--eval-games", "1", "--record-prob", "0.1"]
@@ -80,7 +80,7 @@ def test_a_stopped_arm_continues_from_its_last_pt(tmp_path: Path, capsys) -> Non
 
     from experiments.round import build_parser, seed_args
     from experiments.stages import a2c_progress, train_a2c
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.config import A2CConfig
 
     argv = ["--out", str(tmp_path / "out"), "--teacher", "score", "--test-episodes", "1"]
     args = seed_args(build_parser().parse_args(argv), 0)
@@ -186,7 +186,7 @@ def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
     """--ft-layers full trains every layer at the fine-tune's learning rate; frozen is --finetune."""
     from experiments.flags import a2c_argv
     from experiments.stages import ft_settings
-    from lib.a2c_config import FINETUNE_LEARNING_RATE, A2CConfig
+    from lib.a2c.config import FINETUNE_LEARNING_RATE, A2CConfig
 
     frozen = A2CConfig(name="x", model="p.pt", **ft_settings("frozen"))
     full = A2CConfig(name="x", model="p.pt", **ft_settings("full"))
@@ -205,7 +205,7 @@ def test_ft_layers_are_both_arms_fine_tune_settings() -> None:
 )
 def test_round_sampling_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
     from experiments.round import check
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     with pytest.raises(UserError, match=msg):
         check(_round_args(tmp_path, *extra))
@@ -334,7 +334,7 @@ def test_an_arms_row_has_the_best_life_and_the_best_checkpoint_beside_the_mean(t
     life over the games and the run's best checkpoint; an older cache without lives reads n/a."""
     from experiments.round_report import across_seeds, arm_row, table
     from experiments.stages import EVAL_RECORD, EVAL_SEED, evaluate_arm, file_digest
-    from lib.model import best_checkpoint_name
+    from lib.models.policy import best_checkpoint_name
 
     run = tmp_path / "rlhf"
     run.mkdir()
@@ -377,13 +377,13 @@ def test_teacher_evidence_counts_the_recorded_rule_of_a_surface_teacher(tmp_path
 
 
 def test_agreement_per_deciding_rule(tmp_path: Path) -> None:
-    """Each rule's pairs scored on their own (lib.reward_eval.teacher_agreement), in the round's
+    """Each rule's pairs scored on their own (lib.reward.eval.teacher_agreement), in the round's
     figures: a model that gets the score right and the cost of a death wrong shows it. Three clips
     scored 20 (with a lost life), 10 and 0, a model that pays them 30, 20 and 10: the score teacher
     at penalty 100 prefers both others to the one that died."""
     from bench.dbs import action_model, write_action_db
     from experiments.readouts import held_out_figures
-    from lib.segments import list_segments
+    from lib.store.segments import list_segments
 
     db = tmp_path / "db"
     write_action_db(db, [(0, 2.0), (1, 1.0), (2, 0.0)], t=10, size=64, lose_life=(0,))
@@ -519,7 +519,7 @@ def test_ft_args_and_the_death_penalty_name_the_round_and_reach_the_rlhf_arm(tmp
     and --death-penalty name the round's directory, so that no two settings share labels or arms."""
     from experiments.round import round_name
     from experiments.stages import ft_config
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.config import A2CConfig
 
     papers = "--terminal none --reward-scale 0.05 --reward-norm labels --kl 0.1"
     args = _round_args(tmp_path, "--death-penalty", "100", "--ft-args", papers)
@@ -535,7 +535,7 @@ def test_the_score_teacher_counts_deaths_by_default_and_its_directory_says_so(tm
     """--death-penalty unset: the teacher's default (DEFAULT_DEATH_PENALTY for score, 0 for the
     others), resolved by check() before anything names a directory; --death-penalty 0 is today's."""
     from experiments.round import check, round_name
-    from lib.teachers import DEFAULT_DEATH_PENALTY
+    from lib.models.teachers import DEFAULT_DEATH_PENALTY
 
     cases = [((), f"score-15-death{DEFAULT_DEATH_PENALTY:g}"), (("--death-penalty", "0"), "score-15")]
     cases += [(("--teacher", "surface"), "surface-15"), (("--teacher", "oxygen", "--death-penalty", "0"), "oxygen-15")]
@@ -549,8 +549,8 @@ def _reused_or_refused(cases: list, save: Path, args, needle: str) -> None:
     """Each (what the arm's last.pt in ``save`` records, the arm, reused?): a reused arm is done
     (nothing runs); a refused one is one line that names ``needle`` and the way out."""
     from experiments.stages import train_a2c
-    from lib.checkpoints import atomic_torch_save
-    from lib.errors import UserError
+    from lib.core.errors import UserError
+    from lib.store.checkpoints import atomic_torch_save
 
     for recorded, arm, reused in cases:
         atomic_torch_save({"progress": {"step": 100}, **recorded}, save / "last.pt")
@@ -566,7 +566,7 @@ def test_an_arm_is_reused_only_with_the_kl_it_asks_for(tmp_path: Path) -> None:
     """A finished arm's last.pt records its --kl; a round that asks for another B (the default for
     a learned reward, 1, against a run from before it, which records none) says so in one line
     instead of reusing it."""
-    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
+    from lib.a2c.config import KL_LEARNED_REWARD, A2CConfig
 
     args = _round_args(tmp_path)
     save = tmp_path / "arm"
@@ -588,7 +588,7 @@ def test_an_arm_is_reused_only_for_the_steps_it_was_made_for(tmp_path: Path) -> 
     """A run's last.pt records the length of its schedule; a round that asks for other steps (a
     --v0-steps or --ft-steps left at its default after a run with another) says so in one line
     instead of extending the run or passing a longer one off as done."""
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.config import A2CConfig
 
     args = _round_args(tmp_path)
     save = tmp_path / "v0"
@@ -621,7 +621,7 @@ def test_an_arm_is_reused_only_for_the_steps_it_was_made_for(tmp_path: Path) -> 
 )
 def test_ft_args_mistakes_are_one_line(tmp_path: Path, extra, msg) -> None:
     from experiments.round import check
-    from lib.errors import UserError
+    from lib.core.errors import UserError
 
     with pytest.raises(UserError, match=msg) as e:
         check(_round_args(tmp_path, *extra))
@@ -635,8 +635,8 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
 
     from bench.dbs import make_square_db
     from experiments.readouts import label_agreement
-    from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
-    from lib.segments import read_segment
+    from lib.models.reward import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+    from lib.store.segments import read_segment
 
     db = tmp_path / "db"
     rels = make_square_db(db, n_segments=8, steps=5, seed=0)
@@ -715,8 +715,8 @@ def test_a_flag_given_in_ft_args_is_used_even_at_01_a2cs_default(tmp_path: Path)
     0.001 (was: a value equal to the stage's default was dropped, and the round's own stood)."""
     from experiments.flags import a2c_argv
     from experiments.stages import ft_config
-    from lib.a2c_cli import parse_config
-    from lib.a2c_config import A2CConfig
+    from lib.a2c.cli import parse_config
+    from lib.a2c.config import A2CConfig
 
     default = A2CConfig.__dataclass_fields__["record_prob"].default
     args = _round_args(tmp_path, "--ft-args", f"--record-prob {default}")
@@ -790,9 +790,9 @@ def test_odd_last_pt_values_are_one_line_naming_the_file(tmp_path: Path, recorde
     refused in one line naming the file when it is not a number it can use (was: OverflowError,
     ValueError or AttributeError tracebacks, "made for -5 agent steps", "--kl nan")."""
     from experiments.stages import a2c_progress, checked_progress
-    from lib.a2c_config import KL_LEARNED_REWARD, A2CConfig
-    from lib.checkpoints import atomic_torch_save
-    from lib.errors import UserError
+    from lib.a2c.config import KL_LEARNED_REWARD, A2CConfig
+    from lib.core.errors import UserError
+    from lib.store.checkpoints import atomic_torch_save
 
     save = tmp_path / "arm"
     save.mkdir()
@@ -809,10 +809,10 @@ def test_odd_last_pt_values_are_one_line_naming_the_file(tmp_path: Path, recorde
 
 
 def test_every_teacher_has_its_round_report_targets() -> None:
-    """The round report knows each teacher's targets (lib.teachers knows nothing of the report): a
+    """The round report knows each teacher's targets (lib.models.teachers knows nothing of the report): a
     teacher added without them would report no target at all."""
     from experiments.round_report import REPORTS, targets
-    from lib.teachers import TEACHERS
+    from lib.models.teachers import TEACHERS
 
     assert set(REPORTS) == set(TEACHERS)
     rows = {

@@ -1,4 +1,4 @@
-"""Which pairs get asked (lib/sampling.py, ``02_label_ui.py --sampling``): each mode picks what it
+"""Which pairs get asked (lib/label_ui/sampling.py, ``02_label_ui.py --sampling``): each mode picks what it
 claims on a DB whose answer is known.
 
 The reward models here are real checkpoints whose per-step prediction depends only on the action
@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from bench.dbs import SEAQUEST, action_model, write_action_db
-from lib.errors import UserError
+from lib.core.errors import UserError
+from lib.label_ui.oracle import OracleSettings, oracle_label_db
+from lib.label_ui.sampling import SegmentBeliefs, choose_pairs, exploit_ranking, preference
 from lib.label_ui.state import AppState, DbState
-from lib.labels import Label, append_labels, load_labels, pair_key, read_label_log
-from lib.oracle import OracleSettings, oracle_label_db
-from lib.reward_model import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
-from lib.sampling import SegmentBeliefs, choose_pairs, exploit_ranking, preference
+from lib.models.reward import RewardModel, load_reward_model, reward_checkpoint, save_reward_checkpoint
+from lib.store.labels import Label, append_labels, load_labels, pair_key, read_label_log
 
 ROOT = Path(__file__).resolve().parents[1]
 T, SIZE, N_ACTIONS = 10, 64, 18
@@ -171,7 +171,7 @@ def rare_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], 
     from test_seaquest import CLIMB_START, PARKED_PLAN, STAY_PLAN
 
     from bench.dbs import cut, play_plan
-    from lib.segment_writer import save_segment
+    from lib.store.segment_writer import save_segment
 
     root = tmp_path_factory.mktemp("rare") / "db"
     parked, stay = play_plan(PARKED_PLAN), play_plan(STAY_PLAN)
@@ -185,7 +185,7 @@ def rare_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], 
 
 
 def test_rare_asks_first_about_the_clip_that_looks_least_like_the_others(rare_db) -> None:
-    from lib.sampling import SegmentLooks, block_mean, rare_ranking
+    from lib.label_ui.sampling import SegmentLooks, block_mean, rare_ranking
 
     root, rels, odd = rare_db
     assert block_mean(np.arange(24.0).reshape(4, 6), 2).tolist() == [[3.5, 5.5, 7.5], [15.5, 17.5, 19.5]]
@@ -216,8 +216,8 @@ def test_oracle_with_rare_labels_the_odd_clip_first(rare_db, tmp_path: Path) -> 
     (lab,) = read_label_log(db)
     assert summary.labeled == 1 and odd in (lab.sample1, lab.sample2) and lab.extra["sampling"] == "rare"
     # The page (the looks computed before serving) offers the least-labelled rarest next: not the odd one.
+    from lib.label_ui.sampling import SegmentLooks, rare_ranking
     from lib.label_ui.server import rare_view
-    from lib.sampling import SegmentLooks, rare_ranking
 
     d = DbState.open(0, db)
     app = AppState([d], pairs=2, seed=0, sampling="rare", looks=rare_view([d]))

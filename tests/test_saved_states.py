@@ -1,4 +1,4 @@
-"""lib/saved_states.py and 01_a2c.py --start-states: lives that start from saved emulator states,
+"""lib/atari/saved_states.py and 01_a2c.py --start-states: lives that start from saved emulator states,
 on the real emulator, with a state DB the real finder (experiments.probe) wrote."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from experiments import probe
-from lib.a2c_cli import parse_config
-from lib.checkpoints import atomic_torch_save
-from lib.envs import DEFAULT_ENV
-from lib.errors import UserError
-from lib.model import AtariA2C, policy_checkpoint
-from lib.saved_states import SavedStartsVec, SavedState, SingleGame, load_states, start_states, vec_env
-from lib.seaquest import sub_rows
+from lib.a2c.cli import parse_config
+from lib.atari.envs import DEFAULT_ENV
+from lib.atari.saved_states import SavedStartsVec, SavedState, SingleGame, load_states, start_states, vec_env
+from lib.atari.seaquest import sub_rows
+from lib.core.errors import UserError
+from lib.models.policy import AtariA2C, policy_checkpoint
+from lib.store.checkpoints import atomic_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
 MEANINGS = SingleGame(0).meanings
@@ -123,7 +123,7 @@ def test_vec_env_makes_the_emulators_only_for_starts_and_only_for_seaquest() -> 
 
 
 def test_a_training_run_starts_its_lives_from_the_saved_states(state_db: Path, tmp_path: Path) -> None:
-    from lib.a2c import train
+    from lib.a2c.train import train
 
     made: list[Any] = []
 

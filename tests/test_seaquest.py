@@ -1,4 +1,4 @@
-"""SeaQuest's screen read by lib/seaquest.py: the player's sub height (``sub_rows``), the divers
+"""SeaQuest's screen read by lib/atari/seaquest.py: the player's sub height (``sub_rows``), the divers
 aboard (``divers_aboard``) and what the sub does with a low gauge, with divers and at the surface
 (``SurfaceTracker``), on real ALE frames whose story is known, and every pixel reader against the
 emulator's RAM. The gauge and ``OxygenTracker`` are tested in tests/test_teachers.py too."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.dbs import OXYGEN_DEATH_PLAN, OXYGEN_DEATH_STEP, cut, play_plan
-from lib.seaquest import (
+from lib.atari.seaquest import (
     BOTTOM_ROW,
     CLIMB_EVENT_ROWS,
     LOW_OXYGEN,
@@ -23,7 +23,7 @@ from lib.seaquest import (
     sub_rows,
     surface_counts,
 )
-from lib.segments import Segment
+from lib.store.segments import Segment
 
 # SeaQuest action plans (seed, [(action, repeat)]) as in bench/dbs.py; ALE is deterministic there.
 # DIVE: wait at the surface while the gauge fills, dive to the sea bed, rise 12 steps.

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bench.dbs import book_pickle
-from lib.segment_writer import save_segment
-from lib.segments import Segment, SegmentError, decode_segment, list_segments, load_segment, segment_path
+from lib.store.segment_writer import save_segment
+from lib.store.segments import Segment, SegmentError, decode_segment, list_segments, load_segment, segment_path
 
 
 def make_segment(t=50, env_index=3, step=12345, seed=0):

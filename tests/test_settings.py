@@ -1,4 +1,4 @@
-"""Every command line declares its settings the one way (``lib.settings``): for every stage and
+"""Every command line declares its settings the one way (``lib.core.settings``): for every stage and
 experiment, each field is in ``--help`` with its default, and each field's own check refuses a bad
 value in one line that names the flag (the stages turn that line into exit 2)."""
 
@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from lib.errors import UserError
-from lib.settings import check_fields, flag_of
+from lib.core.errors import UserError
+from lib.core.settings import check_fields, flag_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # (module of the settings class, its name, module of the parser, its builder)
 COMMAND_LINES = [
-    ("lib.a2c_config", "A2CConfig", "lib.a2c_cli", "build_parser"),
+    ("lib.a2c.config", "A2CConfig", "lib.a2c.cli", "build_parser"),
     ("lib.label_ui.config", "LabelConfig", "lib.label_ui.config", "build_parser"),
-    ("lib.reward_config", "RewardArgs", "lib.reward_cli", "build_parser"),
-    ("lib.play_config", "PlayConfig", "lib.play_cli", "build_parser"),
+    ("lib.reward.config", "RewardArgs", "lib.reward.cli", "build_parser"),
+    ("lib.play.config", "PlayConfig", "lib.play.cli", "build_parser"),
     ("experiments.branch", "BranchCommand", "experiments.branch", "build_parser"),
     ("experiments.compare_arms", "CompareArmsSettings", "experiments.compare_arms", "build_parser"),
     ("experiments.live", "DemoSettings", "experiments.live", "build_parser"),

@@ -1,4 +1,4 @@
-"""lib/signals.py: SIGINT/SIGTERM sent to this very process, both ways of stopping."""
+"""lib/core/signals.py: SIGINT/SIGTERM sent to this very process, both ways of stopping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from lib.signals import SignalStop
+from lib.core.signals import SignalStop
 
 
 def test_first_signal_sets_the_flag_second_raises(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,7 +74,7 @@ def test_outside_the_main_thread_signals_are_left_alone() -> None:
 def test_parent_signals_make_sighup_the_ctrl_c_path() -> None:
     """A module that starts pipeline scripts (experiments.live, experiments.round) takes SIGTERM and
     SIGHUP as Ctrl-C; the other stages leave SIGHUP alone."""
-    from lib.signals import PARENT_SIGNALS
+    from lib.core.signals import PARENT_SIGNALS
 
     stop = SignalStop(at_once=True, signals=PARENT_SIGNALS)
     with pytest.raises(KeyboardInterrupt), stop:
@@ -87,7 +87,7 @@ def test_parent_signals_make_sighup_the_ctrl_c_path() -> None:
 
 def test_an_ignored_sighup_stays_ignored() -> None:
     """Under nohup SIGHUP is ignored: the run outlives its terminal."""
-    from lib.signals import PARENT_SIGNALS
+    from lib.core.signals import PARENT_SIGNALS
 
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -100,8 +100,8 @@ def test_an_ignored_sighup_stays_ignored() -> None:
 
 
 def test_module_critical_defers_the_entered_stop() -> None:
-    """``lib.signals.critical`` for code that does not hold the SignalStop (stopping children)."""
-    from lib.signals import critical
+    """``lib.core.signals.critical`` for code that does not hold the SignalStop (stopping children)."""
+    from lib.core.signals import critical
 
     done = []
     with pytest.raises(KeyboardInterrupt), SignalStop(at_once=True), critical():

@@ -96,7 +96,7 @@ def test_a_bad_reward_model_leaves_no_new_db(tmp_path: Path, reward: str, extra:
     checked before the recorder writes anything)."""
     import torch
 
-    from lib.reward_model import RewardModel, reward_checkpoint, save_reward_checkpoint
+    from lib.models.reward import RewardModel, reward_checkpoint, save_reward_checkpoint
 
     path = tmp_path / "r.pt"
     if reward == "broken":
@@ -130,7 +130,7 @@ def argument_blocks(text: str) -> list[str]:
 
 @pytest.mark.parametrize("script", sorted(FLAGS))
 def test_help_shows_each_default_once_and_none_where_there_is_none(script: str) -> None:
-    """``lib.cli_help.DefaultsOnceFormatter``: no "(default: None)" or "(default: False)", and no
+    """``lib.core.help.DefaultsOnceFormatter``: no "(default: None)" or "(default: False)", and no
     flag whose help names its default and gets it appended again."""
     for block in argument_blocks(help_text(script)):
         assert "(default: None)" not in block and "(default: False)" not in block, block
@@ -152,7 +152,7 @@ def test_the_callers_of_01_a2c_give_no_flag_without_the_flag_it_needs(tmp_path: 
     flags stay the rlhf arm's) still pass its checks."""
     from experiments.round import build_parser as round_parser
     from experiments.round import check
-    from lib.a2c_cli import parse_config
+    from lib.a2c.cli import parse_config
 
     monkeypatch.chdir(tmp_path)
     lines = _demo_a2c_lines()

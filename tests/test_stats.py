@@ -1,4 +1,4 @@
-"""lib/stats.py: the one Pearson."""
+"""lib/core/stats.py: the one Pearson."""
 
 import math
 import warnings
@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from lib.stats import pearson
+from lib.core.stats import pearson
 
 
 def test_pearson_matches_numpy_and_is_nan_where_undefined():

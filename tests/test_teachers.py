@@ -1,4 +1,4 @@
-"""Synthetic teachers and the SeaQuest oxygen reading (lib/teachers.py), on real ALE frames whose
+"""Synthetic teachers and the SeaQuest oxygen reading (lib/models/teachers.py), on real ALE frames whose
 story is known: a voluntary refill, an oxygen death with the blinking gauge, an enemy kill, a climb
 with a low gauge, a sub parked at the surface (the last two: tests/test_seaquest.py's plans)."""
 
@@ -24,10 +24,7 @@ from bench.dbs import (
     make_synthetic_db,
     play_plan,
 )
-from lib.errors import UserError
-from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
-from lib.oracle import OracleSettings, oracle_label_db
-from lib.seaquest import (
+from lib.atari.seaquest import (
     GAUGE_COLS,
     GAUGE_ROWS,
     GAUGE_WHITE,
@@ -40,9 +37,9 @@ from lib.seaquest import (
     step_pay,
     sub_rows,
 )
-from lib.segment_writer import save_segment
-from lib.segments import Segment
-from lib.teachers import (
+from lib.core.errors import UserError
+from lib.label_ui.oracle import OracleSettings, oracle_label_db
+from lib.models.teachers import (
     CLIMB_MIN_ROWS,
     DEFAULT_DEATH_PENALTY,
     IDLE_MIN_STEPS,
@@ -51,6 +48,9 @@ from lib.teachers import (
     death_penalty_for,
     segment_facts,
 )
+from lib.store.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER, read_label_log
+from lib.store.segment_writer import save_segment
+from lib.store.segments import Segment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -411,9 +411,9 @@ def test_label_ui_oracle_flags(tmp_path: Path) -> None:
 
 def test_full_games_report_the_same_oxygen_story(oxygen_death: Segment) -> None:
     """play_games (01_a2c.py's evaluation, 04_play.py) reads the gauge with the teacher's tracker."""
-    from lib.behaviour import behaviour_observers, behaviour_stats
-    from lib.envs import AtariVec
-    from lib.games import play_games
+    from lib.atari.behaviour import behaviour_observers, behaviour_stats
+    from lib.atari.envs import AtariVec
+    from lib.atari.games import play_games
 
     seed, _ = OXYGEN_DEATH_PLAN
     actions = iter(oxygen_death.actions.tolist())
@@ -434,7 +434,7 @@ def test_full_games_report_the_same_oxygen_story(oxygen_death: Segment) -> None:
 
 
 def test_step_correlation_matches_numpy() -> None:
-    from lib.stats import StepCorrelation
+    from lib.core.stats import StepCorrelation
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=1000)
@@ -481,7 +481,7 @@ def test_label_ui_death_penalty_flag(tmp_path: Path) -> None:
     """02_label_ui.py --oracle N --death-penalty P: segments' lost lives reach the teacher and the label."""
     db = tmp_path / "db"
     names = make_synthetic_db(db, 6, seed=3)
-    from lib.segments import read_segment
+    from lib.store.segments import read_segment
 
     for rel in names[:3]:  # the first three lose a life on their last step and score nothing
         seg = read_segment(db, rel)
@@ -528,11 +528,11 @@ def _random_facts(rng: np.random.Generator) -> SegmentFacts:
 
 
 def test_a_teacher_is_one_entry_whose_rules_are_the_ones_it_decides_by():
-    """``lib.teachers.TEACHER_ENTRIES``: each entry's ``rules`` are exactly the rules its judge
+    """``lib.models.teachers.TEACHER_ENTRIES``: each entry's ``rules`` are exactly the rules its judge
     answers with (first to last as its docstring orders them), the --teacher choices and help
     come from the entries, and only an entry that takes the death penalty accepts one."""
     from lib.label_ui.config import build_parser
-    from lib.teachers import DEFAULT_TEACHER, TEACHER_ENTRIES, TEACHERS, teacher_help
+    from lib.models.teachers import DEFAULT_TEACHER, TEACHER_ENTRIES, TEACHERS, teacher_help
 
     rng = np.random.default_rng(0)
     for entry in TEACHER_ENTRIES.values():

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from dataclasses import fields
 
-from lib.errors import EXIT_INTERRUPTED, UserError, fail
+from lib.core.errors import EXIT_INTERRUPTED, UserError, fail
+from lib.core.signals import SignalStop
 from lib.label_ui.config import LabelConfig, parse_label_config
-from lib.labels import LABEL_NAMES
-from lib.oracle import FollowSettings, OracleSettings, OracleSummary, oracle_follow, oracle_label_db
-from lib.signals import SignalStop
+from lib.label_ui.oracle import FollowSettings, OracleSettings, OracleSummary, oracle_follow, oracle_label_db
+from lib.store.labels import LABEL_NAMES
 
 
 def run_oracle(cfg: LabelConfig) -> None:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from lib.segments import SegmentError, load_segment
-from lib.video import CRF, SCALE, encode_mp4
+from lib.atari.video import CRF, SCALE, encode_mp4
+from lib.store.segments import SegmentError, load_segment
 
 CLIP_VERSION = 1  # bump when the encoding changes: old cache entries are then ignored
 

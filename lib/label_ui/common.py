@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from nicegui import run
 
+from lib.atari.video import SCALE
 from lib.label_ui.state import AppState
-from lib.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER
-from lib.segments import SegmentError
-from lib.video import SCALE
+from lib.store.labels import CANT_TELL, EQUAL, FIRST_BETTER, SECOND_BETTER
+from lib.store.segments import SegmentError
 
 ANSWERS = (FIRST_BETTER, EQUAL, SECOND_BETTER, CANT_TELL)  # the order of the buttons
 KEY_OF = {FIRST_BETTER: "1", EQUAL: "0", SECOND_BETTER: "2", CANT_TELL: "x"}

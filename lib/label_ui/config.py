@@ -1,4 +1,4 @@
-"""``02_label_ui.py``'s command line: ``LabelConfig`` declares each flag once (``lib.settings``);
+"""``02_label_ui.py``'s command line: ``LabelConfig`` declares each flag once (``lib.core.settings``);
 ``parse_label_config`` checks it and fills in the DBs, the token and the cache directory. Every
 mistake ends in one line."""
 
@@ -14,16 +14,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from lib import settings
-from lib.errors import UserError, warn
-from lib.files import read_regular
-from lib.labels import LABELS_FILE
-from lib.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES, FollowSettings
-from lib.sampling import MODEL_MODES, POOL_FACTOR, RETIRED_SAMPLING_MODES, SAMPLING_MODES
-from lib.seeds import SEED_CHECKS
-from lib.segments import check_same_game
-from lib.settings import Check, check_between, check_fields, setting
-from lib.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, TIE_RULES, death_penalty_for, teacher_help
+from lib.core import settings
+from lib.core.errors import UserError, warn
+from lib.core.files import read_regular
+from lib.core.seeds import SEED_CHECKS
+from lib.core.settings import Check, check_between, check_fields, setting
+from lib.label_ui.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES, FollowSettings
+from lib.label_ui.sampling import MODEL_MODES, POOL_FACTOR, RETIRED_SAMPLING_MODES, SAMPLING_MODES
+from lib.models.teachers import (
+    DEFAULT_DEATH_PENALTY,
+    DEFAULT_TEACHER,
+    TEACHERS,
+    TIE_RULES,
+    death_penalty_for,
+    teacher_help,
+)
+from lib.store.labels import LABELS_FILE
+from lib.store.segments import check_same_game
 
 TOKEN_ENV = "RLHF_LABEL_TOKEN"
 MAX_PAIRS = 10_000  # one tab's list

@@ -16,10 +16,10 @@ import numpy as np
 from nicegui import background_tasks, run, ui
 from nicegui.events import KeyEventArguments
 
-from lib.errors import UserError
+from lib.core.errors import UserError
 from lib.label_ui.common import ANSWERS, BUTTON_TEXT, CLIP_H, CLIP_W, KEY_OF, clip_error, clip_url, refresh_dbs
 from lib.label_ui.state import ANSWER_KEYS, AppState, PairItem, TabSession
-from lib.labels import LABEL_NAMES, Label
+from lib.store.labels import LABEL_NAMES, Label
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0)
 KEYS_HELP = "Keys: 1 / 0 / 2 / x answer · u undo · r resample · space pause · + / − speed · ↑ ↓ pick in the list"

@@ -12,10 +12,10 @@ from itertools import islice
 
 from nicegui import run, ui
 
-from lib.errors import UserError
+from lib.core.errors import UserError
 from lib.label_ui.common import ANSWERS, CLIP_H, CLIP_W, KEY_OF, clip_error, clip_url, refresh_dbs
 from lib.label_ui.state import AppState, DbState
-from lib.labels import FIRST_BETTER, LABEL_NAMES, SECOND_BETTER, Label
+from lib.store.labels import FIRST_BETTER, LABEL_NAMES, SECOND_BETTER, Label
 
 PAGE_SIZE = 25
 

@@ -16,7 +16,7 @@ from lib.label_ui.common import ANSWERS, refresh_dbs
 from lib.label_ui.label_page import label_page
 from lib.label_ui.labels_page import labels_page
 from lib.label_ui.state import AppState, DbState, TabSession
-from lib.labels import LABEL_NAMES
+from lib.store.labels import LABEL_NAMES
 
 PLAYER_JS = Path(__file__).with_name("player.js").read_text(encoding="utf-8")
 

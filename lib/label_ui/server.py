@@ -16,10 +16,10 @@ from lib.label_ui.auth import BodyLimitMiddleware, HostCheckMiddleware, TokenMid
 from lib.label_ui.clips import ClipStore, prune_cache
 from lib.label_ui.config import LabelConfig, check_port_free
 from lib.label_ui.pages import make_root
+from lib.label_ui.sampling import SegmentBeliefs, SegmentLooks
 from lib.label_ui.state import AppState, DbState
-from lib.reward_model import load_reward_model
-from lib.sampling import SegmentBeliefs, SegmentLooks
-from lib.segments import SegmentError, db_game
+from lib.models.reward import load_reward_model
+from lib.store.segments import SegmentError, db_game
 
 
 def model_view(cfg: LabelConfig, dbs: list[DbState]) -> list[SegmentBeliefs]:

@@ -16,7 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
-from lib.labels import (
+from lib.label_ui.sampling import (
+    MODEL_MODES,
+    SegmentBeliefs,
+    SegmentLooks,
+    SegmentView,
+    choose_pairs,
+    pairs_within,
+    preference,
+    recent_segments,
+)
+from lib.store.labels import (
     CANT_TELL,
     EQUAL,
     FIRST_BETTER,
@@ -32,17 +42,7 @@ from lib.labels import (
     pair_key,
     read_label_log,
 )
-from lib.sampling import (
-    MODEL_MODES,
-    SegmentBeliefs,
-    SegmentLooks,
-    SegmentView,
-    choose_pairs,
-    pairs_within,
-    preference,
-    recent_segments,
-)
-from lib.segments import SegmentWatch, segment_path
+from lib.store.segments import SegmentWatch, segment_path
 
 PairKey = tuple[str, str]
 SAMPLE_TRIES = 4  # AppState.sample draws again for pairs another tab claimed meanwhile, this often
@@ -167,7 +167,7 @@ class LabelIndex:
             return list(self.labels.values())
 
     def consistency(self) -> dict[str, tuple[int, int]]:
-        """The labelers' consistency (``lib.labels.ConsistencyTracker``) over what was read so far."""
+        """The labelers' consistency (``lib.store.labels.ConsistencyTracker``) over what was read so far."""
         with self._lock:
             return self.tracker.result()
 
@@ -257,7 +257,7 @@ class DbState:
 
     def segment_path(self, rel: str) -> Path:
         """The file of one of this DB's segments; SegmentError if the name or the file is not a
-        segment inside the DB (``lib.segments.segment_path``)."""
+        segment inside the DB (``lib.store.segments.segment_path``)."""
         return segment_path(self.root, rel)
 
     def usable_segments(self) -> list[str]:
@@ -363,7 +363,7 @@ class AppState:
     ):
         self.dbs = dbs
         self.pairs = pairs
-        self.sampling = sampling  # lib.sampling mode; beliefs: the reward model's view of each DB
+        self.sampling = sampling  # lib.label_ui.sampling mode; beliefs: the reward model's view of each DB
         self.beliefs = beliefs
         self.looks = looks  # --sampling rare: each DB's segment looks
         self.pool = pool

@@ -1,0 +1,472 @@
+"""RewardModelWrapper: the agent learns from a reward model instead of the game score (``01_a2c.py
+-r``). Each agent step runs one batched forward for all envs while the env's threads step the games
+(a diff model, which needs the frame a step led to, after the step). The learner's reward is the raw
+prediction normalised (``--reward-norm``), clipped (``--reward-clip``) and scaled; ``pred_rewards``
+keep the raw predictions and ``true_rewards`` the score. With ``reload`` a changed model file that
+then held still is loaded, checked and swapped in between two steps, its norm restarted from its
+stored stats, since Bradley-Terry leaves each model's offset free. A diff model's input is made
+grey once a frame: each step's frames are those the step before led to. Why these choices:
+docs/reference.md and docs/results.md."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lib.a2c.config import REWARD_NORMS
+from lib.atari.envs import grey84
+from lib.core.errors import UserError, warn
+from lib.core.files import file_state
+from lib.models.policy import resolve_device
+from lib.models.reward import RewardPredictor, load_reward_model
+from lib.store.checkpoints import state_is_finite
+
+DEFAULT_NORM_WINDOW = 10_000
+DEFAULT_CLIP = 5.0
+SIGN = "sign"  # --reward-clip sign
+MIN_STD = 1e-6
+RELOAD_POLL_S = 1.0  # --reward-reload: seconds between two looks (a stat) at the reward model file
+
+
+class RunningNorm:
+    """Median, mean and std over the last ``window`` values (a ring buffer), with a prior (mean,
+    std) used until ``warmup`` values have been seen (the prior's mean standing in for the median).
+    ``normalise`` adds a batch and returns it centred on the median and divided by the std."""
+
+    def __init__(self, window: int, prior: tuple[float, float] | None = None, warmup: int | None = None):
+        if window < 1:
+            raise ValueError(f"norm window must be at least 1, got {window}")
+        self.buf = np.zeros(window, dtype=np.float64)
+        self.count = 0  # values ever added
+        self.pos = 0
+        self.prior = prior
+        self.warmup = max(1, window // 10) if warmup is None else warmup
+        self.mean, self.std = prior if prior is not None else (0.0, 1.0)
+        self.center = self.mean
+
+    def add(self, x: np.ndarray) -> None:
+        x = np.asarray(x, dtype=np.float64).ravel()
+        n = len(self.buf)
+        if len(x) >= n:
+            self.buf[:] = x[-n:]
+            self.pos = 0
+        else:
+            end = self.pos + len(x)
+            if end <= n:
+                self.buf[self.pos : end] = x
+            else:
+                k = n - self.pos
+                self.buf[self.pos :] = x[:k]
+                self.buf[: end - n] = x[k:]
+            self.pos = end % n
+        self.count += len(x)
+        if self.prior is None or self.count >= self.warmup:
+            filled = self.buf[: min(self.count, n)]
+            self.mean, self.std = float(filled.mean()), float(filled.std())
+            self.center = float(np.median(filled))
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """Add ``x`` (N,) to the window, return (x - median) / std (std < MIN_STD counts as 1)."""
+        self.add(x)
+        scale = self.std if self.std >= MIN_STD else 1.0
+        return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
+
+
+class WindowNorm:
+    """``--reward-norm window``, the book's normalisation: each env's prediction is centred on the
+    mean of its own last ``window`` predictions (the current one included; never reset at a lost
+    life) and divided by their std. Unlike the book, a window not yet full uses what it has (an
+    env's first step is 0): a raw prediction carries the model's arbitrary offset."""
+
+    def __init__(self, window: int, n_envs: int):
+        if window < 2:
+            raise ValueError(f"norm window must be at least 2, got {window}")
+        self.buf = np.zeros((window, n_envs), dtype=np.float64)
+        self.count = 0  # steps added (every env adds one a step)
+        self.mean = self.center = 0.0  # over the envs, for TensorBoard
+        self.std = 1.0
+
+    def normalise(self, x: np.ndarray) -> np.ndarray:
+        """Add ``x`` (N,), one prediction per env, and return each minus its env's window mean,
+        divided by that window's std (std < MIN_STD counts as 1)."""
+        x = np.asarray(x, dtype=np.float64).ravel()
+        if x.shape != self.buf.shape[1:]:
+            raise ValueError(f"expected {self.buf.shape[1]} predictions (one per env), got {x.shape}")
+        self.buf[self.count % len(self.buf)] = x
+        self.count += 1
+        filled = self.buf[: min(self.count, len(self.buf))]
+        mean, std = filled.mean(0), filled.std(0)
+        self.mean = self.center = float(mean.mean())
+        self.std = float(std.mean())
+        return ((x - mean) / np.where(std >= MIN_STD, std, 1.0)).astype(np.float32)
+
+
+class FixedNorm(RunningNorm):
+    """``--reward-norm labels``: a fixed centre (the mean) and std, as the papers normalise (Ibarz et
+    al. 2018 A.1: statistics over the labelled clips, not over the agent's own recent steps, so a
+    policy drifting into what the model pays more cannot move the centre with it)."""
+
+    def __init__(self, mean: float, std: float):
+        super().__init__(1, prior=(mean, std), warmup=1)
+        self.mean, self.std, self.center = float(mean), float(std), float(mean)
+
+    def add(self, x: np.ndarray) -> None:
+        self.count += int(np.size(x))
+
+
+def norm_prior(model: Any) -> tuple[float, float] | None:
+    """The (mean, std) of per-step predictions stored in a reward model's checkpoint, which
+    ``RunningNorm`` uses until its window fills; None when it has none usable (not finite, std <=
+    0)."""
+    if not getattr(model, "has_norm_stats", True):
+        return None
+    mean, std = getattr(model, "norm_mean", None), getattr(model, "norm_std", None)
+    if mean is None or std is None or not math.isfinite(mean) or not math.isfinite(std) or std <= 0:
+        return None
+    return float(mean), float(std)
+
+
+def normalised(x: np.ndarray) -> np.ndarray:
+    """A whole series of predictions normalised as the learner does once its window holds them:
+    centred on the median, divided by the std (a constant series: centred only)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    return RunningNorm(len(x)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
+
+
+Norm = RunningNorm | WindowNorm
+
+
+def model_version(model: RewardPredictor, loaded: int) -> int:
+    """A reward model's version: its checkpoint's ``metrics["version"]`` when an int >= 1
+    (``--follow`` writes it), else ``loaded - 1``: 0 for a starting file that names none, so the
+    follower's v1 is never taken for the model it replaces."""
+    v = model.metrics.get("version")
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else loaded - 1
+
+
+class StepFrames:
+    """The RGB frames (N, H, W, 3) of one vector step as the wrapper holds them for a diff model's
+    forward, and their grey (``grey84``), made at the first ``grey()`` and kept: the frames a step
+    led to are the frames the next step's actions are chosen on, so both forwards share one grey."""
+
+    def __init__(self, rgb: np.ndarray):
+        self.rgb = rgb
+        self._grey: np.ndarray | None = None
+
+    def grey(self) -> np.ndarray:
+        """(N, 84, 84) uint8, the wrapper's own ``grey84`` (never the policy's stack: on CUDA that
+        comes from ``TorchGrey84``, a grey level off, and the model would see other numbers)."""
+        if self._grey is None:
+            self._grey = grey84(self.rgb)
+        return self._grey
+
+
+class RewardModelWrapper:
+    """A vector env whose ``rewards`` come from a reward model. It has AtariVec's interface (n_envs,
+    game, env_id, n_actions, action_meanings, frames, reset, step, step_async/step_wait); any other
+    attribute is the inner env's."""
+
+    def __init__(
+        self,
+        env: Any,
+        model_path: str | os.PathLike,
+        device: torch.device | str = "cpu",
+        norm_window: int = DEFAULT_NORM_WINDOW,
+        clip: float | str | None = DEFAULT_CLIP,
+        infer_threads: int | None = 1,
+        reload: bool = False,
+        poll_s: float = RELOAD_POLL_S,
+        verbose: bool = True,
+        scale: float = 1.0,
+        norm: str = "running",
+        oracle: bool = False,
+        plus_score: bool = False,
+    ):
+        """``reload``: switch to each new good version of ``model_path``, looking at most every
+        ``poll_s`` seconds; ``verbose``: print each switch. ``scale``: the std of the reward the
+        learner gets (``--reward-scale``). ``norm`` (``--reward-norm``): "running" (the agent's last
+        ``norm_window`` predictions), "labels" (the checkpoint's stats over its labelled clips) or
+        "window" (``WindowNorm``). ``clip`` (``--reward-clip``): the bound in std, None, or "sign".
+        ``oracle``: send the game's score through this path instead of the prediction
+        (``--reward-oracle``); ``plus_score``: add the sign-clipped score (``--reward-plus-score``)."""
+        self.env = env
+        if norm_window < 1:
+            raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
+        if not (math.isfinite(scale) and scale > 0):
+            raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
+        if norm not in REWARD_NORMS:
+            raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
+        self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
+        self.plus_score = plus_score
+        self.path = Path(model_path)
+        self.device = resolve_device(device)
+        self.norm_window = norm_window
+        self.clip = clip
+        self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
+        self._state = file_state(self.path)  # before reading: a change while it loads is seen later
+        self._seen = self._state  # the state of the last look
+        self._next_look = time.monotonic() + poll_s
+        self.loaded = 1  # files loaded; a checkpoint that names no version is v(loaded - 1)
+        self.on_switch: Callable[[int, str], None] | None = None  # (version, path) after each switch
+        self._use(self._checked(self.path))
+        self.infer_threads = infer_threads if self.model.device.type == "cpu" else None
+        self._pending: torch.Tensor | None = None
+        self._before: tuple[StepFrames, torch.Tensor] | None = None  # a diff model's step input
+        self._last: dict[str, float] = {}
+        self._infer_s = 0.0
+        self._steps = 0
+
+    def _checked(self, path: Path) -> RewardPredictor:
+        """The reward model at ``path``, loaded safely and checked against what this wrapper needs;
+        UserError with one line otherwise."""
+        model = load_reward_model(path, game=self.env.game, n_actions=self.env.n_actions, device=self.device)
+        frame_shape = tuple(np.shape(self.env.frames)[1:])
+        if frame_shape != model.frame_shape:
+            raise UserError(f"reward model {path} takes frames {model.frame_shape}, the env gives {frame_shape}")
+        if not all(state_is_finite(net.state_dict()) for net in model.nets):
+            raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
+        if self.norm_mode == "labels" and self._stored_stats(model) is None:
+            what = "the score's statistics" if self.oracle else "normalisation statistics"
+            raise UserError(
+                f"reward model {path} stores no {what} of its labelled clips (trained by an older stage 3, or on "
+                f"a DB without true rewards): retrain it, or use --reward-norm running"
+            )
+        return model
+
+    def _stored_stats(self, model: RewardPredictor) -> tuple[float, float] | None:
+        """The fixed (mean, std) of ``--reward-norm labels``: the model's predictions over its
+        labelled clips, or with ``--reward-oracle`` the true score's over the same clips."""
+        if self.oracle:
+            stats = model.score_stats
+            if stats is None or not all(math.isfinite(v) for v in stats) or stats[1] < 0:
+                return None
+            return stats
+        return norm_prior(model)
+
+    def _use(self, model: RewardPredictor) -> None:
+        """Learn from ``model`` from the next step on, its norm started afresh from its stored stats
+        (a new model's offset is its own)."""
+        self.model = model
+        # the frames the last step led to (a diff model's, for the next step): none after a switch,
+        # which the next step then copies and greys afresh
+        self._shown: StepFrames | None = None
+        self.version = model_version(model, self.loaded)
+        if self.norm_mode == "labels":
+            stats = self._stored_stats(model)
+            assert stats is not None  # _checked refused a model without them
+            self.norm: Norm = FixedNorm(*stats)
+        elif self.norm_mode == "window":
+            self.norm = WindowNorm(self.norm_window, self.env.n_envs)
+        else:
+            prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
+            self.norm = RunningNorm(self.norm_window, prior=prior)
+
+    def poll(self) -> bool:
+        """--reward-reload: look at the file (at most every ``poll_s``) and switch to it when it has
+        changed, held still since the last look, and loads and checks; a file that does not is
+        skipped with one warning, until it changes again. Returns whether it switched."""
+        now = time.monotonic()
+        if not self.reload or now < self._next_look:
+            return False
+        self._next_look = now + self.poll_s
+        state, seen = file_state(self.path), self._seen
+        self._seen = state
+        if state == self._state or state != seen:
+            return False  # unchanged, or still changing: look again next time
+        self._state = state  # this state is dealt with now, switched to or warned about once
+        if state is None:
+            warn(f"reward model {self.path} is gone: still learning from v{self.version}")
+            return False
+        try:
+            model = self._checked(self.path)
+        except UserError as e:
+            warn(f"{e}; still learning from v{self.version}")
+            return False
+        if self.model.env_id and model.env_id and model.env_id != self.model.env_id:
+            warn(
+                f"reward model {self.path} was trained on {model.env_id}, v{self.version} on "
+                f"{self.model.env_id}: still learning from v{self.version}"
+            )
+            return False
+        if file_state(self.path) != state:
+            return False  # replaced while it was read: the newer file is taken at a later look
+        if model.same_as(self.model):
+            return False  # the same model (a touch, the same bytes installed again): nothing to restart
+        self.loaded += 1
+        self._use(model)
+        if self.verbose:
+            print(f"reward model: switched to v{self.version} ({self.path})", flush=True)
+        if self.on_switch is not None:
+            self.on_switch(self.version, str(self.path))
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes not found on the wrapper: forward them to the inner env.
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    @property
+    def n_envs(self) -> int:
+        return self.env.n_envs
+
+    @property
+    def game(self) -> str:
+        return self.env.game
+
+    @property
+    def env_id(self) -> str:
+        return self.env.env_id
+
+    @property
+    def n_actions(self) -> int:
+        return self.env.n_actions
+
+    @property
+    def action_meanings(self) -> tuple[str, ...]:
+        return self.env.action_meanings
+
+    @property
+    def frames(self) -> np.ndarray:
+        return self.env.frames
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self._shown = None  # the env shows new games: no step led to their frames
+        return self.env.reset(*args, **kwargs)
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start the env step, then run the reward model on the frames the actions were taken on
+        while the env's threads step (the input is copied before the env can replace ``frames``; a
+        diff model's is held as the last step led to it where it can be, ``_frames_now``). With
+        --reward-reload a new version is switched to first (``poll``), between two steps."""
+        self.poll()
+        t0 = time.perf_counter()
+        acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
+        if self.oracle:
+            self.env.step_async(actions)
+            self._before = None
+            self._pending = torch.empty(0)  # the score comes with the step: step_wait uses it
+            self._infer_s += time.perf_counter() - t0
+            return
+        if self.model.needs_next:
+            # a diff model needs the frames the step leads to: its forward runs in step_wait
+            self._before = (self._frames_now(), acts)
+            self.env.step_async(actions)
+            self._infer_s += time.perf_counter() - t0
+            return
+        frames = torch.from_numpy(np.array(self.env.frames, dtype=np.uint8, copy=True))
+        self.env.step_async(actions)
+        self._pending = self._forward(lambda: self.model.predict_members(frames, acts))  # (K, N)
+        self._infer_s += time.perf_counter() - t0
+
+    def _frames_now(self) -> StepFrames:
+        """The frames this step's actions are chosen on, for a diff model. Where ``frames`` is still
+        the very array the last step led to (step_wait held it; no reset, switch or replacement
+        since), it is that step's ``StepFrames``: no copy, and its grey is made once for both
+        steps. This relies on what the env already owes ``step_wait``'s held ``shown``: it hands out
+        a new frames array at each step and never writes into one it handed out (``AtariVec``: a
+        new array from ale-py at each ``recv``). Anything else is copied before the env steps."""
+        shown, frames = self._shown, self.env.frames
+        if shown is not None and frames is shown.rgb and shown.rgb.dtype == np.uint8:
+            return shown
+        return StepFrames(np.array(frames, dtype=np.uint8, copy=True))
+
+    def _forward(self, predict: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``predict()``, the members' predictions (K, N), on ``infer_threads`` torch threads on
+        CPU: the env's C++ threads are busy stepping or spin-waiting, and a forward on all cores
+        would only fight them. The count is set only where it differs (each set costs)."""
+        threads = torch.get_num_threads()
+        if self.infer_threads is None or threads == self.infer_threads:
+            return predict()
+        torch.set_num_threads(self.infer_threads)
+        try:
+            return predict()
+        finally:
+            torch.set_num_threads(threads)
+
+    def step(self, actions: np.ndarray) -> Any:
+        self.step_async(actions)
+        return self.step_wait().complete()
+
+    def step_wait(self) -> Any:
+        """Finish the env step; its VecStep gets ``pred_rewards`` (raw) and ``rewards``. A diff
+        model's forward is left to ``VecStep.complete()``: the training loop sends the next step
+        first, so the forward runs while the env's threads step."""
+        if self._pending is None and self._before is None:
+            raise RuntimeError("step_wait() without step_async()")
+        st = self.env.step_wait()
+        if self.oracle:
+            self._pending = None
+            self._predicted(st, torch.from_numpy(np.asarray(st.true_rewards, dtype=np.float32)[None]), self.norm)
+            return st
+        if self._before is None:
+            self._predicted(st, self._pending, self.norm)
+            self._pending = None
+            return st
+        before, acts = self._before
+        self._before = None
+        # the env hands out new frame arrays at each step_wait, so these stay this step's while the
+        # next step runs; kept as the next step's frames (``_frames_now``)
+        shown = self._shown = StepFrames(np.asarray(self.env.frames))
+        ended = np.array(st.game_over, dtype=bool)
+        # this step's model and norm: a switch before complete() (the next step_async) is the next step's
+        model, norm = self.model, self.norm
+
+        def forward() -> None:
+            t0 = time.perf_counter()
+            # where the step ended the game, the frame before stands in for the next game's
+            # (``step_next_frames``) in the input only: ``shown``'s own grey stays the next step's
+            members = self._forward(lambda: model.predict_members_grey(before.grey(), shown.grey(), acts, ended))
+            self._infer_s += time.perf_counter() - t0
+            self._predicted(st, members, norm)
+
+        st.pending = forward
+        return st
+
+    def _predicted(self, st: Any, members_t: torch.Tensor | None, norm: Norm) -> None:
+        """Put the members' predictions (K, N) into ``st``: raw mean, normalised on ``norm``,
+        clipped."""
+        assert members_t is not None
+        members = members_t.float().cpu().numpy()
+        raw = members.mean(0).astype(np.float32)
+        rewards = norm.normalise(raw)
+        clipped = 0.0
+        if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
+            clipped = float(np.mean(np.abs(rewards) != 1))
+            rewards = np.sign(rewards)
+        elif self.clip is not None:  # in std units, before the scale
+            clipped = float(np.mean(np.abs(rewards) > self.clip))
+            rewards = np.clip(rewards, -self.clip, self.clip)
+        st.pred_rewards = raw
+        paid = rewards * self.scale
+        if self.plus_score:  # the score as the learner gets it without -r (lib.a2c.train: sign-clipped)
+            paid = paid + np.sign(np.asarray(st.true_rewards, dtype=np.float32))
+        st.rewards = paid.astype(np.float32)
+        self._steps += 1
+        self._last = {
+            "pred_mean": float(raw.mean()),
+            "pred_std": float(raw.std()),
+            "clipped": clipped,
+            "disagreement": float(members.std(0).mean()) if len(members) > 1 else 0.0,
+        }
+
+    def stats(self) -> dict[str, float]:
+        """Scalars for TensorBoard: the norm's mean/median/std, the last step's raw prediction
+        mean/std, the share clipped, the ensemble disagreement (0 for one model), the model's ms per
+        agent step, and ``version``."""
+        out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
+        out["version"] = self.version
+        out["scale"] = self.scale
+        if self._steps:
+            out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    def close(self) -> None:
+        self.env.close()
