@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.dbs import make_state_db
 from lib.a2c.recorder import DEFAULT_RECORD_PROB
 from lib.a2c.run import cpu_has_native_bf16
 from lib.atari.envs import AtariVec, default_env_threads
@@ -256,14 +257,6 @@ def make_policy(path: Path) -> None:
     torch.save(policy_checkpoint(net, GAME, "seaquest", tuple(f"A{i}" for i in range(18))), path)
 
 
-def make_states(policy: Path, db: Path, n: int = 8) -> None:
-    """A state DB for --start-states: the first frame of each life the fresh policy plays (the
-    speed of jumping does not depend on where it jumps to)."""
-    from experiments.probe import find_states
-
-    find_states(policy, db, n, max_games=20, at=lambda frame: True)
-
-
 PLAIN_ARM = "plain A2C"  # no -m: training from scratch, the speed every fine-tune is also given against
 FINETUNE_ARMS = {  # name: the flags beside -m --finetune; the arm each is compared with
     PLAIN_ARM: ((), None),
@@ -294,7 +287,7 @@ def finetune_rows(rows: list[Row], tmp: Path, args: argparse.Namespace, ceil: fl
     policy = tmp / "v0.pt"
     make_policy(policy)
     make_reward_model(tmp / "reward-diff.pt", "diff")
-    make_states(policy, tmp / "states")
+    make_state_db(tmp / "states")
     fill = {"reward": str(tmp / "reward-diff.pt"), "states": str(tmp / "states")}
     runs: dict[str, list[float]] = {name: [] for name in FINETUNE_ARMS}
     for r in range(repeats):

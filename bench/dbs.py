@@ -351,3 +351,42 @@ def action_model(size: int | tuple[int, int], path: Path, members: list[dict[int
         nets.append(m.eval())
     save_reward_checkpoint(reward_checkpoint(nets, SEAQUEST, "seaquest", None), path)
     return path
+
+
+def make_state_db(db: Path, n: int = 8, seed: int = 0, gap: int = 40) -> None:
+    """A state DB for ``--start-states`` (as ``lib.store.states`` reads it): ``n`` saved SeaQuest
+    states, one every ``gap`` agent steps of random play in one emulator. Where it jumps to does not
+    change the speed of jumping, so the benchmarks need no finder."""
+    import time
+
+    from lib.atari.saved_states import SingleGame
+    from lib.atari.seaquest import divers_aboard, oxygen_levels, sub_rows
+    from lib.store.states import STATE_ENV
+
+    game = SingleGame(seed)
+    game.reset()
+    frames: list[np.ndarray] = [game.frame.copy()] * 4
+    for i in range(n):
+        for _ in range(gap):
+            _, lost, over = game.step(int(game.rng.integers(len(game.actions))))
+            if over:
+                game.reset()
+            frames = [*frames[1:], game.frame.copy()]
+        f = game.frame
+        meta = {"level": int(oxygen_levels(f)), "divers": int(divers_aboard(f)), "row": int(sub_rows(f))}
+        meta |= {"ale_state": game.ale.cloneState().serialize().hex(), "game": 0, "life": i}
+        seg = Segment(
+            frames=np.stack(frames),
+            actions=np.zeros(4, dtype=np.int64),
+            rewards=np.zeros(4, dtype=np.float32),
+            dones=np.zeros(4, dtype=bool),
+            game_over=np.zeros(4, dtype=bool),
+            lives=np.zeros(4, dtype=np.int32),
+            env_id=SEAQUEST,
+            action_meanings=game.meanings,
+            env_index=STATE_ENV,
+            step=i,
+            time=time.time(),
+            meta=meta,
+        )
+        save_segment(db, seg, fsync=False)

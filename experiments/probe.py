@@ -56,7 +56,7 @@ from experiments.branch import ENV_ID, at_branch_point
 from experiments.flags import check_out, given_flags, rows_out_setting
 from lib.a2c.train import act
 from lib.atari.envs import STACK, grey84
-from lib.atari.saved_states import SAMPLE_ENV, STATE_ENV, SavedState, SingleGame, load_states
+from lib.atari.saved_states import SavedState, SingleGame
 from lib.atari.seaquest import OxygenTracker, SurfaceTracker, divers_aboard, oxygen_levels, sub_rows
 from lib.core.errors import EXIT_INTERRUPTED, UserError, run_cli
 from lib.core.files import atomic_write, read_regular
@@ -66,6 +66,7 @@ from lib.core.signals import SignalStop, critical
 from lib.models.policy import AtariA2C, load_policy, policy_file
 from lib.store.segment_writer import claim_db, save_segment
 from lib.store.segments import Segment
+from lib.store.states import SAMPLE_ENV, STATE_ENV, load_states
 
 OUTCOMES = ("refill", "surfaced_empty", "drowned", "died_otherwise", "none")
 FIND_SEED = 10_000  # the finder's games: seeds no round plays (rounds use 0..N)

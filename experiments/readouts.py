@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from lib.a2c.reward_env import normalised
 from lib.atari.seaquest import divers_aboard, in_gauge_band, oxygen_levels, shows_gauge, sub_rows
 from lib.models.reward import load_reward_model
+from lib.models.reward_path import normalised
 from lib.models.teachers import Teacher
 from lib.reward.eval import predict_segments, score, teacher_agreement
 from lib.store.labels import FIRST_BETTER, SECOND_BETTER, load_labels

@@ -27,13 +27,12 @@ import numpy as np
 
 from experiments.flags import check_out, rows_out_setting
 from experiments.readouts import diver_step_flags, diver_step_means, life_loss_means
-from lib.a2c.config import BOOK_NORM_WINDOW
-from lib.a2c.reward_env import DEFAULT_CLIP, WindowNorm, normalised
 from lib.core.errors import UserError, run_cli
 from lib.core.files import atomic_write
 from lib.core.settings import build_parser as settings_parser
 from lib.core.settings import check_fields, in_range, setting
 from lib.models.reward import load_reward_model
+from lib.models.reward_path import BOOK_NORM_WINDOW, DEFAULT_CLIP, WindowNorm, normalised
 from lib.reward.eval import predict_segments
 from lib.store.segments import list_segments, read_segment
 

@@ -15,8 +15,9 @@ import pytest
 
 from experiments import probe
 from lib.atari import saved_states
-from lib.atari.saved_states import STATE_ENV, SavedState, SingleGame, load_states, seaquest_layout
+from lib.atari.saved_states import SavedState, SingleGame, seaquest_layout
 from lib.core.errors import UserError
+from lib.store.states import STATE_ENV, load_states
 
 ROOT = Path(__file__).resolve().parents[1]
 MEANINGS = SingleGame(0).meanings
@@ -25,7 +26,8 @@ FACTS = {"level": 12, "divers": 1, "row": 141, "game": 0, "life": 0}
 # Restores every state start_states takes (01_a2c.py --start-states does the same), then plays each.
 CHILD = """
 import sys
-from lib.atari.saved_states import SingleGame, start_states
+from lib.atari.saved_states import SingleGame
+from lib.store.states import start_states
 states = start_states(sys.argv[1])
 game = SingleGame(1)
 for k, s in enumerate(states):

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import lib.play.play
-from lib.a2c.reward_env import RunningNorm, norm_prior
 from lib.atari.envs import AtariVec
 from lib.atari.video import _PRED, _TRUE, SCALE, STRIP_HEIGHT, Mp4Writer, RewardStrip, compose, upscale
 from lib.core.errors import UserError
 from lib.models.policy import AtariA2C, policy_checkpoint
 from lib.models.reward import DiffRewardModel, RewardModel, reward_checkpoint, save_reward_checkpoint
+from lib.models.reward_path import RunningNorm, norm_prior
 from lib.play.config import PlayConfig
 from lib.play.play import play, prepare_video_dir, summary, video_stem
 from lib.store.checkpoints import atomic_torch_save

@@ -18,13 +18,14 @@ import torch
 
 from experiments import probe
 from experiments.branch import ENV_ID
-from lib.atari.saved_states import SAMPLE_ENV, SavedState, SingleGame, load_states
+from lib.atari.saved_states import SavedState, SingleGame
 from lib.atari.seaquest import BOTTOM_ROW, divers_aboard, oxygen_levels, sub_rows
 from lib.core.errors import EXIT_INTERRUPTED, UserError
 from lib.models.policy import AtariA2C, policy_checkpoint
 from lib.store import segment_writer
 from lib.store.checkpoints import atomic_torch_save
 from lib.store.segments import list_segments, read_segment
+from lib.store.states import SAMPLE_ENV, load_states
 
 ROOT = Path(__file__).resolve().parents[1]
 MEANINGS = SingleGame(0).meanings

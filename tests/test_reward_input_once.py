@@ -15,7 +15,7 @@ import torch
 from test_reward_wrapper import SEAQUEST, FakeVec
 
 import lib.a2c.reward_env as reward_wrapper
-from lib.a2c.reward_env import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RewardModelWrapper, RunningNorm, norm_prior
+from lib.a2c.reward_env import RewardModelWrapper
 from lib.atari.envs import AtariVec
 from lib.models.reward import (
     DiffRewardModel,
@@ -25,6 +25,7 @@ from lib.models.reward import (
     reward_input,
     save_reward_checkpoint,
 )
+from lib.models.reward_path import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
 
 N_ENVS = 3
 STEPS = 120

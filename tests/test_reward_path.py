@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from experiments import reward_path
-from lib.a2c.reward_env import WindowNorm, normalised
 from lib.core.errors import UserError
+from lib.models.reward_path import WindowNorm, normalised
 
 ROOT = Path(__file__).resolve().parents[1]
 

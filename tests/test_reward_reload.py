@@ -18,9 +18,10 @@ import pytest
 import torch
 from test_reward_wrapper import SEAQUEST, FakeVec, _model_file
 
-from lib.a2c.reward_env import RewardModelWrapper, RunningNorm
+from lib.a2c.reward_env import RewardModelWrapper
 from lib.core.files import atomic_write
 from lib.models.reward import DiffRewardModel, RewardModel, load_reward_model, reward_checkpoint
+from lib.models.reward_path import RewardPath, RunningNorm
 from lib.store.checkpoints import atomic_torch_save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +253,7 @@ def test_a_switch_restarts_the_normalisation_from_the_new_models_stats(tmp_path)
     raw = rm.predict(rng.integers(0, 256, (256, 48, 48, 3), dtype=np.uint8), rng.integers(0, 18, 256))
     m, s = float(raw.mean()), float(raw.std())  # what 03_reward_train.py stores
     path = _variant(first, tmp_path / "r.pt", stats=(m, s))
-    w = RewardModelWrapper(env, path, norm_window=400, reload=True, poll_s=0)
+    w = RewardModelWrapper(env, path, path=RewardPath(window=400), reload=True, poll_s=0)
     before = _steps(w, 100)[-20:]  # 800 predictions: the window is v1's own by now
     _variant(first, path, version=2, shift=100.0, stats=(m + 100.0, s))
     after = _steps(w, 40, seed=1)

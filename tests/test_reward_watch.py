@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from lib.a2c.reward_env import RunningNorm
 from lib.a2c.run import GameStats, Progress
 from lib.atari.envs import VecStep
 from lib.core.stats import pearson
+from lib.models.reward_path import RunningNorm
 
 OFFSET, PER_POINT = -0.3, 0.025  # a raw prediction: the free offset, plus 0.5 for a 20-point kill
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.a2c.reward_env import MIN_STD, RewardModelWrapper, RunningNorm
+from lib.a2c.reward_env import RewardModelWrapper
 from lib.atari.envs import VecStep
 from lib.core.errors import UserError
 from lib.models.reward import (
@@ -18,6 +18,7 @@ from lib.models.reward import (
     reward_checkpoint,
     save_reward_checkpoint,
 )
+from lib.models.reward_path import MIN_STD, RewardPath, RunningNorm
 
 SEAQUEST = "SeaquestNoFrameskip-v4"
 
@@ -91,7 +92,7 @@ def _model_file(
 def test_batched_step_equals_per_env_predictions(tmp_path, k: int):
     path = _model_file(tmp_path, k=k)
     env = FakeVec(n_envs=5)
-    w = RewardModelWrapper(env, path, norm_window=1000)
+    w = RewardModelWrapper(env, path, path=RewardPath(window=1000))
     rm = load_reward_model(path)
     w.reset()
     rng = np.random.default_rng(1)
@@ -111,7 +112,7 @@ def test_batched_step_equals_per_env_predictions(tmp_path, k: int):
 
 def test_rewards_are_normalised_and_clipped(tmp_path):
     path = _model_file(tmp_path, stats=None)  # no stored stats: the window is used from step 1
-    w = RewardModelWrapper(FakeVec(n_envs=8), path, norm_window=64, clip=1.0)
+    w = RewardModelWrapper(FakeVec(n_envs=8), path, path=RewardPath(window=64, clip=1.0))
     w.reset()
     raws, outs = [], []
     for _ in range(20):
@@ -156,7 +157,7 @@ def test_running_norm_window_prior_and_guard():
 
 def test_stored_stats_normalise_the_first_steps(tmp_path):
     path = _model_file(tmp_path, stats=(0.5, 0.25))
-    w = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=10_000)
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, path=RewardPath(window=10_000))
     st = w.step(np.zeros(4, np.int64))
     np.testing.assert_allclose(st.rewards, (st.pred_rewards - 0.5) / 0.25, rtol=1e-5)
 
@@ -274,13 +275,13 @@ def test_scale_and_the_labels_stats_reach_the_learner(tmp_path):
     stays so however many steps pass (the running window would move); --reward-scale S multiplies
     the normalised, clipped reward."""
     path = _model_file(tmp_path, stats=(0.5, 0.25))
-    w = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=8, clip=2.0, scale=0.05, norm="labels")
+    w = RewardModelWrapper(FakeVec(n_envs=4), path, path=RewardPath(window=8, clip=2.0, scale=0.05, norm="labels"))
     for _ in range(30):  # far past the window and its warm-up
         st = w.step(np.zeros(4, np.int64))
     expected = 0.05 * np.clip((st.pred_rewards - 0.5) / 0.25, -2.0, 2.0)
     np.testing.assert_allclose(st.rewards, expected, rtol=1e-5, atol=1e-7)
     assert w.stats()["norm_mean"] == 0.5 and w.stats()["scale"] == 0.05
-    running = RewardModelWrapper(FakeVec(n_envs=4), path, norm_window=8, clip=2.0, scale=0.05)
+    running = RewardModelWrapper(FakeVec(n_envs=4), path, path=RewardPath(window=8, clip=2.0, scale=0.05))
     for _ in range(30):
         running.step(np.zeros(4, np.int64))
     assert running.stats()["norm_mean"] != 0.5  # the running window has moved off the stored mean
@@ -289,7 +290,7 @@ def test_scale_and_the_labels_stats_reach_the_learner(tmp_path):
 def test_labels_norm_needs_stored_stats(tmp_path):
     path = _model_file(tmp_path, stats=None)
     with pytest.raises(UserError, match="--reward-norm running"):
-        RewardModelWrapper(FakeVec(), path, norm="labels")
+        RewardModelWrapper(FakeVec(), path, path=RewardPath(norm="labels"))
 
 
 def test_oracle_sends_the_true_score_through_the_same_path(tmp_path):
@@ -301,14 +302,14 @@ def test_oracle_sends_the_true_score_through_the_same_path(tmp_path):
     path = tmp_path / "r.pt"
     save_reward_checkpoint(ck, path)
     env = FakeVec(n_envs=3)
-    w = RewardModelWrapper(env, path, clip=1.0, scale=0.1, norm="labels", oracle=True)
+    w = RewardModelWrapper(env, path, path=RewardPath(clip=1.0, scale=0.1, norm="labels"), oracle=True)
     st = w.step(np.zeros(3, np.int64))
     np.testing.assert_array_equal(st.pred_rewards, st.true_rewards)  # the score, not the model
     np.testing.assert_allclose(st.rewards, 0.1 * np.clip((1.0 - 0.25) / 0.5, -1, 1), rtol=1e-6)
     del ck["score_mean"], ck["score_std"]
     save_reward_checkpoint(ck, path)
     with pytest.raises(UserError, match="score's statistics"):
-        RewardModelWrapper(env, path, norm="labels", oracle=True)
+        RewardModelWrapper(env, path, path=RewardPath(norm="labels"), oracle=True)
 
 
 class RecordedVec(FakeVec):
@@ -378,7 +379,7 @@ def test_the_wrapper_feeds_the_net_what_training_feeds_it_for_the_same_recorded_
 def test_window_norm_normalises_each_env_over_exactly_its_last_w_steps():
     """--reward-norm window: env k's reward is (x - mean) / std of env k's own last W predictions,
     the current one included; a prediction W steps back no longer counts, another env's never."""
-    from lib.a2c.reward_env import WindowNorm
+    from lib.models.reward_path import WindowNorm
 
     w, n = 5, 3
     norm = WindowNorm(w, n)
@@ -405,12 +406,12 @@ def test_window_norm_normalises_each_env_over_exactly_its_last_w_steps():
 def test_window_norm_and_sign_clip_reach_the_learner(tmp_path):
     """The wrapper with --reward-norm window --reward-clip sign gives the learner the sign of each
     env's windowed prediction (times --reward-scale), the book's reward path; ±5 keeps the size."""
-    from lib.a2c.reward_env import WindowNorm
+    from lib.models.reward_path import WindowNorm
 
     path = _model_file(tmp_path, stats=None)
-    book = RewardModelWrapper(FakeVec(n_envs=4), path, norm="window", norm_window=6, clip="sign", scale=0.5)
+    book = RewardModelWrapper(FakeVec(n_envs=4), path, path=RewardPath(norm="window", window=6, clip="sign", scale=0.5))
     ref = WindowNorm(6, 4)
-    kept = RewardModelWrapper(FakeVec(n_envs=4), path, norm="window", norm_window=6)
+    kept = RewardModelWrapper(FakeVec(n_envs=4), path, path=RewardPath(norm="window", window=6))
     for _ in range(10):
         st, st2 = book.step(np.zeros(4, np.int64)), kept.step(np.zeros(4, np.int64))
         np.testing.assert_array_equal(st.rewards, 0.5 * np.sign(ref.normalise(st.pred_rewards)))
@@ -431,11 +432,13 @@ def test_plus_score_reaches_the_learner(tmp_path):
     """--reward-plus-score adds the sign of the game's score on top of the learned reward as the
     path made it (normalised, clipped, --reward-scale), and without it the score never reaches the
     learner."""
-    from lib.a2c.reward_env import RunningNorm
+    from lib.models.reward_path import RunningNorm
 
     path = _model_file(tmp_path, stats=None)
-    alone = RewardModelWrapper(ScoredVec(n_envs=4), path, norm_window=40, clip=1.5, scale=0.5)
-    plus = RewardModelWrapper(ScoredVec(n_envs=4), path, norm_window=40, clip=1.5, scale=0.5, plus_score=True)
+    alone = RewardModelWrapper(ScoredVec(n_envs=4), path, path=RewardPath(window=40, clip=1.5, scale=0.5))
+    plus = RewardModelWrapper(
+        ScoredVec(n_envs=4), path, path=RewardPath(window=40, clip=1.5, scale=0.5, plus_score=True)
+    )
     ref = RunningNorm(40)
     clipped = 0
     for _ in range(30):
@@ -459,14 +462,15 @@ def test_stage_1s_flags_build_the_books_reward_path(tmp_path):
     rng = np.random.default_rng(0)
     book = A2CConfig(name="x", reward=str(path), reward_norm="window", norm_window=7, reward_clip="sign")
     env, _ = make_env_stack(book, FakeVec(n_envs=4), torch.device("cpu"), rng, None)
-    assert (env.norm_mode, env.norm_window, env.clip, type(env.norm).__name__) == ("window", 7, "sign", "WindowNorm")
+    assert (
+        env.reward_path == RewardPath(norm="window", window=7, clip="sign") and type(env.norm).__name__ == "WindowNorm"
+    )
     rewards = np.concatenate([env.step(np.zeros(4, np.int64)).rewards for _ in range(5)])
     assert set(np.unique(rewards)) == {-1.0, 1.0} or set(np.unique(rewards)) == {-1.0, 0.0, 1.0}
     default, _ = make_env_stack(
         A2CConfig(name="x", reward=str(path)), FakeVec(n_envs=4), torch.device("cpu"), rng, None
     )
-    assert (default.norm_mode, default.norm_window, default.clip) == ("running", 10_000, 5.0)
-    assert default.plus_score is False
+    assert default.reward_path == RewardPath("running", 10_000, 5.0, 1.0, False)
     thin, _ = make_env_stack(
         A2CConfig(name="x", reward=str(path), reward_plus_score=True),
         FakeVec(),
@@ -474,8 +478,8 @@ def test_stage_1s_flags_build_the_books_reward_path(tmp_path):
         rng,
         None,  # noqa: E501
     )
-    assert thin.plus_score is True
+    assert thin.reward_path.plus_score is True
     three, _ = make_env_stack(
         A2CConfig(name="x", reward=str(path), reward_clip="3"), FakeVec(), torch.device("cpu"), rng, None
     )
-    assert three.clip == 3.0
+    assert three.reward_path.clip == 3.0

@@ -15,11 +15,12 @@ import torch
 from experiments import probe
 from lib.a2c.cli import parse_config
 from lib.atari.envs import DEFAULT_ENV
-from lib.atari.saved_states import SavedStartsVec, SavedState, SingleGame, load_states, start_states, vec_env
+from lib.atari.saved_states import SavedStartsVec, SavedState, SingleGame, vec_env
 from lib.atari.seaquest import sub_rows
 from lib.core.errors import UserError
 from lib.models.policy import AtariA2C, policy_checkpoint
 from lib.store.checkpoints import atomic_torch_save
+from lib.store.states import load_states, start_states
 
 ROOT = Path(__file__).resolve().parents[1]
 MEANINGS = SingleGame(0).meanings

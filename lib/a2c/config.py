@@ -15,6 +15,7 @@ from lib.atari.envs import DEFAULT_ENV, rom_name
 from lib.core.errors import UserError
 from lib.core.seeds import SEED_CHECKS
 from lib.core.settings import at_least, check_between, check_fields, flag_of, setting, within
+from lib.models.reward_path import BOOK_NORM_WINDOW, DEFAULT_NORM_WINDOW, REWARD_NORMS, RewardPath, clip_value
 from lib.store.segments import MAX_ENV_INDEX
 
 # The book's hyper-parameters (Lapan, ch. 19 / ch. 12).
@@ -29,9 +30,7 @@ ADAM_EPS = 1e-5
 LR_DECAY_STEPS = 10_000_000
 MAX_STEP_COUNT = 10**13  # agent steps a flag or a last.pt may name (a 10M-step run is 10**7)
 TERMINALS = ("life", "none")  # --terminal: what ends the learner's episode
-REWARD_NORMS = ("running", "labels", "window")  # --reward-norm: where the learned reward's statistics come from
 DEFAULT_START_SHARE = 0.5  # --start-share: half of the resets and lost lives jump to a saved state
-BOOK_NORM_WINDOW = 25  # --norm-window: the book's 100 raw frames of one env, in agent steps (frameskip 4)
 DEFAULT_REWARD_CLIP = "5"  # --reward-clip: |normalised reward| at most 5 std; "sign": ptan's np.sign, as the book
 MAX_KL_TARGET = 100.0
 # --kl's default for a fine-tune on a learned reward (-r from a start policy): the one setting that held
@@ -39,17 +38,6 @@ MAX_KL_TARGET = 100.0
 KL_LEARNED_REWARD = 1.0
 PRECISIONS = ("fp32", "bf16", "auto")  # --precision; auto is resolved by lib.a2c.run.resolve_precision
 MAX_RECORD_ENVS = MAX_ENV_INDEX + 1  # segment DB env directories are two digits (NN/SSSSSSSS.dat)
-
-
-def reward_clip_value(text: str) -> float | None | bool:
-    """--reward-clip's value: a bound C (float), None for 'sign', False when it is neither."""
-    if text == "sign":
-        return None
-    try:
-        c = float(text)
-    except (TypeError, ValueError):
-        return False
-    return c if math.isfinite(c) and 0 < c <= 1000 else False
 
 
 def _book_value(
@@ -236,7 +224,7 @@ class A2CConfig:
         metavar="C|sign",
         checks=[
             (
-                lambda v: reward_clip_value(v) is not False,
+                lambda v: clip_value(v) is not None,
                 "--reward-clip must be a number in (0, 1000] or sign, got {v!r}",
             )
         ],  # noqa: E501
@@ -313,6 +301,15 @@ class A2CConfig:
     @property
     def save_dir(self) -> Path:
         return Path(self.save or Path("saves") / self.name)
+
+    def reward_path(self) -> RewardPath | None:
+        """How -r's raw predictions become what the learner is paid (``lib.models.reward_path``),
+        from the flags that shape it; None for a run on the game's score. Checked flags only."""
+        if not self.reward:
+            return None
+        window = self.norm_window if self.reward_norm == "window" else DEFAULT_NORM_WINDOW
+        clip = clip_value(self.reward_clip)
+        return RewardPath(self.reward_norm, window, clip, float(self.reward_scale), self.reward_plus_score)
 
     def given(self, name: str) -> bool:
         """Whether the setting ``name`` was given: it is not at its default (a flag given, the checks

@@ -20,127 +20,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from lib.a2c.config import REWARD_NORMS
 from lib.atari.envs import grey84
 from lib.core.errors import UserError, warn
 from lib.core.files import file_state
 from lib.models.policy import resolve_device
 from lib.models.reward import RewardPredictor, load_reward_model
+from lib.models.reward_path import Norm, RewardPath, norm_prior
 from lib.store.checkpoints import state_is_finite
 
-DEFAULT_NORM_WINDOW = 10_000
-DEFAULT_CLIP = 5.0
-SIGN = "sign"  # --reward-clip sign
-MIN_STD = 1e-6
 RELOAD_POLL_S = 1.0  # --reward-reload: seconds between two looks (a stat) at the reward model file
-
-
-class RunningNorm:
-    """Median, mean and std over the last ``window`` values (a ring buffer), with a prior (mean,
-    std) used until ``warmup`` values have been seen (the prior's mean standing in for the median).
-    ``normalise`` adds a batch and returns it centred on the median and divided by the std."""
-
-    def __init__(self, window: int, prior: tuple[float, float] | None = None, warmup: int | None = None):
-        if window < 1:
-            raise ValueError(f"norm window must be at least 1, got {window}")
-        self.buf = np.zeros(window, dtype=np.float64)
-        self.count = 0  # values ever added
-        self.pos = 0
-        self.prior = prior
-        self.warmup = max(1, window // 10) if warmup is None else warmup
-        self.mean, self.std = prior if prior is not None else (0.0, 1.0)
-        self.center = self.mean
-
-    def add(self, x: np.ndarray) -> None:
-        x = np.asarray(x, dtype=np.float64).ravel()
-        n = len(self.buf)
-        if len(x) >= n:
-            self.buf[:] = x[-n:]
-            self.pos = 0
-        else:
-            end = self.pos + len(x)
-            if end <= n:
-                self.buf[self.pos : end] = x
-            else:
-                k = n - self.pos
-                self.buf[self.pos :] = x[:k]
-                self.buf[: end - n] = x[k:]
-            self.pos = end % n
-        self.count += len(x)
-        if self.prior is None or self.count >= self.warmup:
-            filled = self.buf[: min(self.count, n)]
-            self.mean, self.std = float(filled.mean()), float(filled.std())
-            self.center = float(np.median(filled))
-
-    def normalise(self, x: np.ndarray) -> np.ndarray:
-        """Add ``x`` (N,) to the window, return (x - median) / std (std < MIN_STD counts as 1)."""
-        self.add(x)
-        scale = self.std if self.std >= MIN_STD else 1.0
-        return ((np.asarray(x, dtype=np.float64) - self.center) / scale).astype(np.float32)
-
-
-class WindowNorm:
-    """``--reward-norm window``, the book's normalisation: each env's prediction is centred on the
-    mean of its own last ``window`` predictions (the current one included; never reset at a lost
-    life) and divided by their std. Unlike the book, a window not yet full uses what it has (an
-    env's first step is 0): a raw prediction carries the model's arbitrary offset."""
-
-    def __init__(self, window: int, n_envs: int):
-        if window < 2:
-            raise ValueError(f"norm window must be at least 2, got {window}")
-        self.buf = np.zeros((window, n_envs), dtype=np.float64)
-        self.count = 0  # steps added (every env adds one a step)
-        self.mean = self.center = 0.0  # over the envs, for TensorBoard
-        self.std = 1.0
-
-    def normalise(self, x: np.ndarray) -> np.ndarray:
-        """Add ``x`` (N,), one prediction per env, and return each minus its env's window mean,
-        divided by that window's std (std < MIN_STD counts as 1)."""
-        x = np.asarray(x, dtype=np.float64).ravel()
-        if x.shape != self.buf.shape[1:]:
-            raise ValueError(f"expected {self.buf.shape[1]} predictions (one per env), got {x.shape}")
-        self.buf[self.count % len(self.buf)] = x
-        self.count += 1
-        filled = self.buf[: min(self.count, len(self.buf))]
-        mean, std = filled.mean(0), filled.std(0)
-        self.mean = self.center = float(mean.mean())
-        self.std = float(std.mean())
-        return ((x - mean) / np.where(std >= MIN_STD, std, 1.0)).astype(np.float32)
-
-
-class FixedNorm(RunningNorm):
-    """``--reward-norm labels``: a fixed centre (the mean) and std, as the papers normalise (Ibarz et
-    al. 2018 A.1: statistics over the labelled clips, not over the agent's own recent steps, so a
-    policy drifting into what the model pays more cannot move the centre with it)."""
-
-    def __init__(self, mean: float, std: float):
-        super().__init__(1, prior=(mean, std), warmup=1)
-        self.mean, self.std, self.center = float(mean), float(std), float(mean)
-
-    def add(self, x: np.ndarray) -> None:
-        self.count += int(np.size(x))
-
-
-def norm_prior(model: Any) -> tuple[float, float] | None:
-    """The (mean, std) of per-step predictions stored in a reward model's checkpoint, which
-    ``RunningNorm`` uses until its window fills; None when it has none usable (not finite, std <=
-    0)."""
-    if not getattr(model, "has_norm_stats", True):
-        return None
-    mean, std = getattr(model, "norm_mean", None), getattr(model, "norm_std", None)
-    if mean is None or std is None or not math.isfinite(mean) or not math.isfinite(std) or std <= 0:
-        return None
-    return float(mean), float(std)
-
-
-def normalised(x: np.ndarray) -> np.ndarray:
-    """A whole series of predictions normalised as the learner does once its window holds them:
-    centred on the median, divided by the std (a constant series: centred only)."""
-    x = np.asarray(x, dtype=np.float64).ravel()
-    return RunningNorm(len(x)).normalise(x) if len(x) else np.zeros(0, dtype=np.float32)
-
-
-Norm = RunningNorm | WindowNorm
 
 
 def model_version(model: RewardPredictor, loaded: int) -> int:
@@ -178,37 +66,23 @@ class RewardModelWrapper:
         env: Any,
         model_path: str | os.PathLike,
         device: torch.device | str = "cpu",
-        norm_window: int = DEFAULT_NORM_WINDOW,
-        clip: float | str | None = DEFAULT_CLIP,
+        path: RewardPath | None = None,
         infer_threads: int | None = 1,
         reload: bool = False,
         poll_s: float = RELOAD_POLL_S,
         verbose: bool = True,
-        scale: float = 1.0,
-        norm: str = "running",
         oracle: bool = False,
-        plus_score: bool = False,
     ):
-        """``reload``: switch to each new good version of ``model_path``, looking at most every
-        ``poll_s`` seconds; ``verbose``: print each switch. ``scale``: the std of the reward the
-        learner gets (``--reward-scale``). ``norm`` (``--reward-norm``): "running" (the agent's last
-        ``norm_window`` predictions), "labels" (the checkpoint's stats over its labelled clips) or
-        "window" (``WindowNorm``). ``clip`` (``--reward-clip``): the bound in std, None, or "sign".
-        ``oracle``: send the game's score through this path instead of the prediction
-        (``--reward-oracle``); ``plus_score``: add the sign-clipped score (``--reward-plus-score``)."""
+        """``path``: how a raw prediction becomes the learner's reward (``lib.models.reward_path``;
+        the default path where None). ``reload``: switch to each new good version of
+        ``model_path``, looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
+        ``oracle``: send the game's score through the path instead of the prediction
+        (``--reward-oracle``)."""
         self.env = env
-        if norm_window < 1:
-            raise UserError(f"reward normalisation window must be at least 1, got {norm_window}")
-        if not (math.isfinite(scale) and scale > 0):
-            raise UserError(f"--reward-scale must be a positive number, got {scale:g}")
-        if norm not in REWARD_NORMS:
-            raise UserError(f"--reward-norm must be one of {', '.join(REWARD_NORMS)}, got {norm!r}")
-        self.scale, self.norm_mode, self.oracle = float(scale), norm, oracle
-        self.plus_score = plus_score
+        self.reward_path = path or RewardPath()
+        self.norm_mode, self.oracle = self.reward_path.norm, oracle
         self.path = Path(model_path)
         self.device = resolve_device(device)
-        self.norm_window = norm_window
-        self.clip = clip
         self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
         self._state = file_state(self.path)  # before reading: a change while it loads is seen later
         self._seen = self._state  # the state of the last look
@@ -258,15 +132,9 @@ class RewardModelWrapper:
         # which the next step then copies and greys afresh
         self._shown: StepFrames | None = None
         self.version = model_version(model, self.loaded)
-        if self.norm_mode == "labels":
-            stats = self._stored_stats(model)
-            assert stats is not None  # _checked refused a model without them
-            self.norm: Norm = FixedNorm(*stats)
-        elif self.norm_mode == "window":
-            self.norm = WindowNorm(self.norm_window, self.env.n_envs)
-        else:
-            prior = None if self.oracle else norm_prior(model)  # the model's stats say nothing of the score
-            self.norm = RunningNorm(self.norm_window, prior=prior)
+        # the model's stats say nothing of the score: the oracle's running norm starts with no prior
+        stats = self._stored_stats(model) if self.norm_mode == "labels" or not self.oracle else None
+        self.norm: Norm = self.reward_path.new_norm(self.env.n_envs, stats)  # labels: _checked made sure of stats
 
     def poll(self) -> bool:
         """--reward-reload: look at the file (at most every ``poll_s``) and switch to it when it has
@@ -436,19 +304,9 @@ class RewardModelWrapper:
         assert members_t is not None
         members = members_t.float().cpu().numpy()
         raw = members.mean(0).astype(np.float32)
-        rewards = norm.normalise(raw)
-        clipped = 0.0
-        if self.clip == SIGN:  # ptan's ClipRewardEnv after the book's normalisation
-            clipped = float(np.mean(np.abs(rewards) != 1))
-            rewards = np.sign(rewards)
-        elif self.clip is not None:  # in std units, before the scale
-            clipped = float(np.mean(np.abs(rewards) > self.clip))
-            rewards = np.clip(rewards, -self.clip, self.clip)
+        paid, clipped = self.reward_path.pay(raw, norm, st.true_rewards)
         st.pred_rewards = raw
-        paid = rewards * self.scale
-        if self.plus_score:  # the score as the learner gets it without -r (lib.a2c.train: sign-clipped)
-            paid = paid + np.sign(np.asarray(st.true_rewards, dtype=np.float32))
-        st.rewards = paid.astype(np.float32)
+        st.rewards = paid
         self._steps += 1
         self._last = {
             "pred_mean": float(raw.mean()),
@@ -463,7 +321,7 @@ class RewardModelWrapper:
         agent step, and ``version``."""
         out = {"norm_mean": self.norm.mean, "norm_median": self.norm.center, "norm_std": self.norm.std, **self._last}
         out["version"] = self.version
-        out["scale"] = self.scale
+        out["scale"] = self.reward_path.scale
         if self._steps:
             out["infer_ms_per_step"] = 1000.0 * self._infer_s / self._steps
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

@@ -31,14 +31,13 @@ from lib.a2c.config import (
     kl_beta,
     learned_with,
     resumed_config,
-    reward_clip_value,
 )
 from lib.a2c.distributed import Dist, NullWriter
 from lib.a2c.recorder import EpisodeRecorderWrapper
 from lib.atari.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.atari.envs import VecStep, default_env_threads, rom_name
 from lib.atari.games import play_games, score_stats, select_actions
-from lib.atari.saved_states import start_states, vec_env
+from lib.atari.saved_states import vec_env
 from lib.core.errors import UserError
 from lib.core.files import LockHeld, file_state, hold_lock
 from lib.core.seeds import EVAL_SEED_OFFSET
@@ -70,6 +69,7 @@ from lib.store.checkpoints import (
 )
 from lib.store.segment_writer import check_db_game
 from lib.store.segments import MAX_ENV_STEP
+from lib.store.states import start_states
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam (the learner's optimiser)
 
@@ -347,6 +347,7 @@ class Run:
             step=self.progress.step,
             finetune=self.finetune,
             precision=self.cfg.precision,
+            reward_path=paid.record() if (paid := self.cfg.reward_path()) is not None else None,
             **extra,
         )
         atomic_torch_save(ck, path)
@@ -399,7 +400,7 @@ def make_env_stack(
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
     reward_env = None
     if cfg.reward:
-        from lib.a2c.reward_env import DEFAULT_NORM_WINDOW, SIGN, RewardModelWrapper
+        from lib.a2c.reward_env import RewardModelWrapper
 
         # loaded and checked first, around the game itself, so that a broken -r leaves no DB
         # behind; the recorder goes in between below
@@ -407,14 +408,10 @@ def make_env_stack(
             base_env,
             cfg.reward,
             device=device,
+            path=cfg.reward_path(),
             reload=cfg.reward_reload,
             verbose=dist.is_main,
-            scale=cfg.reward_scale,
-            norm=cfg.reward_norm,
-            norm_window=cfg.norm_window if cfg.reward_norm == "window" else DEFAULT_NORM_WINDOW,
-            clip=SIGN if cfg.reward_clip == SIGN else reward_clip_value(cfg.reward_clip),
             oracle=cfg.reward_oracle,
-            plus_score=cfg.reward_plus_score,
         )
     if cfg.db_path:
         counters = (resume_ck or {}).get("env_steps")

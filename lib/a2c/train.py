@@ -32,6 +32,7 @@ from lib.atari.seaquest import low_gauge, shows_gauge
 from lib.core.signals import SignalStop
 from lib.core.stats import StepCorrelation
 from lib.models.policy import AtariA2C, StartPolicy, kl_to_start
+from lib.models.reward_path import score_pay
 
 # How the run reports.
 LOG_PERIOD_S = 10.0  # a progress line and the charts/ scalars this often
@@ -346,7 +347,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
                 games.update(st, run.progress, run.writer)
                 if run.dist.is_main:
                     log.tick(games, learner)
-                rewards = np.sign(st.rewards) if clip else st.rewards
+                rewards = score_pay(st.rewards) if clip else st.rewards
                 ends = learner_terminal(st, cfg.terminal)
                 learner.waiting = collector.add(
                     prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_low, prev_fx

@@ -76,13 +76,18 @@ class RewardStrip:
     prediction. It keeps the whole episode's history and draws the last ``window`` steps, the newest
     at the right edge."""
 
-    def __init__(self, clip: float, width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2):
+    def __init__(
+        self, clip: float, name: str = "", width: int = 160 * SCALE, height: int = STRIP_HEIGHT, step_px: int = 2
+    ):
+        """``clip``: the lane's edge; ``name``: the reward's path, written in the lower lane (what
+        the line shows: 'norm window 25, clip sign, scale 1')."""
         if height < 60:
             raise ValueError(f"reward strip needs at least 60 px height, got {height}")
         self.width = width
         self.height = height
         self.step_px = step_px
         self.clip = clip
+        self.name = name
         self.window = width // step_px
         self.pred: list[float] = []
         self.true: list[float] = []
@@ -121,6 +126,8 @@ class RewardStrip:
         text = f"step {n}  score {self.score:g}"
         (tw, _), _ = cv2.getTextSize(text, _FONT, 0.8, 1)
         cv2.putText(img, text, (self.width - tw - 3, 10), _FONT, 0.8, _TEXT, 1, cv2.LINE_AA)
+        if self.name:
+            cv2.putText(img, self.name, (3, true_top + 9), _FONT, 0.7, _GRID, 1, cv2.LINE_AA)
         if n == 0:
             return img
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lib.core.errors import UserError
+from lib.models.reward_path import RewardPath
 from lib.store.checkpoints import (
     MAX_ACTIONS,
     POLICY_FORMAT,
@@ -228,6 +229,9 @@ POLICY_FIELDS: dict[str, tuple[Check, bool]] = {
     "action_meanings": (optional(list_of(text(64), 1, MAX_ACTIONS)), False),
     "step": (optional(float_in(0, 1e15)), False),
     "metrics": (optional(is_dict), False),  # evaluation figures (NaN allowed): shown, never used
+    # how a run on a learned reward was paid (lib.models.reward_path); None or absent: the score, or
+    # a checkpoint from before the record (04_play.py then shows the default path)
+    "reward_path": (optional(RewardPath.read), False),
 }
 
 

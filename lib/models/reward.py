@@ -22,7 +22,7 @@ from torch import nn
 from lib.atari.envs import POLICY_FRAME, grey84
 from lib.core.errors import UserError
 from lib.models.policy import resolve_device
-from lib.reward.config import ARCHS, DIFF_BLOCK, MAX_ENSEMBLE, check_block
+from lib.models.reward_spec import ARCHS, DIFF_BLOCK, MAX_ENSEMBLE, check_block
 from lib.store.checkpoints import (
     MAX_ACTIONS,
     REWARD_FORMAT,
@@ -51,7 +51,7 @@ HIDDEN = 64
 DROPOUT = 0.5
 NOISE_EPS = 0.1  # the paper's "10% of the answers are uniformly random"
 INPUT_CHUNK = 64  # frames per slice of the float input (64 x 400 KB = 26 MB)
-# ARCHS and DIFF_BLOCK (4x12) live in lib/reward/config.py, torch-free for 03_reward_train.py --help
+# ARCHS and DIFF_BLOCK (4x12) live in lib/models/reward_spec.py, torch-free for the stages' --help
 FLOW_FEATURES = 2  # --diff-flow: the scene's vertical and horizontal shift (scene_flow)
 FLOW_EPS = 1e-3  # scene_flow's guard against a frame without edges (sum of squared gradients)
 OLD_DIFF_BLOCK = (12, 12)  # diff checkpoints made before the "diff_block" field

@@ -11,13 +11,13 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from lib.a2c.reward_env import DEFAULT_CLIP, DEFAULT_NORM_WINDOW, RunningNorm, norm_prior
 from lib.atari.behaviour import behaviour_observers, behaviour_stats, format_behaviour
 from lib.atari.envs import DEFAULT_ENV, AtariVec, rom_name
 from lib.atari.games import EpisodeResult, best_life, play_games, select_actions
@@ -25,6 +25,7 @@ from lib.atari.video import GAME_FPS, SCALE, Mp4Writer, RewardStrip, compose, mp
 from lib.core.errors import UserError
 from lib.core.stats import pearson
 from lib.models.policy import POLICY_FIELDS, load_policy, policy_file, resolve_device
+from lib.models.reward_path import DEFAULT_NORM_WINDOW, Norm, RewardPath, norm_prior
 from lib.play.config import PlayConfig
 from lib.store.checkpoints import POLICY_FORMAT, check_ck_fields, read_checkpoint, wrong_kind
 
@@ -91,6 +92,19 @@ def load_reward(path: str | os.PathLike, game: str, n_actions: int, device: str)
     return load_reward_model(path, game=game, n_actions=n_actions, device=device)
 
 
+def paid_path(ck: dict[str, Any], rm: Any, log: Callable[[str], None] = print) -> RewardPath:
+    """The reward path the policy's run was paid through, as its checkpoint records it
+    (``lib.models.reward_path``); the default path for a checkpoint that records none (a run on
+    the score, or one from before the record). "labels" needs the reward model's stats: without
+    them the view falls back to the running norm, said in one line."""
+    rec = ck.get("reward_path") if ck.get("format") == POLICY_FORMAT else None
+    path = RewardPath.read(rec) if rec is not None else RewardPath()  # checked with POLICY_FIELDS
+    if path.norm == "labels" and norm_prior(rm) is None:
+        log("reward view: the reward model stores no statistics of its labelled clips: shown with the running norm")
+        path = replace(path, norm="running", window=DEFAULT_NORM_WINDOW)
+    return path
+
+
 def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeResult]:
     """Play ``cfg.episodes`` full games with the policy in ``cfg.model``; returns them in episode
     order. With ``cfg.record`` each game is recorded to ``<dir>/<run>_<checkpoint>_epNN.mp4`` (and
@@ -115,14 +129,9 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
 
         how = "greedy" if greedy else "sampled"
         log(f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})")
-        if rm is not None:
-            stats = norm_prior(rm)
-            how_norm = "normalised as fine-tuning sees it: minus the median, divided by the std of "
-            how_norm += f"the last {DEFAULT_NORM_WINDOW:,} predictions (until then "
-            how_norm += (
-                f"its training stats, mean {stats[0]:.3g}, std {stats[1]:.3g})" if stats else "the window's own)"
-            )
-            log(f"reward view: {reward} ({how_norm})")
+        path = paid_path(ck, rm, log) if rm is not None else None
+        if path is not None:
+            log(f"reward view: {reward} (paid as the run was: {path.describe()})")
         rng = np.random.default_rng(seed)
         # One intra-op thread: forwards of <= 8 observations gain nothing from more, and the ALE
         # threads and ffmpeg need the cores (spin-waiting OpenMP threads slow a busy machine down
@@ -130,7 +139,7 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return _play_loop(venv, net, dev, episodes, vdir, model, rm, greedy, gif, max_steps, rng, log)
+            return _play_loop(venv, net, dev, episodes, vdir, model, rm, path, greedy, gif, max_steps, rng, log)
         finally:
             torch.set_num_threads(threads)
     finally:
@@ -140,20 +149,28 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
 class _GameRecorder:
     """A ``GameObserver`` for 04_play.py: one MP4 per game (with the reward view under it when a
     reward model is given), the predicted-vs-true reward correlation, a console line per game. The
-    view normalises each raw prediction as fine-tuning sees it (one ``RunningNorm`` over all games
-    side by side); the correlation is of the raw predictions (it ignores scale and shift)."""
+    view shows each raw prediction as the policy's run was paid it (``path``: one norm over the
+    games side by side, as over the run's envs); the correlation is of the raw predictions (it
+    ignores scale and shift)."""
 
     def __init__(
         self,
         n_slots: int,
         vdir: Path | None,
         model: str | os.PathLike,
-        norm: RunningNorm | None,
+        path: RewardPath | None,
+        stats: tuple[float, float] | None,
         gif: bool,
         log: Callable[[str], None],
     ) -> None:
-        self.vdir, self.model, self.norm, self.gif, self.log = vdir, model, norm, gif, log
-        self.with_reward = norm is not None
+        self.vdir, self.model, self.path, self.gif, self.log = vdir, model, path, gif, log
+        self.with_reward = path is not None
+        # a game slot stands for one of the run's envs: "window" keeps a window per slot, the other
+        # norms are one over all games
+        self.norms: list[Norm] = []
+        if path is not None:
+            shared = path.new_norm(1, stats)
+            self.norms = [path.new_norm(1, stats) if path.norm == "window" else shared for _ in range(n_slots)]
         self.index = [0] * n_slots
         self.writers: list[Mp4Writer | None] = [None] * n_slots
         self.strips: list[RewardStrip | None] = [None] * n_slots
@@ -163,7 +180,8 @@ class _GameRecorder:
         self.index[slot] = index
         self.series[slot] = ([], [])
         with_strip = self.with_reward and self.vdir is not None
-        self.strips[slot] = RewardStrip(clip=DEFAULT_CLIP) if with_strip else None  # the learner's scale
+        # drawn to the largest pay the path gives, and named under the strip
+        self.strips[slot] = RewardStrip(self.path.bound(), self.path.describe()) if with_strip and self.path else None
 
     def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None, life_lost: bool) -> None:
         if pred is not None:
@@ -175,8 +193,9 @@ class _GameRecorder:
             path = self.vdir / f"{video_stem(self.model, self.index[slot])}.mp4"
             writer = self.writers[slot] = Mp4Writer(path, frame.shape[1] * SCALE, height, fps=GAME_FPS)
         if writer is not None:
-            if strip is not None and pred is not None and self.norm is not None:
-                strip.add(float(self.norm.normalise(np.array([pred]))[0]), reward)
+            if strip is not None and pred is not None and self.path is not None:
+                paid, _ = self.path.pay(np.array([pred], dtype=np.float32), self.norms[slot], np.array([reward]))
+                strip.add(float(paid[0]), reward)
             writer.add(compose(frame, strip.render() if strip else None))
 
     def finished(self, slot: int, res: EpisodeResult) -> None:
@@ -204,6 +223,7 @@ def _play_loop(
     vdir: Path | None,
     model: str | os.PathLike,
     rm: Any,
+    path: RewardPath | None,
     greedy: bool,
     gif: bool,
     max_steps: int | None,
@@ -219,8 +239,8 @@ def _play_loop(
     def predict(frames: np.ndarray, actions: np.ndarray, shown: np.ndarray, game_over: np.ndarray) -> np.ndarray:
         return np.asarray(rm.predict(frames, actions, shown, game_over), dtype=np.float32).reshape(-1)
 
-    norm = RunningNorm(DEFAULT_NORM_WINDOW, prior=norm_prior(rm)) if rm is not None else None
-    recorder = _GameRecorder(venv.n_envs, vdir, model, norm, gif, log)
+    stats = norm_prior(rm) if rm is not None else None
+    recorder = _GameRecorder(venv.n_envs, vdir, model, path if rm is not None else None, stats, gif, log)
     results = play_games(
         venv,
         policy,

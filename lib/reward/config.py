@@ -11,13 +11,9 @@ from typing import Any
 from lib.atari.envs import POLICY_FRAME
 from lib.core.seeds import SEED_CHECKS
 from lib.core.settings import Check, check_between, check_fields, setting
+from lib.models.reward_spec import ARCHS, DIFF_BLOCK, MAX_ENSEMBLE, check_block
 from lib.models.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
-ARCHS = ("diff", "book")  # the first is 03_reward_train.py's default
-# The diff net averages (rows, cols) blocks of its 84x84 input. 4x12 keeps SeaQuest's reserve subs
-# (rows 8-11) apart from the score (rows 3-6): with 12x12 a lost life looked like points and the
-# fine-tune learned to die (docs/results.md).
-DIFF_BLOCK = (4, 12)
 INPUTS = ("full",)  # --input of the book's net: its frames as recorded (the book's)
 # Settings the measurements retired: each refused in one line that says why (lib.core.settings ``retired``).
 RETIRED_INPUTS = {
@@ -29,7 +25,6 @@ RETIRED_INPUTS = {
 # epochs cost almost nothing (cached features), and 20 agreed better on every DB and teacher
 # measured; more gave the same models (docs/results.md).
 PATIENCE = {"diff": 20, "book": 4}
-MAX_ENSEMBLE = 64  # members of one reward model (--ensemble; a checkpoint's state_dicts)
 MAX_LR = 1.0
 MAX_RETRAIN_EVERY = 1_000_000
 MAX_POLL = 3600.0
@@ -43,19 +38,6 @@ class FollowConfig:
 
     retrain_every: int = 20  # --retrain-every: new labels (new or edited answers) between versions
     poll: float = 5.0  # --poll: seconds between looks at the label files
-
-
-def check_block(block: Any) -> tuple[int, int]:
-    """(rows, cols) of a diff net's averaging block, each a divisor of 84; ValueError otherwise
-    (a checkpoint's field is untrusted: anything else is refused with one line)."""
-    try:
-        rows, cols = (int(v) for v in block)
-        ok = all(isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v for v in block)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok or not all(0 < v <= POLICY_FRAME and POLICY_FRAME % v == 0 for v in (rows, cols)):
-        raise ValueError(f"the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {str(block)[:40]}")
-    return rows, cols
 
 
 def _is_block(block: Any) -> bool:
