@@ -18,8 +18,8 @@ of ``01_a2c.py`` through ``--a2c-args``) runs here with its reward changed:
   held-out states); the counts then give the jumps too.
 
 ``--through-path`` sends the pay through the learned reward's own path instead (the ladder's rung
-between the rule and a model): with ``-r MODEL --reward-oracle`` in ``--a2c-args``, stage 1
-normalises, clips and scales what the env reports as its true reward, and here that is the pay (the
+between the rule and a model): with ``-r MODEL`` in ``--a2c-args``, stage 1 normalises, clips and
+scales what the env reports as its true reward (``experiments.lab_a2c``'s oracle source), and here that is the pay (the
 score's sign plus the paid steps), so the learner gets the pay as ``-r`` shapes a model's
 prediction; the run's logged game scores are then sums of pay, not points (the probe and
 ``04_play.py`` measure the policy).
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from lib.a2c.cli import parse_config
+from experiments.lab_a2c import a2c_config, lab_hooks
 from lib.atari.envs import rom_name
 from lib.atari.saved_states import vec_env
 from lib.atari.seaquest import PayTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
@@ -111,7 +110,7 @@ class RuleRewardVec:
             bonus[i] = float(paid)
         self.games += int(np.sum(st.game_over))
         self.steps += len(ended)
-        if self.through_path:  # the oracle path of -r (--reward-oracle) reads the pay as the true reward
+        if self.through_path:  # the oracle source (experiments.lab_a2c) reads the pay as the true reward
             st.true_rewards = (np.sign(np.asarray(st.true_rewards, dtype=np.float32)) + bonus).astype(np.float32)
         else:
             st.rewards = (np.asarray(st.rewards, dtype=np.float32) + bonus).astype(np.float32)
@@ -156,7 +155,7 @@ class LeverSettings:
     through_path: bool = setting(
         False,
         "send the pay through the learned reward's path (normalise, clip, scale) instead of beside the "
-        "sign-clipped score: needs -r MODEL --reward-oracle in --a2c-args (the model is not used)",
+        "sign-clipped score: needs -r MODEL in --a2c-args (its path, not its predictions)",
         group="levers",
     )
 
@@ -173,13 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = LeverSettings(**vars(build_parser().parse_args(argv)))
     check_fields(a)
-    try:
-        words = shlex.split(a.a2c_args)
-    except ValueError as e:
-        raise UserError(f"--a2c-args {a.a2c_args!r}: {e}") from None
-    cfg = parse_config(words)
-    if a.through_path and (a.pay == "none" or not cfg.reward_oracle):
-        raise UserError("--through-path sends a --pay other than none through -r's path: give -r MODEL --reward-oracle")
+    cfg = a2c_config(a.a2c_args)
+    if a.through_path and (a.pay == "none" or not cfg.reward):
+        raise UserError("--through-path sends a --pay other than none through -r's path: give -r MODEL in --a2c-args")
     if cfg.reward and a.pay != "none" and not a.through_path:
         raise UserError(f"--pay {a.pay} with -r: the reward model replaces the rule's pay (give --pay none)")
     if rom_name(cfg.env) != "seaquest":
@@ -195,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         wrapped.append(env)
         return env
 
-    rc = train(cfg, make_env=make_env)
+    rc = train(cfg, make_env=make_env, hooks=lab_hooks(cfg, reward_oracle=a.through_path))
     if wrapped:
         out = wrapped[0].summary()
         if cfg.start_states:

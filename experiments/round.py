@@ -175,7 +175,7 @@ def ensemble_of(args: RoundSettings) -> int:
 # What the round sets itself, by the stage's destination: --ft-args (01_a2c.py, per arm) and
 # --reward-args (03_reward_train.py, per reward model) may not set them
 FT_RESERVED = ("name", "model", "reward", "save", "db_path", "max_steps", "seed", "resume", "force", "runs_dir")
-FT_RESERVED += ("test_every", "test_episodes", "dev", "reward_oracle")
+FT_RESERVED += ("test_every", "test_episodes", "dev")
 REWARD_RESERVED = ("name", "out", "dev", "seed", "runs_dir", "no_progress", "evaluate", "follow")
 REWARD_RESERVED += ("retrain_every", "poll")
 A_DB = "DB"  # stage 3's DB argument while --reward-args are read: the round gives the DBs
@@ -241,9 +241,10 @@ def rlhf_config(
     args: RoundSettings, name: str, save: Path, start: Path, reward: Path, oracle: bool = False
 ) -> A2CConfig:
     """A fine-tune on a reward model, with --ft-args: the rlhf arm (recording its DB beside ``save``,
-    for the next round) or, ``oracle``, the oracle arm (the true score through the same path, no DB:
-    --ft-args' recording flags are the rlhf arm's, and 01_a2c.py refuses them without --db-path)."""
-    where = {"reward_oracle": True} if oracle else {"db_path": str(save.parent / "rlhf-db")}
+    for the next round) or, ``oracle``, the oracle arm's (no DB: --ft-args' recording flags are the
+    rlhf arm's, and 01_a2c.py refuses them without --db-path); ``train_a2c(..., reward_oracle=True)``
+    then sends the true score through the same path (``experiments.lab_a2c``)."""
+    where = {} if oracle else {"db_path": str(save.parent / "rlhf-db")}
     cfg = ft_config(
         args,
         name=name,
@@ -387,7 +388,8 @@ def fine_tune_arms(sr: SeedRun, k: int, reward: Path) -> dict[str, tuple[str, Pa
     if args.oracle_arm:  # the true score through the rlhf arm's path: -r's stats, --ft-args, no DB
         or_start = sr.v0_policy if fresh else best_policy(sr.tdir / f"r{k - 1}" / "oracle")
         or_name = f"round-oracle-{sr.tdir.name}-r{k}"
-        train_a2c(rlhf_config(args, or_name, rdir / "oracle", or_start, reward, oracle=True), args.evals, args)
+        oracle_cfg = rlhf_config(args, or_name, rdir / "oracle", or_start, reward, oracle=True)
+        train_a2c(oracle_cfg, args.evals, args, reward_oracle=True)
         arms["oracle"] = (or_name, rdir / "oracle")
     return arms
 

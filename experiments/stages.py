@@ -274,10 +274,11 @@ def checked_progress(cfg: A2CConfig) -> int | None:
     return _steps_done(last, cfg.save_dir / "last.pt")
 
 
-def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings) -> None:
+def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings, reward_oracle: bool = False) -> None:
     """``01_a2c.py`` with the arm's settings (``cfg``: name, save directory, ``max_steps``, where it
     starts and what it learns from and records) and the round's (device, seed, logs, ``evals``
-    evaluations): skipped when done, continued (``resume``) when stopped."""
+    evaluations): skipped when done, continued (``resume``) when stopped. ``reward_oracle``: stage 1
+    as the lab runs it, the true score sent through -r's path (``experiments.lab_a2c``)."""
     steps = cfg.max_steps
     done = checked_progress(cfg)
     if done is not None and done >= steps:
@@ -294,6 +295,8 @@ def train_a2c(cfg: A2CConfig, evals: int, args: RoundSettings) -> None:
     # stopped part-way: continue from last.pt (its policy, not the one the arm starts from)
     cfg = replace(cfg, resume=True, model=None) if done is not None else replace(cfg, force=True)
     cmd = [sys.executable, str(ROOT / "01_a2c.py"), *a2c_argv(cfg)]
+    if reward_oracle:
+        cmd = [sys.executable, "-m", "experiments.lab_a2c", "--reward-oracle", "--a2c-args", shlex.join(a2c_argv(cfg))]
     run_stage(cfg.name, cmd, args.out / "logs" / f"{cfg.name}.log")
     reached = a2c_progress(cfg.save_dir) or 0
     if reached < steps:  # Ctrl-C reached the child too: it saved last.pt and ended cleanly

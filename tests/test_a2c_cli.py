@@ -312,7 +312,7 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     policy.write_bytes(b"")
     every = A2CConfig(
         name="x", env="BreakoutNoFrameskip-v4", dev="cuda:1", model=str(policy), finetune=True,
-        reward="r.pt", reward_oracle=True, reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
+        reward="r.pt", reward_reload=True, save="s", db_path="db", envs=8, max_steps=1000, seed=3,
         record_prob=0.25, segment_steps=25, test_every=500, test_episodes=2, force=True, lr=1e-3,
         lr_decay_steps=99, runs_dir="tb", precision="bf16", threads=2, env_threads=1, reward_scale=0.2,
         reward_norm="window", terminal="none", kl=0.5,
@@ -324,8 +324,6 @@ def test_a_config_goes_to_the_stage_as_its_own_flags(tmp_path) -> None:
     assert parse_config(a2c_argv(every)) == every
     starts = A2CConfig(name="x", start_states="states", start_share=0.25)  # SeaQuest's alone
     assert parse_config(a2c_argv(starts)) == starts
-    oracle = A2CConfig(name="x", reward="r.pt", reward_oracle=True)
-    assert parse_config(a2c_argv(oracle)) == oracle
     assert a2c_argv(A2CConfig(name="v0")) == ["--name", "v0"]
     resume = A2CConfig(name="v0", resume=True, max_steps=64)
     assert parse_config(a2c_argv(resume)) == resume

@@ -101,12 +101,12 @@ def test_learner_gets_exact_n_step_returns_and_bootstraps_from_the_acting_pass(t
     seen = []
     real_loss = a2c.a2c_loss
 
-    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0):
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0, **kw):
         # Weights change only at the optimiser step, so every bootstrap value in this batch must
         # equal what the current network says about the bootstrap state, at the run's precision.
         seen.append((batch, boot_values.copy(), a2c._values(net, batch.boot_obs, device, bf16)))
         assert weight == 1.0  # one process: the plain mean
-        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta)
+        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta, **kw)
 
     monkeypatch.setattr(a2c, "a2c_loss", spy)
     cfg = config(tmp_path)
@@ -291,9 +291,9 @@ def _spy_batches(monkeypatch) -> list:
     seen: list = []
     real_loss = a2c.a2c_loss
 
-    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0):
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0, **kw):
         seen.append(batch)
-        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta)
+        return real_loss(net, batch, boot_values, device, beta, bf16, weight, start, kl_beta, **kw)
 
     monkeypatch.setattr(a2c, "a2c_loss", spy)
     return seen
@@ -371,10 +371,10 @@ def test_gamma_n_steps_entropy_and_clip_are_settings(tmp_path, monkeypatch):
     seen, betas, clips = [], [], []
     real_loss, real_clip = a2c.a2c_loss, torch.nn.utils.clip_grad_norm_
 
-    def spy(net, batch, boot_values, device, beta, *rest):
+    def spy(net, batch, boot_values, device, beta, *rest, **kw):
         seen.append(batch)
         betas.append(beta)
-        return real_loss(net, batch, boot_values, device, beta, *rest)
+        return real_loss(net, batch, boot_values, device, beta, *rest, **kw)
 
     def clip_spy(params, max_norm, *rest, **kw):
         clips.append(max_norm)
@@ -465,8 +465,8 @@ def test_kl_target_adapts_the_coefficient_in_the_loop_and_across_a_resume(tmp_pa
     assert resumed[0] == pytest.approx(last["kl_coef"])
 
 
-def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
-    """a2c_loss with ``low`` flags logs finetune/kl_low_gauge: KL(pi || pi_start) averaged over the
+def test_kl_on_marked_steps_is_the_kl_of_those_steps():
+    """a2c_loss with ``marked`` steps logs finetune/kl_<marked_as>: KL(pi || pi_start) averaged over the
     flagged transitions only."""
     from lib.models.policy import StartPolicy, kl_to_start
 
@@ -482,7 +482,9 @@ def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
         obs, np.zeros(b, np.int64), np.zeros(b, np.float32), np.ones(b, np.float32), np.ones(b, np.int64),
         np.zeros(b, np.int8), obs.copy(), np.arange(b), low,
     )  # fmt: skip
-    _, m = a2c.a2c_loss(net, batch, np.zeros(b, np.float32), torch.device("cpu"), 0.0, start=start)
+    _, m = a2c.a2c_loss(
+        net, batch, np.zeros(b, np.float32), torch.device("cpu"), 0.0, start=start, marked_as="low_gauge"
+    )
     x = torch.from_numpy(obs)
     with torch.no_grad():
         logp = torch.log_softmax(net(x)[0], 1)
@@ -490,7 +492,7 @@ def test_kl_on_low_gauge_steps_is_the_kl_of_those_steps():
         everywhere = kl_to_start(logp, start_net(x)[0]).item()
     assert m["finetune/kl_low_gauge"] == pytest.approx(want, rel=1e-5)
     assert want != pytest.approx(everywhere, rel=1e-3)
-    batch.low = np.zeros(b, dtype=bool)
+    batch.marked = np.zeros(b, dtype=bool)
     assert (
         "finetune/kl_low_gauge"
         not in a2c.a2c_loss(net, batch, np.zeros(b, np.float32), torch.device("cpu"), 0.0, start=start)[1]

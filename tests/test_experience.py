@@ -108,9 +108,10 @@ def test_envs_are_independent():
     assert out.boot_obs[0, 0] == 102
 
 
-def test_low_gauge_flags_travel_with_the_transition_they_started():
-    """``low`` given per step and env comes out on the transition that started at that step (the
-    KL on low-gauge steps is taken over exactly those); not given, the transitions carry none."""
+def test_marks_travel_with_the_transition_they_started():
+    """``marked`` given per step and env comes out on the transition that started at that step (the
+    KL on marked steps, such as the lab's low-gauge ones, is taken over exactly those); not given,
+    the transitions carry none."""
     col = NStepCollector(2, (1,), 3, GAMMA)
     flags = [np.array([t % 3 == 0, t % 2 == 0]) for t in range(8)]
     out = []
@@ -119,8 +120,8 @@ def test_low_gauge_flags_travel_with_the_transition_they_started():
         z = np.zeros(2, bool)
         out.append(col.add(obs, np.zeros(2, np.int64), np.ones(2, np.float32), z, z, obs + 1, None, flags[t]))
     tr = Transitions.concat(out)
-    for o, e, low in zip(tr.obs[:, 0], tr.env, tr.low, strict=True):
+    for o, e, marked in zip(tr.obs[:, 0], tr.env, tr.marked, strict=True):
         t = int(o) - 100 * int(e)
-        assert low == flags[t][e]
-    assert tr.low.any() and not tr.low.all()
-    assert run([1, 2, 3, 4], [False] * 4, [False] * 4, n=2).low is None
+        assert marked == flags[t][e]
+    assert tr.marked.any() and not tr.marked.all()
+    assert run([1, 2, 3, 4], [False] * 4, [False] * 4, n=2).marked is None

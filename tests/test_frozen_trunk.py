@@ -50,7 +50,7 @@ def a_batch(net: AtariA2C, n: int, bf16: bool, rng: np.random.Generator) -> Tran
         boot_mode=np.full(n, BOOT_NEXT, np.int8),
         boot_obs=obs.copy(),
         env=np.arange(n) % ENVS,
-        low=rng.random(n) < 0.3,
+        marked=rng.random(n) < 0.3,
         features=torch.cat(kept),
     )
 
@@ -98,7 +98,7 @@ def test_kept_features_give_the_full_forwards_loss_and_head_gradients(precision:
     assert len(trunk_runs) == 1
     got = loss_and_grads(net, batch, boot, bf16, start=start, kl_beta=0.5)
     assert len(trunk_runs) == 1  # the kept features' path runs the heads alone
-    assert "finetune/kl_low_gauge" in got[1] and got[1]["finetune/kl_to_start"] > 1e-4
+    assert "finetune/kl_marked" in got[1] and got[1]["finetune/kl_to_start"] > 1e-4
     assert_same_update(got, want, precision)
     # the comparison sees a mistake of the kind the loop could make: another state's features
     shifted = dataclasses.replace(batch, features=batch.features.roll(1, dims=0))
@@ -150,7 +150,7 @@ def spy_checking_the_kept_features(monkeypatch: pytest.MonkeyPatch, precision: s
     seen: list[Transitions] = []
     real_loss = a2c.a2c_loss
 
-    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0):
+    def spy(net, batch, boot_values, device, beta, bf16=False, weight=1.0, start=None, kl_beta=0.0, **kw):
         seen.append(batch)
         args = (boot_values, device, beta, bf16, weight, start, kl_beta)
         if batch.features is not None:

@@ -102,7 +102,7 @@ def test_the_pays_owner_gives_the_levers_counts_on_the_recorded_clip() -> None:
 
 
 def test_through_the_path_the_pay_is_what_the_env_reports_as_its_true_reward() -> None:
-    """--through-path: stage 1's oracle path (-r MODEL --reward-oracle) normalises the env's true
+    """--through-path: the oracle source through -r's path (experiments.lab_a2c) normalises the env's true
     reward, so the pay goes there (the score's sign plus the paid steps) and the rewards stay the score."""
     plain = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both")
     path = levers.RuleRewardVec(OneGame(divers=1, oxygen=12), "both", through_path=True)
@@ -133,7 +133,7 @@ def test_a_game_without_the_gauge_is_refused() -> None:
     ("args", "message"),
     [
         (["--a2c-args", "-n x -r some.pt"], "give --pay none"),
-        (["--a2c-args", "-n x -r some.pt", "--pay", "both", "--through-path"], "give -r MODEL --reward-oracle"),
+        (["--a2c-args", "-n x", "--pay", "both", "--through-path"], "give -r MODEL in --a2c-args"),
         (["--a2c-args", "-n x", "--pay", "none", "--through-path"], "--through-path sends a --pay other than none"),
         (["--a2c-args", "-n x --start-states nowhere"], "--start-states nowhere"),
         (["--a2c-args", "-n x --env PongNoFrameskip-v4", "--pay", "none"], "SeaQuest"),

@@ -310,7 +310,7 @@ def test_last_pt_records_how_the_run_learned_and_a_resume_goes_on_with_it(
         (dict(kl_target=0.5), "learned with --kl-target 0.1; --kl-target 0.5 contradicts it"),
         (dict(gamma=0.9), "learned with --gamma 0.98; --gamma 0.9 contradicts it"),
         (dict(reward_scale=0.05), "learned with --reward-scale 1; --reward-scale 0.05 contradicts it"),
-        (dict(reward_oracle=True), "learned with no --reward-oracle; --reward-oracle contradicts it"),
+        (dict(reward_plus_score=True), "learned with no --reward-plus-score; --reward-plus-score contradicts it"),
         (dict(lr=1e-3), "learned with --lr 0.0007; --lr 0.001 contradicts it"),
         (dict(finetune=True), "learned with no --finetune; --finetune contradicts it"),
     ],

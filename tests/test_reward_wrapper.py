@@ -293,25 +293,6 @@ def test_labels_norm_needs_stored_stats(tmp_path):
         RewardModelWrapper(FakeVec(), path, path=RewardPath(norm="labels"))
 
 
-def test_oracle_sends_the_true_score_through_the_same_path(tmp_path):
-    """--reward-oracle: the learner's reward is the true score, normalised with the score's stats
-    stored beside the model's (labels), clipped and scaled like the model's would be."""
-    torch.manual_seed(0)
-    ck = reward_checkpoint([RewardModel(18, (48, 48, 3)).eval()], SEAQUEST, "seaquest", None, 0.0, 1.0)
-    ck.update(score_mean=0.25, score_std=0.5)
-    path = tmp_path / "r.pt"
-    save_reward_checkpoint(ck, path)
-    env = FakeVec(n_envs=3)
-    w = RewardModelWrapper(env, path, path=RewardPath(clip=1.0, scale=0.1, norm="labels"), oracle=True)
-    st = w.step(np.zeros(3, np.int64))
-    np.testing.assert_array_equal(st.pred_rewards, st.true_rewards)  # the score, not the model
-    np.testing.assert_allclose(st.rewards, 0.1 * np.clip((1.0 - 0.25) / 0.5, -1, 1), rtol=1e-6)
-    del ck["score_mean"], ck["score_std"]
-    save_reward_checkpoint(ck, path)
-    with pytest.raises(UserError, match="score's statistics"):
-        RewardModelWrapper(env, path, path=RewardPath(norm="labels"), oracle=True)
-
-
 class RecordedVec(FakeVec):
     """FakeVec with the lives the recorder keeps."""
 

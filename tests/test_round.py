@@ -665,7 +665,7 @@ def test_previous_model_agreement_with_the_new_labels(tmp_path: Path) -> None:
         (("--ft-args", "--sav /tmp/elsewhere"), "--ft-args may not set --save"),
         (("--ft-args", "--max-s 10"), "--ft-args may not set --max-steps"),
         (("--ft-args", "--db-p x"), "--ft-args may not set --db-path"),
-        (("--ft-args", "--reward-o"), "--ft-args may not set --reward-oracle"),
+        (("--ft-args", "--reward-oracle"), "--reward-oracle moved to the lab: python -m experiments.lab_a2c"),
         (("--ft-args", "-m/x.pt"), "--ft-args may not set -m / --model"),
         (("--ft-args", "-r/x.pt"), "--ft-args may not set -r / --reward"),
         (("--ft-args", "--see=3"), "--ft-args may not set --seed"),

@@ -20,7 +20,7 @@ FLAGS = {
         "--n-steps",
         "--clip-grad", "--resume", "--force", "-r", "--reward", "--reward-reload",
         "--reward-scale", "--reward-norm", "--norm-window", "--reward-clip",
-        "--reward-plus-score", "--reward-oracle",
+        "--reward-plus-score",
         "--db-path", "--record-prob",
         "--segment-steps",
         "--save", "--test-every", "--test-episodes", "--runs-dir", "--precision", "--threads", "--env-threads",

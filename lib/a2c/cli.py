@@ -21,6 +21,11 @@ GROUPS = {  # --help's groups, in order, and their titles
 }
 
 
+# where a lab flag went: given to stage 1, one line that names the experiment that has it now
+MOVED = {
+    "--reward-oracle": "moved to the lab: python -m experiments.lab_a2c --reward-oracle --a2c-args \"<01_a2c.py's "
+    "flags>\" sends the true score through -r's path",
+}
 RETIRED = {  # flags the measurements closed: given, one line that says why and where the figures are
     "--bf16": "was retired after commit 3dfcf7a: give --precision bf16 (or --precision auto: bf16 where the "
     "CPU or GPU has it natively; speeds in docs/benchmarks.md)",
@@ -43,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             "its play for labeling; with -r it learns from a reward model instead of the game score.",
             GROUPS,
         ),
-        RETIRED,
+        RETIRED | MOVED,
     )
 
 

@@ -235,14 +235,6 @@ class A2CConfig:
         "clip and --reward-scale) instead of the learned reward alone",
         group="labels",
     )
-    reward_oracle: bool = setting(
-        False,
-        "-r: learn from the game's true per-step score sent through the learned reward's path (its "
-        "--reward-norm, --reward-scale, clip and --terminal) instead of the model's prediction; with "
-        "--reward-norm labels the score's statistics over the same labelled clips, stored in -r's checkpoint "
-        "(experiments.round --oracle-arm: what the path costs apart from the model's errors)",
-        group="labels",
-    )
     db_path: str | None = setting(
         None, "record segments into this DB directory (recording is off without it)", group="labels"
     )
@@ -324,7 +316,6 @@ class A2CConfig:
         wrong = [
             (self.finetune and not (self.model or self.resume), "--finetune needs a policy: give -m MODEL"),
             (self.reward_reload and not self.reward, "--reward-reload watches the reward model: give -r MODEL"),
-            (self.reward_oracle and not self.reward, "--reward-oracle takes its stats from a reward model: give -r"),
             ((self.kl or 0) > 0 and not (self.model or self.resume), "--kl pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and not (self.model or self.resume), "--kl-target pulls toward the policy -m starts from: give -m"),  # noqa: E501
             (self.kl_target is not None and self.kl == 0, "--kl-target adapts the coefficient --kl starts it at: give --kl above 0 or leave it out"),  # noqa: E501
@@ -364,7 +355,7 @@ def kl_beta(cfg: A2CConfig, has_start: bool, resume_ck: dict | None) -> float:
 # say the same. The paths are recorded resolved: a run may be resumed from another directory.
 LEARNED_WITH = (
     "reward", "reward_reload", "reward_scale", "reward_norm", "norm_window", "reward_clip", "reward_plus_score",
-    "reward_oracle", "terminal", "kl_target", "start_states", "start_share", "gamma", "entropy", "n_steps",
+    "terminal", "kl_target", "start_states", "start_share", "gamma", "entropy", "n_steps",
     "clip_grad",
 )  # fmt: skip
 _PATHS = ("reward", "start_states")
@@ -392,7 +383,7 @@ def _kind_ok(f: Field, v: Any) -> bool:
 
 
 def _shown(f: Field, v: Any) -> str:
-    """A setting's value as its flag reads: ``--terminal none``, ``--reward-oracle``, ``no --reward``."""
+    """A setting's value as its flag reads: ``--terminal none``, ``--reward-plus-score``, ``no --reward``."""
     flag = flag_of(f)
     if v is None or v is False:
         return f"no {flag}"

@@ -38,7 +38,7 @@ class Transitions:
     boot_mode: (B,) int8              BOOT_NONE / BOOT_NEXT / BOOT_FINAL
     boot_obs:  (B, *obs_shape) uint8  state to bootstrap from (zeros where BOOT_NONE)
     env:       (B,) int64             index of the env the transition came from
-    low:       (B,) bool or None      the state showed a low gauge (SeaQuest; the KL logged on those alone)
+    marked:    (B,) bool or None      a readout marked the state (``StepMarks``: the KL logged on those alone)
     features:  (B, F) tensor or None  the frozen trunk's features of ``obs`` from the acting forward (float32,
                                       or bfloat16 under --precision bf16), on the policy's device
     """
@@ -51,7 +51,7 @@ class Transitions:
     boot_mode: np.ndarray
     boot_obs: np.ndarray
     env: np.ndarray
-    low: np.ndarray | None = None
+    marked: np.ndarray | None = None
     features: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -83,7 +83,7 @@ class NStepCollector:
         self.disc = np.ones((n_steps, n_envs), dtype=np.float64)
         self.k = np.zeros((n_steps, n_envs), dtype=np.int64)
         self.valid = np.zeros((n_steps, n_envs), dtype=bool)
-        self.low = np.zeros((n_steps, n_envs), dtype=bool)
+        self.marked = np.zeros((n_steps, n_envs), dtype=bool)
         self.features: torch.Tensor | None = None  # (n_steps, n_envs, F), made by the first ``features`` given
         self.t = 0
 
@@ -96,11 +96,11 @@ class NStepCollector:
         truncated: np.ndarray,
         next_obs: np.ndarray,
         final_obs: np.ndarray | None = None,
-        low: np.ndarray | None = None,
+        marked: np.ndarray | None = None,
         features: torch.Tensor | None = None,
     ) -> Transitions:
-        """``low`` (N,) bool: the states ``obs`` showed a low gauge (None: not known; the
-        transitions' ``low`` is then None). ``features`` (N, F): the frozen trunk's features of
+        """``marked`` (N,) bool: a readout marked the states ``obs`` (None: no readout; the
+        transitions' ``marked`` is then None). ``features`` (N, F): the frozen trunk's features of
         ``obs`` (None: the learner computes them; the transitions' ``features`` is then None)."""
         j = self.t % self.n
         self.t += 1
@@ -110,7 +110,7 @@ class NStepCollector:
             if self.features is None:
                 self.features = features.new_zeros((self.n, *features.shape))
             self.features[j] = features
-        self.low[j] = False if low is None else low
+        self.marked[j] = False if marked is None else marked
         self.actions[j] = actions
         self.ret[j] = 0.0
         self.disc[j] = 1.0
@@ -145,7 +145,7 @@ class NStepCollector:
             boot_mode=mode,
             boot_obs=boot_obs,
             env=env.astype(np.int64),
-            low=None if low is None else self.low[slot, env].copy(),
+            marked=None if marked is None else self.marked[slot, env].copy(),
             # a transition learns the action taken in its first state: that state's features
             features=None if features is None else self._features_at(slot, env),
         )

@@ -15,12 +15,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from lib.atari.envs import grey84
+from lib.atari.envs import VecStep, grey84
 from lib.core.errors import UserError, warn
 from lib.core.files import file_state
 from lib.models.policy import resolve_device
@@ -56,6 +56,23 @@ class StepFrames:
         return self._grey
 
 
+class RewardSource(Protocol):
+    """What goes through the reward path in place of the model's prediction: the hook an experiment
+    gives ``lib.a2c.train.train`` (``experiments.lab_a2c``'s oracle arm sends the true score).
+    ``name`` says what it is in one-line errors."""
+
+    name: str
+
+    def __call__(self, st: VecStep) -> np.ndarray:
+        """(N,) the values of one finished step, one per env."""
+        ...
+
+    def stats(self, model: RewardPredictor) -> tuple[float, float] | None:
+        """The (mean, std) ``--reward-norm labels`` fixes for these values (from ``model``'s
+        checkpoint, say); None where there are none."""
+        ...
+
+
 class RewardModelWrapper:
     """A vector env whose ``rewards`` come from a reward model. It has AtariVec's interface (n_envs,
     game, env_id, n_actions, action_meanings, frames, reset, step, step_async/step_wait); any other
@@ -71,16 +88,16 @@ class RewardModelWrapper:
         reload: bool = False,
         poll_s: float = RELOAD_POLL_S,
         verbose: bool = True,
-        oracle: bool = False,
+        source: RewardSource | None = None,
     ):
         """``path``: how a raw prediction becomes the learner's reward (``lib.models.reward_path``;
         the default path where None). ``reload``: switch to each new good version of
         ``model_path``, looking at most every ``poll_s`` seconds; ``verbose``: print each switch.
-        ``oracle``: send the game's score through the path instead of the prediction
-        (``--reward-oracle``)."""
+        ``source``: what goes through the path in place of the model's prediction (an experiment's
+        hook, ``RewardSource``); the model is still loaded and checked, and its stats serve."""
         self.env = env
         self.reward_path = path or RewardPath()
-        self.norm_mode, self.oracle = self.reward_path.norm, oracle
+        self.norm_mode, self.source = self.reward_path.norm, source
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
@@ -107,7 +124,7 @@ class RewardModelWrapper:
         if not all(state_is_finite(net.state_dict()) for net in model.nets):
             raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
         if self.norm_mode == "labels" and self._stored_stats(model) is None:
-            what = "the score's statistics" if self.oracle else "normalisation statistics"
+            what = f"statistics of {self.source.name}" if self.source else "normalisation statistics"
             raise UserError(
                 f"reward model {path} stores no {what} of its labelled clips (trained by an older stage 3, or on "
                 f"a DB without true rewards): retrain it, or use --reward-norm running"
@@ -116,13 +133,8 @@ class RewardModelWrapper:
 
     def _stored_stats(self, model: RewardPredictor) -> tuple[float, float] | None:
         """The fixed (mean, std) of ``--reward-norm labels``: the model's predictions over its
-        labelled clips, or with ``--reward-oracle`` the true score's over the same clips."""
-        if self.oracle:
-            stats = model.score_stats
-            if stats is None or not all(math.isfinite(v) for v in stats) or stats[1] < 0:
-                return None
-            return stats
-        return norm_prior(model)
+        labelled clips, or a source's own (``RewardSource.stats``)."""
+        return self.source.stats(model) if self.source else norm_prior(model)
 
     def _use(self, model: RewardPredictor) -> None:
         """Learn from ``model`` from the next step on, its norm started afresh from its stored stats
@@ -132,8 +144,8 @@ class RewardModelWrapper:
         # which the next step then copies and greys afresh
         self._shown: StepFrames | None = None
         self.version = model_version(model, self.loaded)
-        # the model's stats say nothing of the score: the oracle's running norm starts with no prior
-        stats = self._stored_stats(model) if self.norm_mode == "labels" or not self.oracle else None
+        # the model's stats say nothing of a source's values: its running norm starts with no prior
+        stats = self._stored_stats(model) if self.norm_mode == "labels" or not self.source else None
         self.norm: Norm = self.reward_path.new_norm(self.env.n_envs, stats)  # labels: _checked made sure of stats
 
     def poll(self) -> bool:
@@ -217,10 +229,10 @@ class RewardModelWrapper:
         self.poll()
         t0 = time.perf_counter()
         acts = torch.from_numpy(np.asarray(actions, dtype=np.int64).copy())
-        if self.oracle:
+        if self.source:
             self.env.step_async(actions)
             self._before = None
-            self._pending = torch.empty(0)  # the score comes with the step: step_wait uses it
+            self._pending = torch.empty(0)  # the source reads the step: step_wait asks it
             self._infer_s += time.perf_counter() - t0
             return
         if self.model.needs_next:
@@ -270,9 +282,9 @@ class RewardModelWrapper:
         if self._pending is None and self._before is None:
             raise RuntimeError("step_wait() without step_async()")
         st = self.env.step_wait()
-        if self.oracle:
+        if self.source:
             self._pending = None
-            self._predicted(st, torch.from_numpy(np.asarray(st.true_rewards, dtype=np.float32)[None]), self.norm)
+            self._predicted(st, torch.from_numpy(np.asarray(self.source(st), dtype=np.float32)[None]), self.norm)
             return st
         if self._before is None:
             self._predicted(st, self._pending, self.norm)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ from lib.store.checkpoints import (
 from lib.store.segment_writer import check_db_game
 from lib.store.segments import MAX_ENV_STEP
 from lib.store.states import start_states
+
+if TYPE_CHECKING:
+    from lib.a2c.reward_env import RewardSource
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch has a fused Adam (the learner's optimiser)
 
@@ -296,6 +299,29 @@ class Progress:
         }
 
 
+class StepMarks(Protocol):
+    """Marks the steps a readout wants apart, by the frames (N, H, W, 3) their actions are chosen on:
+    a fine-tune logs its KL to the start policy on the marked steps as ``finetune/kl_<name>``
+    (``experiments.lab_a2c`` marks SeaQuest's low-gauge steps)."""
+
+    name: str
+
+    def __call__(self, frames: np.ndarray) -> np.ndarray:
+        """(N,) bool, one per env."""
+        ...
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Where an experiment reaches into stage 1, beside ``train``'s ``make_env`` (as SB3's callbacks
+    do): the product carries no flag or readout that only an experiment uses. ``reward_source``:
+    what goes through -r's path in place of the model's prediction; ``marks``: steps whose KL is
+    logged apart."""
+
+    reward_source: RewardSource | None = None
+    marks: StepMarks | None = None
+
+
 @dataclass(kw_only=True)
 class Run:
     """What a training run is made of (``build_run``) and how it saves itself; built by name only."""
@@ -322,6 +348,7 @@ class Run:
     start: StartPolicy | None = None  # a fine-tune's start policy (--kl, finetune/kl_to_start)
     kl_coef: float = 0.0  # the KL coefficient in use: --kl, or where --kl-target has moved it
     dir_lock: int | None = None  # rank 0 holds the checkpoint dir while it runs (``_hold_save_dir``)
+    hooks: Hooks = field(default_factory=lambda: Hooks())  # what an experiment reaches in with
 
     @property
     def global_envs(self) -> int:
@@ -393,9 +420,11 @@ def make_env_stack(
     rng: np.random.Generator,
     resume_ck: dict[str, Any] | None,
     dist: Dist | None = None,
+    source: RewardSource | None = None,
 ) -> tuple[Any, EpisodeRecorderWrapper | None]:
     """The env the learner steps, wrapper by wrapper. Order matters: the recorder sees the game's
-    own frames and true reward; the reward model then replaces the reward the learner gets."""
+    own frames and true reward; the reward model then replaces the reward the learner gets (or
+    ``source``'s values through its path: ``Hooks.reward_source``)."""
     dist = dist or Dist()
     env, recorder = base_env, None  # AtariVec: DeepMind set-up, 84x84 grey 4-stack + RGB frames
     reward_env = None
@@ -411,7 +440,7 @@ def make_env_stack(
             path=cfg.reward_path(),
             reload=cfg.reward_reload,
             verbose=dist.is_main,
-            oracle=cfg.reward_oracle,
+            source=source,
         )
     if cfg.db_path:
         counters = (resume_ck or {}).get("env_steps")
@@ -586,7 +615,9 @@ def _starts(cfg: A2CConfig, dist: Dist) -> dict[str, Any]:
     return {"starts": (states, cfg.start_share)}
 
 
-def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> Run:
+def build_run(
+    cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None, hooks: Hooks | None = None
+) -> Run:
     """Check, then build everything the loop needs. ``make_env(env_id, n_envs, seed=, num_threads=,
     device=)`` makes a vector env (``lib.atari.saved_states.vec_env``; tests pass a fake). Under torchrun
     this rank plays the global envs rank*envs ... with their own seeds; rank 0 alone evaluates and
@@ -610,7 +641,7 @@ def build_run(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist
     try:
         if cfg.save_dir.is_dir():
             hold()  # before a second run's --force removes, or its eval writes, anything of this one's
-        return _assemble(cfg, resume_ck, make_env, dist, device, game, say, hold, held)
+        return _assemble(cfg, resume_ck, make_env, dist, device, game, say, hold, held, hooks or Hooks())
     except BaseException:
         for fd in held:
             os.close(fd)
@@ -627,6 +658,7 @@ def _assemble(
     say: Callable[[str], None],
     hold: Callable[[], None],
     held: list[int],
+    hooks: Hooks,
 ) -> Run:
     """``build_run``'s second half, once the files are checked: the settings a resumed run goes on
     with, the envs, the policy, the optimiser and TensorBoard. ``hold()`` takes rank 0's lock of the
@@ -651,7 +683,7 @@ def _assemble(
     dist.broadcast_module(net)
     start = _start_policy(cfg, net, resume_ck)
     cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
-    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist)
+    env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist, hooks.reward_source)
     eval_env = None
     if cfg.test_every and dist.is_main:
         seed = cfg.seed + EVAL_SEED_OFFSET
@@ -694,6 +726,7 @@ def _assemble(
         start=start,
         kl_coef=kl_coef_at_start(cfg, resume_ck),
         dir_lock=held[0] if held else None,
+        hooks=hooks,
     )
 
 

@@ -20,6 +20,7 @@ from lib.a2c.distributed import Dist, RankLost, env_uniforms
 from lib.a2c.experience import BOOT_FINAL, BOOT_NEXT, NStepCollector, Transitions
 from lib.a2c.run import (
     GameStats,
+    Hooks,
     NonFiniteError,
     Run,
     autocast,
@@ -28,7 +29,6 @@ from lib.a2c.run import (
 )
 from lib.atari.envs import VecStep
 from lib.atari.saved_states import vec_env
-from lib.atari.seaquest import low_gauge, shows_gauge
 from lib.core.signals import SignalStop
 from lib.core.stats import StepCorrelation
 from lib.models.policy import AtariA2C, StartPolicy, kl_to_start
@@ -52,14 +52,16 @@ def a2c_loss(
     weight: float = 1.0,
     start: StartPolicy | None = None,
     kl_beta: float = 0.0,
+    marked_as: str = "marked",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """A2C loss on a batch of n-step transitions: target = returns + discount * V(s_boot), with
     ``boot_values`` (B,) float32 computed without gradient (0 where the episode terminated).
     ``weight`` scales the returned loss, not the metrics: with K ranks B / (all ranks' B), so the
     summed gradients are those of the global mean. ``start``: a fine-tune's start policy; its KL is
-    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``).
-    ``batch.features``: the frozen trunk's features from the acting forward; the heads run on them
-    and the trunk is not run again (the same loss: the frozen weights have not moved since)."""
+    reported (``finetune/kl_to_start``) and ``kl_beta`` times it added to the loss (``--kl``); on
+    ``batch.marked``'s steps alone too, as ``finetune/kl_<marked_as>``. ``batch.features``: the
+    frozen trunk's features from the acting forward; the heads run on them and the trunk is not run
+    again (the same loss: the frozen weights have not moved since)."""
     kept = batch.features
     if kept is not None and not net.conv_frozen:
         raise ValueError("a2c_loss: batch.features given but the conv layers train (kept features need --finetune)")
@@ -91,9 +93,9 @@ def a2c_loss(
         kl = kl_to_start(log_prob, start_logits)
         if kl_beta:
             loss = loss + kl_beta * kl
-        low = None if batch.low is None else torch.from_numpy(batch.low).to(device)
-        if low is not None and bool(low.any()):  # the steps where the refill is decided
-            kl_low = kl_to_start(log_prob.detach()[low], start_logits[low])
+        marked = None if batch.marked is None else torch.from_numpy(batch.marked).to(device)
+        if marked is not None and bool(marked.any()):  # a readout's steps (StepMarks): their KL apart
+            kl_marked = kl_to_start(log_prob.detach()[marked], start_logits[marked])
     metrics = {
         "losses/policy": loss_policy.item(),
         "losses/value": loss_value.item(),
@@ -103,8 +105,8 @@ def a2c_loss(
     }
     if kl is not None:
         metrics["finetune/kl_to_start"] = kl.item()
-        if low is not None and bool(low.any()):
-            metrics["finetune/kl_low_gauge"] = kl_low.item()
+        if marked is not None and bool(marked.any()):
+            metrics[f"finetune/kl_{marked_as}"] = kl_marked.item()
     return loss * weight, metrics
 
 
@@ -221,7 +223,16 @@ class Learner:
             self.ready, self.ready_boot = [], []
             weight = local * run.dist.world / total  # the mean over every rank's transitions
             loss, m = a2c_loss(
-                run.net, batch, boot_all, run.device, run.cfg.entropy, run.cfg.bf16, weight, run.start, run.kl_coef
+                run.net,
+                batch,
+                boot_all,
+                run.device,
+                run.cfg.entropy,
+                run.cfg.bf16,
+                weight,
+                run.start,
+                run.kl_coef,
+                marked_as=run.hooks.marks.name if run.hooks.marks else "marked",
             )
             loss.backward()
         run.dist.sum_grads(self.params)
@@ -307,19 +318,21 @@ class ProgressLog:
 # --- the loop -----------------------------------------------------------------------------------
 
 
-def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None) -> int:
+def train(
+    cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | None = None, hooks: Hooks | None = None
+) -> int:
     """Train until --max-steps or Ctrl-C; evaluate and save along the way; report where things are.
     The env steps in its C++ threads while this thread works: once a step's results are in, the next
     actions are chosen and sent, and the bookkeeping and update run while the env steps. The result
     is that of act -> learn -> step in order: the update bootstraps from that same forward pass."""
-    run = build_run(cfg, make_env, dist)
+    run = build_run(cfg, make_env, dist, hooks)
     if run.dist.is_main:
         announce(run)
     collector = NStepCollector(cfg.envs, run.base_env.obs_shape, cfg.n_steps, cfg.gamma)
     learner, games, log = Learner(run), GameStats(cfg.envs, finetune=run.start is not None), ProgressLog(run)
     clip = not cfg.reward  # the score is sign-clipped (DeepMind); a learned reward is scaled by its wrapper
-    # where the gauge shows (SeaQuest), a fine-tune's KL is also logged on the low-gauge steps alone
-    gauge = run.start is not None and shows_gauge(run.game, tuple(np.shape(run.env.frames)[1:]))
+    # a fine-tune's KL to its start is also logged on the steps a readout marks (an experiment's hook)
+    marks = run.hooks.marks if run.start is not None else None
     test_every = cfg.test_every
     next_test = (run.progress.step // test_every + 1) * test_every if test_every else None
     status, failure = "finished", None
@@ -329,11 +342,11 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
         obs = run.env.reset()  # a Ctrl-C while the games reset stops at the first step, cleanly
         run.net.train()
         try:
-            low = low_gauge(run.env.frames) if gauge else None
+            marked = marks(run.env.frames) if marks else None
             actions, values, fx = act_step(run, obs)
             while True:
                 st = run.env.step_wait()
-                prev_obs, prev_actions, prev_low, prev_fx, obs = obs, actions, low, fx, st.obs
+                prev_obs, prev_actions, prev_marked, prev_fx, obs = obs, actions, marked, fx, st.obs
                 run.progress.step += run.global_envs
                 if next_test is not None and run.progress.step >= next_test:
                     next_test += test_every
@@ -341,7 +354,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
                         log.skip(evaluate_and_save(run, stopper))
                 done = bool(cfg.max_steps) and run.progress.step >= cfg.max_steps
                 if not done:
-                    low = low_gauge(run.env.frames) if gauge else None  # the frames ``obs`` was made of
+                    marked = marks(run.env.frames) if marks else None  # the frames ``obs`` was made of
                     actions, values, fx = act_step(run, obs)  # the env steps from here while this thread works
                 st.complete()  # a diff reward model's forward on this step (RewardModelWrapper)
                 games.update(st, run.progress, run.writer)
@@ -350,7 +363,7 @@ def train(cfg: A2CConfig, make_env: Callable[..., Any] = vec_env, dist: Dist | N
                 rewards = score_pay(st.rewards) if clip else st.rewards
                 ends = learner_terminal(st, cfg.terminal)
                 learner.waiting = collector.add(
-                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_low, prev_fx
+                    prev_obs, prev_actions, rewards, ends, st.truncated, st.obs, st.final_obs, prev_marked, prev_fx
                 )
                 if done:
                     break
@@ -413,7 +426,7 @@ def announce(run: Run) -> None:
         + (f", finetune from {cfg.model}" if run.finetune and cfg.model else "")
         + (f", resumed at step {run.progress.step:,}" if run.resumed else "")
         + (f", reward model {cfg.reward}" if cfg.reward else "")
-        + (" (the true score through its path: --reward-oracle)" if cfg.reward_oracle else "")
+        + (f" (sent through its path: {run.hooks.reward_source.name})" if run.hooks.reward_source else "")
         + (f", reward std {cfg.reward_scale:g} ({cfg.reward_norm} stats)" if cfg.reward else "")
         + (f", terminal at {cfg.terminal}" if cfg.terminal != "life" else "")
         + (", bf16 forward passes" if cfg.bf16 else "")
