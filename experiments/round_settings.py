@@ -202,7 +202,8 @@ class RoundSettings:
     oracle_arm: bool = setting(
         False,
         "add an arm fine-tuned on the TRUE per-step score sent through exactly the rlhf arm's reward path "
-        "(01_a2c.py -r MODEL --reward-oracle with the same --ft-args: normalisation, scale, clip, terminal): "
+        "(python -m experiments.lab_a2c --reward-oracle, -r MODEL and the same --ft-args: normalisation, scale, "
+        "clip, terminal): "
         "what the path costs apart from what the model's errors cost",
         group="finetune",
     )

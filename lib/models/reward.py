@@ -474,7 +474,8 @@ class RewardPredictor:
         self.norm_mean = float(ck["norm_mean"]) if self.has_norm_stats else 0.0
         self.norm_std = float(ck["norm_std"]) if self.has_norm_stats else 1.0
         # the true per-step score's mean and std over the same labelled clips (None: not stored, or
-        # a DB without true rewards): what ``01_a2c.py --reward-oracle --reward-norm labels`` uses
+        # a DB without true rewards): the lab's oracle arm normalises with them under --reward-norm
+        # labels (experiments.lab_a2c)
         has_score = ck.get("score_mean") is not None and ck.get("score_std") is not None
         self.score_stats: tuple[float, float] | None = (
             (float(ck["score_mean"]), float(ck["score_std"])) if has_score else None

@@ -142,8 +142,8 @@ def norm_stats(
 
 def true_step_stats(data: PreferenceData, segs: np.ndarray) -> tuple[float, float] | None:
     """Mean and std of the true per-step score over ``segs``, the clips ``norm_stats`` measures the
-    model on (what ``--reward-oracle --reward-norm labels`` uses). None where a segment has no true
-    rewards."""
+    model on (the lab's oracle arm normalises with them under --reward-norm labels:
+    ``experiments.lab_a2c``). None where a segment has no true rewards."""
     if not len(segs) or not np.isfinite(data.true_returns[segs]).all():
         return None
     s1 = s2 = 0.0
