@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from lib.core.errors import UserError
-from lib.core.help import DefaultsOnceFormatter
-from lib.core.seeds import SEED_CHECKS
-from lib.core.settings import Check, setting
+from lib.core.settings import SEED_CHECKS, Check, DefaultsOnceFormatter, setting
 
 if TYPE_CHECKING:
     from lib.a2c.config import A2CConfig
@@ -32,7 +30,7 @@ def dev_setting(help: str, group: str) -> Any:
 
 
 def seed_setting(help: str, group: str) -> Any:
-    """``--seed``: 0 by default, in the one range every stage takes (``lib.core.seeds``)."""
+    """``--seed``: 0 by default, in the one range every stage takes (``lib.core.settings``)."""
     return setting(0, help, group=group, checks=SEED_CHECKS)
 
 

@@ -80,9 +80,8 @@ from experiments.stages import (
 from lib.a2c.config import A2CConfig
 from lib.core.errors import UserError, run_cli
 from lib.core.files import atomic_write
-from lib.core.seeds import MAX_SEED
+from lib.core.settings import MAX_SEED, check_between, check_fields
 from lib.core.settings import build_parser as settings_parser
-from lib.core.settings import check_between, check_fields
 from lib.core.signals import PARENT_SIGNALS, SignalStop
 from lib.models.teachers import death_penalty_for
 from lib.store.segments import list_segments

@@ -26,7 +26,7 @@ from nicegui.testing import User
 from nicegui.testing.user_simulation import user_simulation
 
 from bench.dbs import action_model, make_synthetic_db, write_action_db
-from lib.core.seeds import MAX_SEED
+from lib.core.settings import MAX_SEED
 from lib.label_ui.cli import main
 from lib.store.labels import CANT_TELL, RETRACTED, Label, append_labels, load_labels, pair_key, read_label_log
 

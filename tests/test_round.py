@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lib.core.seeds import MAX_SEED
+from lib.core.settings import MAX_SEED
 from lib.store.labels import EQUAL, FIRST_BETTER, SECOND_BETTER, Label, append_labels, read_label_log
 from lib.store.segments import list_segments
 

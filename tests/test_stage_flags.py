@@ -130,7 +130,7 @@ def argument_blocks(text: str) -> list[str]:
 
 @pytest.mark.parametrize("script", sorted(FLAGS))
 def test_help_shows_each_default_once_and_none_where_there_is_none(script: str) -> None:
-    """``lib.core.help.DefaultsOnceFormatter``: no "(default: None)" or "(default: False)", and no
+    """``lib.core.settings.DefaultsOnceFormatter``: no "(default: None)" or "(default: False)", and no
     flag whose help names its default and gets it appended again."""
     for block in argument_blocks(help_text(script)):
         assert "(default: None)" not in block and "(default: False)" not in block, block

@@ -13,8 +13,7 @@ from typing import Any
 from lib.a2c.recorder import DEFAULT_RECORD_PROB, DEFAULT_SEGMENT_STEPS, MAX_SEGMENT_STEPS
 from lib.atari.envs import DEFAULT_ENV, rom_name
 from lib.core.errors import UserError
-from lib.core.seeds import SEED_CHECKS
-from lib.core.settings import at_least, check_between, check_fields, flag_of, setting, within
+from lib.core.settings import SEED_CHECKS, at_least, check_between, check_fields, flag_of, setting, within
 from lib.models.reward_path import BOOK_NORM_WINDOW, DEFAULT_NORM_WINDOW, REWARD_NORMS, RewardPath, clip_value
 from lib.store.segments import MAX_ENV_INDEX
 

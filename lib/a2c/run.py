@@ -40,7 +40,7 @@ from lib.atari.games import play_games, score_stats, select_actions
 from lib.atari.saved_states import vec_env
 from lib.core.errors import UserError
 from lib.core.files import LockHeld, file_state, hold_lock
-from lib.core.seeds import EVAL_SEED_OFFSET
+from lib.core.settings import EVAL_SEED_OFFSET
 from lib.core.stats import StepCorrelation, pearson
 from lib.core.tb import hparams_table, run_dir
 from lib.models.policy import (

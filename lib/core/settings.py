@@ -1,7 +1,8 @@
 """How every command line of the project declares a setting, once: a dataclass field made by
 ``setting`` carries its default, ``--help`` text, ``--help`` group, flag names and checks.
 ``build_parser`` builds the argparse parser from the fields, ``check_fields`` runs the checks (a
-``UserError``: one line, exit 2). Imports no torch, so that ``--help`` stays fast."""
+``UserError``: one line, exit 2), ``DefaultsOnceFormatter`` writes ``--help``, and ``SEED_CHECKS``
+is the one bound on every ``--seed``. Imports no torch, so that ``--help`` stays fast."""
 
 from __future__ import annotations
 
@@ -11,9 +12,38 @@ from dataclasses import MISSING, Field, field, fields
 from typing import Any
 
 from lib.core.errors import UserError
-from lib.core.help import DefaultsOnceFormatter
 
 Check = tuple[Callable[[Any], bool], str]  # (ok(value), message formatted with v and flag)
+
+# The one bound on every --seed. ALE seeds env i with ``seed + i`` as a C++ int, and evaluation uses
+# ``seed + EVAL_SEED_OFFSET + i``, so a seed and both offsets must fit in 31 bits; one bound for every
+# stage, so a seed one stage takes is never refused by the next.
+EVAL_SEED_OFFSET = 10_000  # evaluation games use seeds apart from the training envs'
+MAX_SEED = 2**31 - 1 - 2 * EVAL_SEED_OFFSET
+
+
+# A --seed setting's check: a seed out of 0..MAX_SEED is one line (None: not given).
+SEED_CHECKS = ((lambda v: v is None or 0 <= v <= MAX_SEED, f"{{flag}} must be in 0..{MAX_SEED}, got {{v}}"),)
+
+
+class DefaultsOnceFormatter(argparse.HelpFormatter):
+    """``--help`` with each flag's default shown once: appended as ``(default: X)`` unless the help
+    text already names its default, and left out where there is none (``None``, a switch, a
+    required flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "(default" in text
+            or action.required
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            or not action.option_strings
+        ):
+            return text
+        return text + " (default: %(default)s)"
 
 
 def setting(

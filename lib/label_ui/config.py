@@ -17,8 +17,7 @@ from typing import NoReturn
 from lib.core import settings
 from lib.core.errors import UserError, warn
 from lib.core.files import read_regular
-from lib.core.seeds import SEED_CHECKS
-from lib.core.settings import Check, check_between, check_fields, setting
+from lib.core.settings import SEED_CHECKS, Check, check_between, check_fields, setting
 from lib.label_ui.oracle import MAX_LABEL_RATE, PAPER_HORIZON, SCHEDULES, FollowSettings
 from lib.label_ui.sampling import MODEL_MODES, POOL_FACTOR, RETIRED_SAMPLING_MODES, SAMPLING_MODES
 from lib.models.teachers import (

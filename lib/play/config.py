@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lib.core.seeds import SEED_CHECKS
-from lib.core.settings import at_least, check_between, check_fields, setting
+from lib.core.settings import SEED_CHECKS, at_least, check_between, check_fields, setting
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lib.atari.envs import POLICY_FRAME
-from lib.core.seeds import SEED_CHECKS
-from lib.core.settings import Check, check_between, check_fields, setting
+from lib.core.settings import SEED_CHECKS, Check, check_between, check_fields, setting
 from lib.models.reward_spec import ARCHS, DIFF_BLOCK, MAX_ENSEMBLE, check_block
 from lib.models.teachers import DEFAULT_DEATH_PENALTY, DEFAULT_TEACHER, TEACHERS, teacher_help
 
