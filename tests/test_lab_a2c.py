@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_reward_wrapper import SEAQUEST, FakeVec
 
 from experiments.lab_a2c import LowGauge, TrueScore, lab_hooks, main
 from lib.a2c.config import A2CConfig
@@ -19,7 +20,6 @@ from lib.a2c.reward_env import RewardModelWrapper
 from lib.core.errors import UserError
 from lib.models.reward import RewardModel, reward_checkpoint, save_reward_checkpoint
 from lib.models.reward_path import RewardPath
-from tests.test_reward_wrapper import SEAQUEST, FakeVec
 
 ROOT = Path(__file__).resolve().parent.parent
 
