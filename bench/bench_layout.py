@@ -7,7 +7,8 @@ break the layering rules (docs/design.md, "The layout"). It reads the code's imp
 
 A stage's reach is every module of ours its numbered script imports, directly or through others; a
 package's ``__init__.py`` adds its lines but is not counted as a module. ``tests/test_layout.py``
-holds the rules with the same reader.
+holds the rules with the same reader. It reads ``import`` statements: a module imported by name at
+run time (``importlib``) is not seen, and nothing of ours does that.
 """
 
 from __future__ import annotations
@@ -121,6 +122,12 @@ def broken_rules(mods: dict[str, Module]) -> list[str]:
     """Each import against the rules, as 'a -> b: why'; and each module left flat in lib/."""
     out = [f"{n}: a module flat in lib/ (put it in a package)" for n in flat(mods)]
     stage_pkgs = {f"lib.{s}" for s in STAGES.values()}
+    known = stage_pkgs | {f"lib.{layer}" for layer in LAYERS} | {"lib"}
+    out += [
+        f"{n}: in {place(m)}, which is not in the layout"
+        for n, m in sorted(mods.items())
+        if place(m).startswith("lib.") and place(m) not in known
+    ]
     for n in sorted(mods):
         src = place(mods[n])
         deps = mods[n].imports
@@ -134,6 +141,12 @@ def broken_rules(mods: dict[str, Module]) -> list[str]:
 
 
 def _why(src: str, dst: str, stage_pkgs: set[str]) -> str | None:
+    known = stage_pkgs | {f"lib.{layer}" for layer in LAYERS} | {"lib"}
+    if dst.startswith("lib.") and dst not in known and src != dst:
+        return f"{dst} is not in the layout (a shared layer or a stage's package)"
+    if src in STAGES:
+        ok = (f"lib.{STAGES[src]}", "lib.core", "lib")
+        return None if dst in ok else f"a stage's script goes past its own package and core ({dst})"
     if src == dst or dst == "lib":
         return None
     if src.startswith("lib"):
@@ -151,8 +164,6 @@ def _why(src: str, dst: str, stage_pkgs: set[str]) -> str | None:
         return None
     if {src, dst} == {"experiments", "bench"}:
         return f"{src}/ never imports {dst}/"
-    if src in STAGES and dst.startswith("lib.") and dst not in (f"lib.{STAGES[src]}", "lib.core"):
-        return f"a stage's script goes past its own package and core ({dst})"
     return None
 
 

@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from lib.a2c.cli import main as a2c_main
 from lib.a2c.cli import parse_config
 from lib.a2c.config import A2CConfig
-from lib.a2c.run import Hooks
+from lib.a2c.run import ORACLE_SOURCE, Hooks
 from lib.atari.envs import VecStep
 from lib.atari.seaquest import low_gauge, shows_gauge
 from lib.core.errors import UserError, run_cli
@@ -40,7 +41,7 @@ class TrueScore:
     """The oracle's reward source: each step's true score (what the env reports as it), with the
     score's stats over the reward model's labelled clips for ``--reward-norm labels``."""
 
-    name = "the true score (experiments.lab_a2c --reward-oracle)"
+    name = ORACLE_SOURCE  # what a last.pt of --reward-oracle from before it moved here was paid
 
     def __call__(self, st: VecStep) -> np.ndarray:
         return np.asarray(st.true_rewards, dtype=np.float32)
@@ -98,23 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
 
-def a2c_config(a2c_args: str) -> A2CConfig:
-    """``--a2c-args`` read by stage 1's own parser and checks."""
+def a2c_words(a2c_args: str) -> list[str]:
+    """``--a2c-args`` split as a shell splits it; one line where it cannot be."""
     try:
-        words = shlex.split(a2c_args)
+        return shlex.split(a2c_args)
     except ValueError as e:
         raise UserError(f"--a2c-args {a2c_args!r}: {e}") from None
-    return parse_config(words)
+
+
+def a2c_config(a2c_args: str) -> A2CConfig:
+    """``--a2c-args`` read by stage 1's own parser and checks."""
+    return parse_config(a2c_words(a2c_args))
 
 
 def main(argv: list[str] | None = None) -> int:
     a = LabSettings(**vars(build_parser().parse_args(argv)))
     check_fields(a)
-    cfg = a2c_config(a.a2c_args)
-    hooks = lab_hooks(cfg, a.reward_oracle)
-    from lib.a2c.train import train
-
-    return train(cfg, hooks=hooks)
+    hooks = lab_hooks(a2c_config(a.a2c_args), a.reward_oracle)
+    return a2c_main(a2c_words(a.a2c_args), hooks=hooks)  # as 01_a2c.py runs: torchrun, Ctrl-C
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ through ``-r``. The first rung that falls below half of the rung above is where 
 Per arm this measures what the others leave on disk: the reward model's per-step correlation with
 the pay on a held-out DB (``lib.reward.eval.pay_scores``: the refill teacher's pay, and the moves
 teacher's, whose climb is a function of the step alone), the KL to the start policy a step and on
-low-gauge steps and the coefficient at the end (the run's TensorBoard), the probe from the held-out
+low-gauge steps and the coefficient at the end (the run's TensorBoard; the low-gauge KL is logged by
+fine-tunes run through ``experiments.lab_a2c`` or ``experiments.refill_levers``, and is empty for a
+plain ``01_a2c.py`` run), the probe from the held-out
 states (``experiments.probe``), and full games (``lib.play.play``): score, refills a game, best single
 life. Rows go to ``--out`` (JSON, one object per arm, a re-measured arm replaced); the table of all
 rows is printed.

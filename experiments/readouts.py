@@ -59,7 +59,7 @@ def held_out_figures(
 
 
 def diver_step_rewards(pred_steps: np.ndarray, frames: list[np.ndarray]) -> dict[str, float]:
-    """SeaQuest: the model's mean normalised reward (``lib.a2c.reward_env.normalised``, the
+    """SeaQuest: the model's mean normalised reward (``lib.models.reward_path.normalised``, the
     learner's units) on the held-out steps with a low gauge (0 < level <= LOW_OXYGEN, not filling:
     ``lib.atari.seaquest``'s low) and a diver aboard, split by whether the step climbs (``diver_step_flags``):
     ``diver_climb_z`` and ``diver_still_z`` (NaN where there are none), with their counts.
@@ -105,7 +105,7 @@ def diver_step_means(z: np.ndarray, flags: list[tuple[np.ndarray, np.ndarray]]) 
 
 def life_loss_rewards(pred_steps: np.ndarray, life_lost: np.ndarray) -> dict[str, float]:
     """What a reward model pays around a lost life, in the learner's units: per-step predictions
-    normalised as ``RewardModelWrapper`` does (``lib.a2c.reward_env.normalised``). The true
+    normalised as the reward path does (``lib.models.reward_path.normalised``). The true
     reward there is 0, so a model the agent cannot exploit pays about 0 or less.
 
     ``life_loss_z``: the mean on the steps that lost a life; ``pre_loss_z``: the mean over the

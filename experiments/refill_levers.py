@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from experiments.lab_a2c import a2c_config, lab_hooks
+from experiments.lab_a2c import a2c_config, a2c_words, lab_hooks
+from lib.a2c.cli import main as a2c_main
 from lib.atari.envs import rom_name
 from lib.atari.saved_states import vec_env
 from lib.atari.seaquest import PayTracker, divers_aboard, oxygen_levels, shows_gauge, sub_rows
@@ -179,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--pay {a.pay} with -r: the reward model replaces the rule's pay (give --pay none)")
     if rom_name(cfg.env) != "seaquest":
         raise UserError(f"--a2c-args --env {cfg.env}: the levers read SeaQuest's screen")
-    from lib.a2c.train import train
 
     wrapped: list[RuleRewardVec] = []
 
@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         wrapped.append(env)
         return env
 
-    rc = train(cfg, make_env=make_env, hooks=lab_hooks(cfg, reward_oracle=a.through_path))
+    hooks = lab_hooks(cfg, reward_oracle=a.through_path)
+    rc = a2c_main(a2c_words(a.a2c_args), hooks=hooks, make_env=make_env)  # as 01_a2c.py runs: Ctrl-C too
     if wrapped:
         out = wrapped[0].summary()
         if cfg.start_states:

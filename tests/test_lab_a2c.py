@@ -114,3 +114,57 @@ def test_a_lab_fine_tune_logs_the_low_gauge_kl_and_is_paid_the_score(tmp_path: P
     assert r.returncode == 0, r.stderr
     plain = scalar_tags(tmp_path / "runs2")
     assert "finetune/kl_to_start" in plain and not any(t.startswith("finetune/kl_low") for t in plain)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_paid_as_it_ran(tmp_path: Path) -> None:
+    """--resume goes on with the reward source the run was paid (recorded in its checkpoints): a lab
+    oracle run is not resumed by 01_a2c.py, a run on -r's predictions not by the lab's oracle, and a
+    last.pt from before the oracle moved (its settings say reward_oracle) resumes only through the lab."""
+    from lib.atari.envs import AtariVec
+    from lib.models.policy import AtariA2C, policy_checkpoint
+    from lib.store.checkpoints import atomic_torch_save
+
+    env = AtariVec(SEAQUEST, n_envs=1)
+    torch.manual_seed(0)
+    v0 = policy_checkpoint(AtariA2C(env.obs_shape, env.n_actions), env.env_id, env.game, env.action_meanings)
+    atomic_torch_save(v0, tmp_path / "v0.pt")
+    ck = reward_checkpoint([RewardModel(env.n_actions).eval()], env.env_id, env.game, env.action_meanings, 0.0, 1.0)
+    env.close()
+    save_reward_checkpoint({**ck, "score_mean": 0.0, "score_std": 1.0}, tmp_path / "r.pt")
+    common = f"-r {tmp_path / 'r.pt'} --envs 2 --test-every 0"
+
+    def lab(name: str, steps: int, *extra: str) -> int:
+        words = f"-n {name} {common} --max-steps {steps} " + " ".join(extra)
+        return main(["--reward-oracle", "--a2c-args", words])
+
+    def stage1(name: str, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, str(ROOT / "01_a2c.py"), "-n", name, *common.split(), "--max-steps", str(steps), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert lab("oracle", 32, "-m", str(tmp_path / "v0.pt"), "--finetune") == 0
+        last = tmp_path / "saves" / "oracle" / "last.pt"
+        assert torch.load(last, weights_only=True)["reward_source"] == TrueScore.name
+        r = stage1("oracle", 64, "--resume")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"was paid {TrueScore.name} through -r's path, this run would be paid -r's predictions" in r.stderr
+        assert lab("oracle", 64, "--resume") == 0  # the way it ran
+
+        assert stage1("model", 32).returncode == 0
+        with pytest.raises(UserError, match="was paid -r's predictions through -r's path, this run would be paid"):
+            lab("model", 64, "--resume")
+
+        old = torch.load(last, weights_only=False)  # as --reward-oracle recorded itself before it moved
+        del old["reward_source"]
+        old["settings"]["reward_oracle"] = True
+        torch.save(old, last)
+        r = stage1("oracle", 96, "--resume")
+        assert r.returncode == 2 and f"was paid {TrueScore.name}" in r.stderr, r.stderr
+        assert lab("oracle", 96, "--resume") == 0
+    finally:
+        os.chdir(cwd)

@@ -49,6 +49,9 @@ WRONG = [
     ("experiments/flags.py", "from bench.dbs import make_square_db", "experiments/ never imports bench/"),
     ("bench/dbs.py", "from experiments.probe import find_states", "bench/ never imports experiments/"),
     ("lib/sneaky.py", "", "a module flat in lib/"),
+    ("04_play.py", "import experiments.flags", "a stage's script goes past its own package and core"),
+    ("01_a2c.py", "from lib.reward.cli import main", "a stage's script goes past its own package and core"),
+    ("lib/misc/__init__.py", "", "lib.misc, which is not in the layout"),
 ]
 
 
@@ -59,6 +62,7 @@ def test_one_wrong_import_added_to_the_tree_is_named(tmp_path: Path, where: str,
     for script in STAGES:
         shutil.copy(ROOT / script, tmp_path / script)
     target = tmp_path / where
+    target.parent.mkdir(exist_ok=True)
     target.write_text((target.read_text() if target.exists() else "") + f"\n\ndef _later():\n    {line or 'pass'}\n")
     broken = broken_rules(read_modules(tmp_path))
     assert len(broken) == 1 and why in broken[0], broken

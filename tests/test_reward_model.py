@@ -356,7 +356,7 @@ def test_the_diff_block_is_kept_apart_by_rows_and_travels_in_the_checkpoint(tmp_
     del old["diff_block"]
     torch.save(old, tmp_path / "old-diff.pt")
     assert load_reward_models(tmp_path / "old-diff.pt")[0][0].block == (12, 12)
-    for bad in ([5, 5], "4x12", [4], [4, 12, 1], [True, 12], [4.5, 12], None):
+    for bad in ([5, 5], "4x12", [4], [4, 12, 1], [True, 12], [4.5, 12], None, [float("inf"), 12]):
         ck["diff_block"] = bad
         torch.save(ck, tmp_path / "bad.pt")
         with pytest.raises(UserError, match="diff block must be two divisors of 84"):

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from lib.a2c.config import A2CConfig
 from lib.core import settings
 from lib.core.errors import EXIT_INTERRUPTED
+
+if TYPE_CHECKING:
+    from lib.a2c.run import Hooks
 
 GROUPS = {  # --help's groups, in order, and their titles
     "core": "core",
@@ -63,16 +68,19 @@ def parse_config(argv: list[str] | None = None) -> A2CConfig:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``01_a2c.py``: one process, or one rank of ``torchrun --nproc-per-node K 01_a2c.py ...``."""
+def main(argv: list[str] | None = None, hooks: Hooks | None = None, make_env: Callable[..., Any] | None = None) -> int:
+    """``01_a2c.py``: one process, or one rank of ``torchrun --nproc-per-node K 01_a2c.py ...``.
+    ``hooks`` and ``make_env``: an experiment's (``lib.a2c.run.Hooks``; the vector env), which then
+    runs as 01_a2c.py does, torchrun and Ctrl-C included."""
     cfg = parse_config(argv)
     try:
         from lib.a2c.distributed import init_dist
         from lib.a2c.train import train
+        from lib.atari.saved_states import vec_env
 
         dist, dev = init_dist(cfg.dev)
         try:
-            return train(replace(cfg, dev=dev), dist=dist)
+            return train(replace(cfg, dev=dev), make_env=make_env or vec_env, dist=dist, hooks=hooks)
         finally:
             dist.close()
     except KeyboardInterrupt:  # before the loop took over Ctrl-C (loading torch, building the run)

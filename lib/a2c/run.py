@@ -176,6 +176,7 @@ RESUME_FIELDS: dict[str, tuple[Any, bool]] = {  # besides the dicts progress, op
     "kl_coef": (optional(float_in(0, 1e6)), False),
     "finetune": (is_bool, False),
     "settings": (optional(is_dict), False),  # how it learns (lib.a2c.config.LEARNED_WITH); none before the record
+    "reward_source": (optional(text(200)), False),  # what went through -r's path (paid_from)
 }
 PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "step": (int_in(0, MAX_STEP_COUNT), True),
@@ -183,6 +184,33 @@ PROGRESS_FIELDS: dict[str, tuple[Any, bool]] = {
     "best_mean": (_finite_or_minus_inf, True),
     "games": (int_in(0, MAX_STEP_COUNT), True),
 }
+
+
+# --reward-oracle, before it moved to the lab, recorded itself among the settings: such a last.pt was
+# paid what the lab's oracle source pays, and resumes only through it
+ORACLE_SOURCE = "the true score (experiments.lab_a2c --reward-oracle)"
+
+
+def paid_from(ck: dict[str, Any]) -> str | None:
+    """What a checkpoint's run sent through -r's path in place of the model's prediction (a reward
+    source's name, ``Hooks.reward_source``); None: the model's own predictions."""
+    source = ck.get("reward_source")
+    if isinstance(source, str):
+        return source
+    settings = ck.get("settings")
+    return ORACLE_SOURCE if isinstance(settings, dict) and settings.get("reward_oracle") is True else None
+
+
+def check_same_source(ck: dict[str, Any], hooks: Hooks, path: Path) -> None:
+    """--resume goes on paid as the run was: one line where ``hooks`` would send another source (or
+    none) through -r's path than ``ck``'s run did."""
+    had, given = paid_from(ck), hooks.reward_source.name if hooks.reward_source else None
+    if had != given:
+        what = {None: "-r's predictions"}
+        raise UserError(
+            f"--resume: {path} was paid {what.get(had, had)} through -r's path, this run would be paid "
+            f"{what.get(given, given)}: resume it the way it ran, or start a new run from it with -m {path} -n NEW"
+        )
 
 
 def _check_resumable(ck: dict[str, Any], path: Path) -> None:
@@ -375,6 +403,7 @@ class Run:
             finetune=self.finetune,
             precision=self.cfg.precision,
             reward_path=paid.record() if (paid := self.cfg.reward_path()) is not None else None,
+            reward_source=self.hooks.reward_source.name if self.hooks.reward_source else None,
             **extra,
         )
         atomic_torch_save(ck, path)
@@ -665,6 +694,7 @@ def _assemble(
     checkpoint dir (into ``held``) once that directory exists."""
     if resume_ck is not None:
         cfg = resumed_config(cfg, resume_ck, cfg.save_dir / "last.pt", say)
+        check_same_source(resume_ck, hooks, cfg.save_dir / "last.pt")
     dist.barrier()  # every rank has checked before any writes
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed if dist.rank == 0 else [cfg.seed, dist.rank])

@@ -232,6 +232,8 @@ POLICY_FIELDS: dict[str, tuple[Check, bool]] = {
     # how a run on a learned reward was paid (lib.models.reward_path); None or absent: the score, or
     # a checkpoint from before the record (04_play.py then shows the default path)
     "reward_path": (optional(RewardPath.read), False),
+    # what went through that path in place of -r's prediction (an experiment's reward source), or None
+    "reward_source": (optional(text(200)), False),
 }
 
 

@@ -167,11 +167,12 @@ class RewardPath:
     def __post_init__(self) -> None:
         if self.norm not in REWARD_NORMS:
             raise ValueError(f"norm must be one of {', '.join(REWARD_NORMS)}, got {str(self.norm)[:40]!r}")
-        if type(self.window) is not int or not (2 if self.norm == "window" else 1) <= self.window <= MAX_WINDOW:
-            raise ValueError(f"norm window must be an integer in 2..{MAX_WINDOW:,}, got {str(self.window)[:40]}")
+        least = 2 if self.norm == "window" else 1
+        if type(self.window) is not int or not least <= self.window <= MAX_WINDOW:
+            raise ValueError(f"norm window must be an integer in {least}..{MAX_WINDOW:,}, got {str(self.window)[:40]}")
         ok_clip = self.clip is None or self.clip == SIGN
         if not ok_clip and isinstance(self.clip, int | float) and not isinstance(self.clip, bool):
-            ok_clip = math.isfinite(self.clip) and 0 < self.clip <= MAX_CLIP
+            ok_clip = 0 < self.clip <= MAX_CLIP  # exact for any int; NaN and inf fail it
         if not ok_clip:
             raise ValueError(f"clip must be a number in (0, {MAX_CLIP:g}], sign or none, got {str(self.clip)[:40]}")
         scale = self.scale

@@ -22,7 +22,7 @@ def check_block(block: Any) -> tuple[int, int]:
     try:
         rows, cols = (int(v) for v in block)
         ok = all(isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v for v in block)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         ok = False
     if not ok or not all(0 < v <= POLICY_FRAME and POLICY_FRAME % v == 0 for v in (rows, cols)):
         raise ValueError(f"the diff block must be two divisors of {POLICY_FRAME} (rows, cols), got {str(block)[:40]}")

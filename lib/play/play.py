@@ -131,7 +131,9 @@ def play(cfg: PlayConfig, log: Callable[[str], None] = print) -> list[EpisodeRes
         log(f"playing {episodes} game(s) of {env_id} with {model} ({how} actions, {n_envs} side by side, {dev})")
         path = paid_path(ck, rm, log) if rm is not None else None
         if path is not None:
-            log(f"reward view: {reward} (paid as the run was: {path.describe()})")
+            source = ck.get("reward_source") if ck.get("format") == POLICY_FORMAT else None
+            sent = f"; the run sent {source} through it, the strip shows this model's" if source else ""
+            log(f"reward view: {reward} (paid as the run was: {path.describe()}{sent})")
         rng = np.random.default_rng(seed)
         # One intra-op thread: forwards of <= 8 observations gain nothing from more, and the ALE
         # threads and ffmpeg need the cores (spin-waiting OpenMP threads slow a busy machine down
