@@ -25,6 +25,8 @@ OURS = ("lib", "experiments", "bench")
 STAGES = {"01_a2c.py": "a2c", "02_label_ui.py": "label_ui", "03_reward_train.py": "reward", "04_play.py": "play"}
 # The shared layers, lowest first: a module may import its own package and the layers below it.
 LAYERS = ("core", "atari", "store", "models")
+STAGE_PKGS = {f"lib.{s}" for s in STAGES.values()}
+KNOWN = STAGE_PKGS | {f"lib.{layer}" for layer in LAYERS} | {"lib"}  # every place of lib/ the layout has
 
 
 @dataclass
@@ -121,12 +123,10 @@ def flat(mods: dict[str, Module]) -> list[str]:
 def broken_rules(mods: dict[str, Module]) -> list[str]:
     """Each import against the rules, as 'a -> b: why'; and each module left flat in lib/."""
     out = [f"{n}: a module flat in lib/ (put it in a package)" for n in flat(mods)]
-    stage_pkgs = {f"lib.{s}" for s in STAGES.values()}
-    known = stage_pkgs | {f"lib.{layer}" for layer in LAYERS} | {"lib"}
     out += [
         f"{n}: in {place(m)}, which is not in the layout"
         for n, m in sorted(mods.items())
-        if place(m).startswith("lib.") and place(m) not in known
+        if place(m).startswith("lib.") and place(m) not in KNOWN
     ]
     for n in sorted(mods):
         src = place(mods[n])
@@ -134,15 +134,14 @@ def broken_rules(mods: dict[str, Module]) -> list[str]:
         # ``from lib.x import y`` imports lib/x/__init__ too: named once, by the module it reached
         for dep in sorted(d for d in deps if not (mods[d].is_package and any(e.startswith(d + ".") for e in deps))):
             dst = place(mods[dep])
-            why = _why(src, dst, stage_pkgs)
+            why = _why(src, dst)
             if why:
                 out.append(f"{n} -> {dep}: {why}")
     return out
 
 
-def _why(src: str, dst: str, stage_pkgs: set[str]) -> str | None:
-    known = stage_pkgs | {f"lib.{layer}" for layer in LAYERS} | {"lib"}
-    if dst.startswith("lib.") and dst not in known and src != dst:
+def _why(src: str, dst: str) -> str | None:
+    if dst.startswith("lib.") and dst not in KNOWN and src != dst:
         return f"{dst} is not in the layout (a shared layer or a stage's package)"
     if src in STAGES:
         ok = (f"lib.{STAGES[src]}", "lib.core", "lib")
@@ -152,12 +151,12 @@ def _why(src: str, dst: str, stage_pkgs: set[str]) -> str | None:
     if src.startswith("lib"):
         if dst in ("experiments", "bench"):
             return f"lib/ never imports {dst}/"
-        if src in stage_pkgs:
-            return f"a stage imports another stage ({dst})" if dst in stage_pkgs else None
+        if src in STAGE_PKGS:
+            return f"a stage imports another stage ({dst})" if dst in STAGE_PKGS else None
         level = LAYERS.index(src[4:]) if src[4:] in LAYERS else None
         if level is None:
             return None
-        if dst in stage_pkgs:
+        if dst in STAGE_PKGS:
             return f"a shared layer imports a stage ({dst})"
         if dst[4:] in LAYERS and LAYERS.index(dst[4:]) > level:
             return f"{src[4:]} imports the layer above it ({dst[4:]})"

@@ -97,7 +97,7 @@ class RewardModelWrapper:
         hook, ``RewardSource``); the model is still loaded and checked, and its stats serve."""
         self.env = env
         self.reward_path = path or RewardPath()
-        self.norm_mode, self.source = self.reward_path.norm, source
+        self.source = source
         self.path = Path(model_path)
         self.device = resolve_device(device)
         self.reload, self.poll_s, self.verbose = reload, poll_s, verbose
@@ -123,7 +123,7 @@ class RewardModelWrapper:
             raise UserError(f"reward model {path} takes frames {model.frame_shape}, the env gives {frame_shape}")
         if not all(state_is_finite(net.state_dict()) for net in model.nets):
             raise UserError(f"reward model {path}: its weights (BatchNorm folded in) are not finite")
-        if self.norm_mode == "labels" and self._stored_stats(model) is None:
+        if self.reward_path.norm == "labels" and self._stored_stats(model) is None:
             what = f"statistics of {self.source.name}" if self.source else "normalisation statistics"
             raise UserError(
                 f"reward model {path} stores no {what} of its labelled clips (trained by an older stage 3, or on "
@@ -145,7 +145,7 @@ class RewardModelWrapper:
         self._shown: StepFrames | None = None
         self.version = model_version(model, self.loaded)
         # the model's stats say nothing of a source's values: its running norm starts with no prior
-        stats = self._stored_stats(model) if self.norm_mode == "labels" or not self.source else None
+        stats = self._stored_stats(model) if self.reward_path.norm == "labels" or not self.source else None
         self.norm: Norm = self.reward_path.new_norm(self.env.n_envs, stats)  # labels: _checked made sure of stats
 
     def poll(self) -> bool:

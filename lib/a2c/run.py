@@ -376,7 +376,7 @@ class Run:
     start: StartPolicy | None = None  # a fine-tune's start policy (--kl, finetune/kl_to_start)
     kl_coef: float = 0.0  # the KL coefficient in use: --kl, or where --kl-target has moved it
     dir_lock: int | None = None  # rank 0 holds the checkpoint dir while it runs (``_hold_save_dir``)
-    hooks: Hooks = field(default_factory=lambda: Hooks())  # what an experiment reaches in with
+    hooks: Hooks = field(default_factory=Hooks)  # what an experiment reaches in with
 
     @property
     def global_envs(self) -> int:
@@ -677,6 +677,19 @@ def build_run(
         raise
 
 
+def _place_policy(net: AtariA2C, finetune: bool, device: torch.device, dist: Dist) -> None:
+    """The policy as it trains: its conv layers frozen for a fine-tune, on ``device``, and every
+    rank's weights rank 0's."""
+    if finetune:
+        net.freeze_conv()
+    net.to(device)
+    if device.type == "cpu":
+        # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
+        # either way.
+        net.conv.to(memory_format=torch.channels_last)
+    dist.broadcast_module(net)
+
+
 def _assemble(
     cfg: A2CConfig,
     resume_ck: dict[str, Any] | None,
@@ -703,14 +716,7 @@ def _assemble(
     starts = _starts(cfg, dist)
     base_env = make_env(cfg.env, cfg.envs, seed=cfg.seed + offset, num_threads=threads, device=device, **starts)
     net, finetune, progress = _policy(cfg, resume_ck, base_env)
-    if finetune:
-        net.freeze_conv()
-    net.to(device)
-    if device.type == "cpu":
-        # oneDNN's convolutions run faster on NHWC: same values, other strides; checkpoints load
-        # either way.
-        net.conv.to(memory_format=torch.channels_last)
-    dist.broadcast_module(net)
+    _place_policy(net, finetune, device, dist)
     start = _start_policy(cfg, net, resume_ck)
     cfg = replace(cfg, kl=kl_beta(cfg, start is not None, resume_ck))
     env, recorder = make_env_stack(cfg, base_env, device, rng, resume_ck, dist, hooks.reward_source)

@@ -181,9 +181,9 @@ class _GameRecorder:
     def started(self, slot: int, index: int) -> None:
         self.index[slot] = index
         self.series[slot] = ([], [])
-        with_strip = self.with_reward and self.vdir is not None
         # drawn to the largest pay the path gives, and named under the strip
-        self.strips[slot] = RewardStrip(self.path.bound(), self.path.describe()) if with_strip and self.path else None
+        with_strip = self.path is not None and self.vdir is not None
+        self.strips[slot] = RewardStrip(self.path.bound(), self.path.describe()) if with_strip else None
 
     def stepped(self, slot: int, frame: np.ndarray, reward: float, pred: float | None, life_lost: bool) -> None:
         if pred is not None:
